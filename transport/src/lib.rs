@@ -1,0 +1,40 @@
+//! # shingle-transport
+//!
+//! Everything that crosses a wire between Shingle processes, and nothing about files.
+//!
+//! - [`frame`]: the versioned, checksummed, bounded frame format and its pure decoder.
+//! - [`auth`]: the mutual HMAC challenge-response every connection starts with.
+//! - [`client::TcpClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
+//!   with per-request deadlines, a connection pool per peer, reconnect backoff,
+//!   bounded in-flight requests and bytes, and graceful shutdown.
+//! - [`region`] and [`rpc::RemoteRead`]: the remote-read verb. A server registers
+//!   memory or mmap'd files and hands out keys; a client reads (key, offset, len) into
+//!   a buffer it owns. Over TCP the server checks every read as an RDMA NIC would.
+//! - [`conformance`]: the suite every transport implementation must pass.
+//!
+//! Layering rule: this crate knows frames, peers and regions. It must never learn about
+//! inodes, chunks or placement; services define their messages on top of [`rpc::Rpc`].
+
+pub mod auth;
+pub mod backoff;
+pub mod client;
+pub mod config;
+pub mod conformance;
+pub mod error;
+pub mod frame;
+pub mod region;
+pub mod rpc;
+pub mod server;
+pub mod status;
+mod trace;
+mod wire;
+
+pub use auth::ClusterSecret;
+pub use client::TcpClient;
+pub use config::TransportConfig;
+pub use error::TransportError;
+pub use frame::MsgKind;
+pub use region::{AccessError, RegionKey, RegionTable};
+pub use rpc::{CallOptions, RemoteRead, Rpc, RpcChannel};
+pub use server::{CallContext, Router, Server};
+pub use status::{Code, Status};

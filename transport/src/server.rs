@@ -1,0 +1,446 @@
+//! The TCP server: authenticates every connection, reads frames with bounded
+//! concurrency, dispatches requests to a [`Router`] and answers remote reads from its
+//! [`RegionTable`].
+//!
+//! A peer that fails the handshake or sends a malformed frame has its connection
+//! closed with one log line; everyone else is served on. Shutdown stops reading new
+//! requests, lets the ones in flight finish (within the grace period) and flushes
+//! their replies before closing.
+
+use crate::auth::{self, ClusterSecret};
+use crate::config::TransportConfig;
+use crate::frame::{FrameHeader, MsgKind};
+use crate::region::{AccessError, RegionTable};
+use crate::rpc::{RemoteReadRequest, Rpc};
+use crate::status::{Code, Status};
+use crate::wire::{self, Outgoing};
+use bytes::{Bytes, BytesMut};
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::BufReader;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, debug, info, info_span, warn};
+
+/// A boxed, sendable future.
+pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+/// What a handler knows about the request it serves.
+#[derive(Clone, Debug)]
+pub struct CallContext {
+    /// The authenticated peer.
+    pub peer: SocketAddr,
+    /// The message kind.
+    pub kind: MsgKind,
+    /// When the caller stops waiting, if it said.
+    pub deadline: Option<Instant>,
+}
+
+/// A request handler for one message kind.
+pub trait Handler: Send + Sync + 'static {
+    /// Serves one request.
+    fn handle(&self, ctx: CallContext, payload: Bytes) -> BoxFuture<Result<Bytes, Status>>;
+}
+
+impl<F, Fut> Handler for F
+where
+    F: Fn(CallContext, Bytes) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Bytes, Status>> + Send + 'static,
+{
+    fn handle(&self, ctx: CallContext, payload: Bytes) -> BoxFuture<Result<Bytes, Status>> {
+        Box::pin(self(ctx, payload))
+    }
+}
+
+/// Maps message kinds to handlers.
+#[derive(Clone, Default)]
+pub struct Router {
+    handlers: HashMap<MsgKind, Arc<dyn Handler>>,
+}
+
+impl Router {
+    /// An empty router (the transport still answers PING and REMOTE_READ).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a handler of raw payloads.
+    ///
+    /// # Panics
+    /// On a kind reserved for the transport or registered twice: a programming error
+    /// caught at start-up.
+    pub fn raw(mut self, kind: MsgKind, handler: impl Handler) -> Self {
+        assert!(
+            kind.0 >= MsgKind::FIRST_SERVICE,
+            "message kind {kind} is reserved for the transport"
+        );
+        let prev = self.handlers.insert(kind, Arc::new(handler));
+        assert!(prev.is_none(), "message kind {kind} registered twice");
+        self
+    }
+
+    /// Registers a typed handler for `R`.
+    pub fn rpc<R, F, Fut>(self, handler: F) -> Self
+    where
+        R: Rpc,
+        F: Fn(CallContext, R::Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<R::Response, Status>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        self.raw(R::KIND, move |ctx: CallContext, payload: Bytes| {
+            let handler = handler.clone();
+            async move {
+                let req = <R::Request as prost::Message>::decode(payload).map_err(|e| {
+                    Status::new(
+                        Code::InvalidRequest,
+                        format!("cannot decode request {}: {e}", R::KIND),
+                    )
+                })?;
+                let resp = handler(ctx, req).await?;
+                Ok(Bytes::from(prost::Message::encode_to_vec(&resp)))
+            }
+        })
+    }
+
+    /// Merges another router's handlers into this one.
+    pub fn merge(mut self, other: Router) -> Self {
+        for (k, h) in other.handlers {
+            let prev = self.handlers.insert(k, h);
+            assert!(prev.is_none(), "message kind {k} registered twice");
+        }
+        self
+    }
+}
+
+struct Shared {
+    config: TransportConfig,
+    secret: ClusterSecret,
+    router: Router,
+    regions: Arc<RegionTable>,
+    connections: Arc<Semaphore>,
+}
+
+/// A running server. Dropping it without [`Server::shutdown`] aborts at once.
+pub struct Server {
+    local_addr: SocketAddr,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+    grace: Duration,
+}
+
+/// Connections accepted at most at once per server.
+const MAX_CONNECTIONS: usize = 4096;
+
+impl Server {
+    /// Binds `addr` and starts serving.
+    pub async fn bind(
+        addr: SocketAddr,
+        config: TransportConfig,
+        secret: ClusterSecret,
+        router: Router,
+        regions: Arc<RegionTable>,
+    ) -> std::io::Result<Server> {
+        config.validate().map_err(std::io::Error::other)?;
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        let shutdown = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let grace = config.shutdown_grace;
+        let shared = Arc::new(Shared {
+            config,
+            secret,
+            router,
+            regions,
+            connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        });
+        tracker.spawn(accept_loop(
+            listener,
+            shared,
+            shutdown.clone(),
+            tracker.clone(),
+        ));
+        info!(addr = %local_addr, "transport listening");
+        Ok(Server {
+            local_addr,
+            shutdown,
+            tracker,
+            grace,
+        })
+    }
+
+    /// The bound address (useful after binding port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, finishes requests in flight (up to the grace period), flushes
+    /// their replies and closes every connection.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        self.tracker.close();
+        if tokio::time::timeout(self.grace + Duration::from_secs(1), self.tracker.wait())
+            .await
+            .is_err()
+        {
+            warn!(addr = %self.local_addr, "shutdown grace period ran out with requests in flight");
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+    tracker: TaskTracker,
+) {
+    loop {
+        let permit = tokio::select! {
+            p = shared.connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
+            _ = shutdown.cancelled() => return,
+        };
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.cancelled() => return,
+        };
+        match accepted {
+            Ok((stream, peer)) => {
+                let _ = stream.set_nodelay(true);
+                let shared = shared.clone();
+                let shutdown = shutdown.clone();
+                tracker.spawn(async move {
+                    serve_connection(stream, peer, shared, shutdown).await;
+                    drop(permit);
+                });
+            }
+            Err(e) => {
+                // Out of file descriptors and similar: do not spin.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_connection(
+    mut stream: TcpStream,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    shutdown: CancellationToken,
+) {
+    if let Err(e) = auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await
+    {
+        warn!(%peer, error = %e, "refused connection: authentication failed");
+        return;
+    }
+    debug!(%peer, "peer authenticated");
+    let (rd, wr) = stream.into_split();
+    let max_inflight = shared.config.max_inflight_requests as usize;
+    let (tx, rx) = mpsc::channel(max_inflight);
+    let conn_dead = CancellationToken::new();
+    let writer = tokio::spawn(wire::writer_loop(wr, rx, conn_dead.clone()));
+    let permits = Arc::new(Semaphore::new(max_inflight));
+    let handlers = TaskTracker::new();
+    let mut rd = BufReader::with_capacity(64 << 10, rd);
+    let max_frame = shared.config.max_frame_bytes;
+    loop {
+        // Back-pressure: with every permit taken we stop reading, and TCP pushes back.
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = shutdown.cancelled() => break,
+            _ = conn_dead.cancelled() => break,
+        };
+        let raw = tokio::select! {
+            r = wire::read_header(&mut rd) => r,
+            _ = shutdown.cancelled() => break,
+            _ = conn_dead.cancelled() => break,
+        };
+        let raw = match raw {
+            Ok(Some(raw)) => raw,
+            Ok(None) => break,
+            Err(e) => {
+                debug!(%peer, error = %e, "connection read failed");
+                break;
+            }
+        };
+        let header = match FrameHeader::decode(&raw, max_frame) {
+            Ok(h) if !h.is_response() => h,
+            Ok(h) => {
+                warn!(%peer, kind = %h.kind, "closing connection: response frame sent to a server");
+                break;
+            }
+            Err(e) => {
+                warn!(%peer, error = %e, "closing connection: malformed frame");
+                break;
+            }
+        };
+        let mut payload = BytesMut::new();
+        let crc = match wire::read_payload_into(
+            &mut rd,
+            &mut payload,
+            header.payload_len as usize,
+            FrameHeader::crc_seed(&raw),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                debug!(%peer, error = %e, "connection read failed");
+                break;
+            }
+        };
+        if let Err(e) = header.check_crc(crc) {
+            warn!(%peer, error = %e, "closing connection: corrupt frame");
+            break;
+        }
+        let shared = shared.clone();
+        let tx = tx.clone();
+        handlers.spawn(async move {
+            serve_request(&shared, peer, header, payload.freeze(), tx).await;
+            drop(permit);
+        });
+    }
+    handlers.close();
+    if tokio::time::timeout(shared.config.shutdown_grace, handlers.wait())
+        .await
+        .is_err()
+    {
+        warn!(%peer, "requests still running after the grace period; closing connection");
+        conn_dead.cancel();
+    }
+    drop(tx);
+    match writer.await {
+        Ok(Ok(())) | Err(_) => {}
+        Ok(Err(e)) => debug!(%peer, error = %e, "connection write failed"),
+    }
+    debug!(%peer, "connection closed");
+}
+
+async fn serve_request(
+    shared: &Shared,
+    peer: SocketAddr,
+    header: FrameHeader,
+    payload: Bytes,
+    tx: mpsc::Sender<Outgoing>,
+) {
+    let span = info_span!("rpc.server", otel.kind = "server", rpc.kind = %header.kind, %peer, bytes_in = payload.len());
+    crate::trace::adopt(&span, &header.trace);
+    async {
+        let deadline =
+            (header.timeout_ms > 0).then(|| Duration::from_millis(u64::from(header.timeout_ms)));
+        let result = match header.kind {
+            MsgKind::PING => Ok(payload),
+            MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
+            kind => match shared.router.handlers.get(&kind) {
+                None => Err(Status::new(
+                    Code::UnknownKind,
+                    format!("no handler for message kind {kind}"),
+                )),
+                Some(h) => {
+                    let ctx = CallContext {
+                        peer,
+                        kind,
+                        deadline: deadline.map(|d| Instant::now() + d),
+                    };
+                    let fut = CatchUnwind(h.handle(ctx, payload));
+                    match deadline {
+                        Some(d) => tokio::time::timeout(d, fut).await.unwrap_or_else(|_| {
+                            Err(Status::new(
+                                Code::DeadlineExceeded,
+                                format!("deadline of {d:?} passed on the server"),
+                            ))
+                        }),
+                        None => fut.await,
+                    }
+                }
+            },
+        };
+        let (rh, body) = match result {
+            Ok(b) if b.len() <= shared.config.max_frame_bytes as usize => {
+                (header.response(false), b)
+            }
+            Ok(b) => {
+                let s = Status::new(
+                    Code::Internal,
+                    format!("reply of {} bytes exceeds the frame limit", b.len()),
+                );
+                (header.response(true), Bytes::from(s.encode_to_vec()))
+            }
+            Err(s) => {
+                debug!(status = %s, "request failed");
+                (header.response(true), Bytes::from(s.encode_to_vec()))
+            }
+        };
+        match Outgoing::new(&rh, body) {
+            Ok(out) => {
+                let _ = tx.send(out).await;
+            }
+            Err(e) => warn!(error = %e, "cannot encode reply"),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
+    let req = <RemoteReadRequest as prost::Message>::decode(payload).map_err(|e| {
+        Status::new(
+            Code::InvalidRequest,
+            format!("cannot decode remote read: {e}"),
+        )
+    })?;
+    if req.len > shared.config.max_frame_bytes {
+        return Err(Status::new(
+            Code::InvalidRequest,
+            format!("remote read of {} bytes exceeds the frame limit", req.len),
+        ));
+    }
+    shared
+        .regions
+        .access(req.key(), req.offset, u64::from(req.len))
+        .map_err(|e| {
+            let code = match e {
+                AccessError::UnknownRegion(_) => Code::UnknownRegion,
+                AccessError::StaleGeneration { .. } => Code::StaleGeneration,
+                AccessError::OutOfBounds { .. } => Code::OutOfBounds,
+            };
+            Status::new(code, e.to_string())
+        })
+}
+
+/// Turns a panicking handler into an `Internal` error reply instead of a silent hang.
+struct CatchUnwind(BoxFuture<Result<Bytes, Status>>);
+
+impl Future for CatchUnwind {
+    type Output = Result<Bytes, Status>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let fut = &mut self.0;
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fut.as_mut().poll(cx))) {
+            Ok(p) => p,
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!(panic = %what, "request handler panicked");
+                Poll::Ready(Err(Status::new(
+                    Code::Internal,
+                    format!("handler panicked: {what}"),
+                )))
+            }
+        }
+    }
+}
