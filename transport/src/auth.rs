@@ -52,8 +52,7 @@ impl ClusterSecret {
 
     /// Reads a secret file; surrounding whitespace is ignored.
     pub fn from_file(path: &std::path::Path) -> Result<Self, AuthError> {
-        let raw = std::fs::read(path)
-            .map_err(|e| AuthError::SecretFile(path.display().to_string(), e.to_string()))?;
+        let raw = std::fs::read(path).map_err(|e| AuthError::SecretFile(path.display().to_string(), e.to_string()))?;
         let trimmed = raw.trim_ascii();
         Self::new(trimmed.to_vec())
     }
@@ -73,8 +72,7 @@ impl ClusterSecret {
 
     fn mac(&self, label: &[u8], first: &[u8; NONCE_LEN], second: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
         // HMAC accepts keys of any length; new_from_slice cannot fail for it.
-        let mut m =
-            <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
         m.update(label);
         m.update(first);
         m.update(second);
@@ -237,10 +235,7 @@ mod tests {
     async fn wrong_secret_is_refused_on_both_sides() {
         let (mut a, mut b) = tokio::io::duplex(1024);
         let t = Duration::from_secs(5);
-        let (ss, cs) = (
-            secret("0123456789abcdef-server"),
-            secret("0123456789abcdef-client"),
-        );
+        let (ss, cs) = (secret("0123456789abcdef-server"), secret("0123456789abcdef-client"));
         let (x, y) = tokio::join!(accept(&mut a, &ss, t), connect(&mut b, &cs, t));
         assert!(matches!(x, Err(AuthError::BadProof)));
         assert!(matches!(y, Err(AuthError::Refused)));
@@ -267,12 +262,7 @@ mod tests {
     #[tokio::test]
     async fn silent_peer_times_out() {
         let (mut a, _b) = tokio::io::duplex(1024);
-        let r = accept(
-            &mut a,
-            &secret("0123456789abcdef"),
-            Duration::from_millis(50),
-        )
-        .await;
+        let r = accept(&mut a, &secret("0123456789abcdef"), Duration::from_millis(50)).await;
         assert!(matches!(r, Err(AuthError::Timeout(_))));
     }
 

@@ -65,13 +65,8 @@ mod tests {
         let t0 = Instant::now();
         let mut b = Backoff::new(Duration::from_millis(50), Duration::from_millis(300));
         assert!(b.check(t0).is_ok());
-        assert_eq!(
-            b.on_failure(t0, "refused".into()),
-            Duration::from_millis(50)
-        );
-        let (wait, err) = b
-            .check(t0 + Duration::from_millis(10))
-            .expect_err("backing off");
+        assert_eq!(b.on_failure(t0, "refused".into()), Duration::from_millis(50));
+        let (wait, err) = b.check(t0 + Duration::from_millis(10)).expect_err("backing off");
         assert_eq!(wait, Duration::from_millis(40));
         assert_eq!(err, "refused");
         assert!(b.check(t0 + Duration::from_millis(50)).is_ok());

@@ -68,10 +68,7 @@ struct Pending {
 
 impl Pending {
     fn fail(self, error: TransportError) {
-        let _ = self.tx.send(Err(Failed {
-            error,
-            sink: self.sink,
-        }));
+        let _ = self.tx.send(Err(Failed { error, sink: self.sink }));
     }
 }
 
@@ -159,13 +156,8 @@ impl TcpClient {
     /// Round-trip time of a PING to `peer`.
     pub async fn ping(&self, peer: SocketAddr) -> Result<Duration, TransportError> {
         let t = Instant::now();
-        self.call_raw(
-            peer,
-            MsgKind::PING,
-            Bytes::from_static(b"ping"),
-            CallOptions::default(),
-        )
-        .await?;
+        self.call_raw(peer, MsgKind::PING, Bytes::from_static(b"ping"), CallOptions::default())
+            .await?;
         Ok(t.elapsed())
     }
 
@@ -182,13 +174,7 @@ impl TcpClient {
             .cloned()
             .collect();
         for p in peers {
-            for c in p
-                .slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .flatten()
-            {
+            for c in p.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten() {
                 c.close("client closed".into());
             }
         }
@@ -196,20 +182,8 @@ impl TcpClient {
 
     /// Drops pooled connections to `peer` (for example after it was declared dead).
     pub fn forget(&self, peer: SocketAddr) {
-        if let Some(p) = self
-            .inner
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&peer)
-        {
-            for c in p
-                .slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .flatten()
-            {
+        if let Some(p) = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner()).remove(&peer) {
+            for c in p.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten() {
                 c.close("peer forgotten".into());
             }
         }
@@ -252,10 +226,7 @@ impl TcpClient {
         peer.check_backoff()?;
         match self.connect(addr).await {
             Ok(c) => {
-                peer.backoff
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .on_success();
+                peer.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
                 peer.slots.lock().unwrap_or_else(|p| p.into_inner())[idx] = Some(c.clone());
                 Ok(c)
             }
@@ -350,8 +321,7 @@ impl TcpClient {
             let Ok(_req) = conn.requests.acquire().await else {
                 return fail(conn.closed_error(), sink);
             };
-            let cost = (payload.len() as u64 + u64::from(expect_bytes))
-                .min(u64::from(conn.max_bytes)) as u32;
+            let cost = (payload.len() as u64 + u64::from(expect_bytes)).min(u64::from(conn.max_bytes)) as u32;
             let Ok(_bytes) = conn.bytes.acquire_many(cost).await else {
                 return fail(conn.closed_error(), sink);
             };
@@ -372,11 +342,7 @@ impl TcpClient {
             let _guard = PendingGuard { conn: &conn, id };
             if !conn.is_open() || conn.out.send(out).await.is_err() {
                 // The reader's close() fails every pending entry, ours included.
-                let taken = conn
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
+                let taken = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
                 return fail(conn.closed_error(), taken.and_then(|p| p.sink));
             }
             match rx.await {
@@ -385,6 +351,12 @@ impl TcpClient {
             }
         };
         match tokio::time::timeout(timeout, work.instrument(span)).await {
+            // The server gave up on our deadline a moment before we did: same outcome.
+            Ok(Err(Failed { error: TransportError::Remote { status, .. }, sink }))
+                if status.code == Code::DeadlineExceeded =>
+            {
+                Err(Failed { error: TransportError::Timeout { peer, kind, after: timeout }, sink })
+            }
             Ok(r) => r,
             Err(_) => Err(Failed {
                 error: TransportError::Timeout {
@@ -460,16 +432,12 @@ async fn reader_loop(conn: &Conn, rd: tokio::net::tcp::OwnedReadHalf, max_frame:
                 (BytesMut::new(), false)
             }
         };
-        let crc = match wire::read_payload_into(&mut rd, &mut buf, len, seed).await {
+        let crc = match wire::read_payload_into(&mut rd, &mut buf, len, seed, header.payload_checksummed()).await {
             Ok(c) => c,
             Err(e) => return format!("read failed: {e}"),
         };
         let mut sink_back = |buf: BytesMut| {
-            if is_sink {
-                Some(buf)
-            } else {
-                original_sink.take()
-            }
+            if is_sink { Some(buf) } else { original_sink.take() }
         };
         if let Err(e) = header.check_crc(crc) {
             tracing::warn!(peer = %conn.peer, error = %e, "closing connection: corrupt frame");
@@ -518,18 +486,9 @@ impl RpcChannel for TcpClient {
 }
 
 impl RemoteRead for TcpClient {
-    async fn read(
-        &self,
-        peer: SocketAddr,
-        key: RegionKey,
-        offset: u64,
-        len: u32,
-        buf: BytesMut,
-    ) -> ReadOutcome {
+    async fn read(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
         // The checks the NIC would make on our side: the key bounds the range.
-        let in_bounds = offset
-            .checked_add(u64::from(len))
-            .is_some_and(|end| end <= key.len);
+        let in_bounds = offset.checked_add(u64::from(len)).is_some_and(|end| end <= key.len);
         if !in_bounds {
             let e = AccessError::OutOfBounds {
                 offset,
@@ -540,13 +499,7 @@ impl RemoteRead for TcpClient {
         }
         let max = self.inner.config.max_frame_bytes;
         if len > max {
-            return (
-                Err(TransportError::TooLarge {
-                    len: len as usize,
-                    max,
-                }),
-                buf,
-            );
+            return (Err(TransportError::TooLarge { len: len as usize, max }), buf);
         }
         let req = RemoteReadRequest {
             region: key.region,
@@ -596,10 +549,7 @@ impl RemoteRead for TcpClient {
 }
 
 fn is_access(s: &Status) -> bool {
-    matches!(
-        s.code,
-        Code::UnknownRegion | Code::StaleGeneration | Code::OutOfBounds
-    )
+    matches!(s.code, Code::UnknownRegion | Code::StaleGeneration | Code::OutOfBounds)
 }
 
 fn access_error(s: &Status, key: RegionKey, offset: u64, len: u32) -> AccessError {

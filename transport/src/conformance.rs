@@ -164,12 +164,7 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
-async fn echo<C: RpcChannel>(
-    c: &C,
-    addr: SocketAddr,
-    data: Bytes,
-    delay_ms: u32,
-) -> Result<EchoMsg, TransportError> {
+async fn echo<C: RpcChannel>(c: &C, addr: SocketAddr, data: Bytes, delay_ms: u32) -> Result<EchoMsg, TransportError> {
     c.call::<Echo>(
         addr,
         &EchoMsg {
@@ -212,9 +207,7 @@ pub async fn multiplexed_out_of_order<T: TransportUnderTest>() {
         let addr = rig.addr;
         tasks.push(tokio::spawn(async move {
             let data = Bytes::from(format!("request-{i}"));
-            let r = echo(&c, addr, data.clone(), (200 - i) % 17)
-                .await
-                .expect("echo");
+            let r = echo(&c, addr, data.clone(), (200 - i) % 17).await.expect("echo");
             assert_eq!(r.data, data);
         }));
     }
@@ -233,12 +226,7 @@ pub async fn errors_are_typed<T: TransportUnderTest>() {
     let mut rig = Rig::<T>::start(quick()).await;
     let c = T::client(quick(), secret());
     let e = c
-        .call_raw(
-            rig.addr,
-            MsgKind(0x7777),
-            Bytes::new(),
-            CallOptions::default(),
-        )
+        .call_raw(rig.addr, MsgKind(0x7777), Bytes::new(), CallOptions::default())
         .await
         .expect_err("unknown kind");
     assert_eq!(e.status().map(|s| s.code), Some(Code::UnknownKind), "{e}");
@@ -265,11 +253,7 @@ pub async fn errors_are_typed<T: TransportUnderTest>() {
         )
         .await
         .expect_err("bad payload");
-    assert_eq!(
-        e.status().map(|s| s.code),
-        Some(Code::InvalidRequest),
-        "{e}"
-    );
+    assert_eq!(e.status().map(|s| s.code), Some(Code::InvalidRequest), "{e}");
     // The connection is still good after errors.
     assert_eq!(
         echo(&c, rig.addr, Bytes::from_static(b"ok"), 0)
@@ -299,11 +283,7 @@ pub async fn deadlines<T: TransportUnderTest>() {
         .await
         .expect_err("timeout");
     assert!(matches!(e, TransportError::Timeout { .. }), "{e}");
-    assert!(
-        t.elapsed() < Duration::from_secs(2),
-        "timeout took {:?}",
-        t.elapsed()
-    );
+    assert!(t.elapsed() < Duration::from_secs(2), "timeout took {:?}", t.elapsed());
     assert_eq!(
         echo(&c, rig.addr, Bytes::from_static(b"after"), 0)
             .await
@@ -324,20 +304,9 @@ pub async fn frame_limits<T: TransportUnderTest>() {
     let mut rig = Rig::<T>::start(cfg.clone()).await;
     let c = T::client(cfg, secret());
     let big = pattern((8 << 20) - 64, 3);
-    assert_eq!(
-        echo(&c, rig.addr, big.clone(), 0)
-            .await
-            .expect("big echo")
-            .data,
-        big
-    );
+    assert_eq!(echo(&c, rig.addr, big.clone(), 0).await.expect("big echo").data, big);
     let e = c
-        .call_raw(
-            rig.addr,
-            Echo::KIND,
-            pattern((8 << 20) + 1, 1),
-            CallOptions::default(),
-        )
+        .call_raw(rig.addr, Echo::KIND, pattern((8 << 20) + 1, 1), CallOptions::default())
         .await
         .expect_err("too large");
     assert!(matches!(e, TransportError::TooLarge { .. }), "{e}");
@@ -387,10 +356,7 @@ pub async fn remote_read_checks<T: TransportUnderTest>() {
     let key = rig.regions.register(data.clone());
     let buf = BytesMut::with_capacity(64);
 
-    let unknown = crate::region::RegionKey {
-        region: 4242,
-        ..key
-    };
+    let unknown = crate::region::RegionKey { region: 4242, ..key };
     let (r, buf) = c.read(rig.addr, unknown, 0, 16, buf).await;
     assert!(
         matches!(
@@ -404,51 +370,33 @@ pub async fn remote_read_checks<T: TransportUnderTest>() {
 
     let (r, buf) = c.read(rig.addr, key, 4000, 200, buf).await;
     assert!(
-        matches!(
-            r,
-            Err(TransportError::Access(AccessError::OutOfBounds { .. }))
-        ),
+        matches!(r, Err(TransportError::Access(AccessError::OutOfBounds { .. }))),
         "{r:?}"
     );
     let (r, buf) = c.read(rig.addr, key, u64::MAX - 1, 16, buf).await;
     assert!(
-        matches!(
-            r,
-            Err(TransportError::Access(AccessError::OutOfBounds { .. }))
-        ),
+        matches!(r, Err(TransportError::Access(AccessError::OutOfBounds { .. }))),
         "{r:?}"
     );
     // A forged key claiming a longer region is still bounded by the real one.
-    let forged = crate::region::RegionKey {
-        len: 1 << 20,
-        ..key
-    };
+    let forged = crate::region::RegionKey { len: 1 << 20, ..key };
     let (r, buf) = c.read(rig.addr, forged, 4000, 200, buf).await;
     assert!(
-        matches!(
-            r,
-            Err(TransportError::Access(AccessError::OutOfBounds { .. }))
-        ),
+        matches!(r, Err(TransportError::Access(AccessError::OutOfBounds { .. }))),
         "{r:?}"
     );
 
     assert!(rig.regions.revoke(key));
     let (r, buf) = c.read(rig.addr, key, 0, 16, buf).await;
     assert!(
-        matches!(
-            r,
-            Err(TransportError::Access(AccessError::StaleGeneration { .. }))
-        ),
+        matches!(r, Err(TransportError::Access(AccessError::StaleGeneration { .. }))),
         "{r:?}"
     );
     let key2 = rig.regions.register(pattern(4096, 2));
     assert_eq!(key2.region, key.region);
     let (r, buf) = c.read(rig.addr, key, 0, 16, buf).await;
     assert!(
-        matches!(
-            r,
-            Err(TransportError::Access(AccessError::StaleGeneration { .. }))
-        ),
+        matches!(r, Err(TransportError::Access(AccessError::StaleGeneration { .. }))),
         "reused slot served an old key: {r:?}"
     );
 
@@ -552,9 +500,7 @@ pub async fn backpressure_bounds_inflight<T: TransportUnderTest>() {
 pub async fn reconnects_after_restart<T: TransportUnderTest>() {
     let mut rig = Rig::<T>::start(quick()).await;
     let c = T::client(quick(), secret());
-    echo(&c, rig.addr, Bytes::from_static(b"1"), 0)
-        .await
-        .expect("before");
+    echo(&c, rig.addr, Bytes::from_static(b"1"), 0).await.expect("before");
     let addr = rig.addr;
     rig.stop().await;
     let e = echo(&c, addr, Bytes::from_static(b"2"), 0)
@@ -604,9 +550,7 @@ pub async fn graceful_shutdown_finishes_inflight<T: TransportUnderTest>() {
         .expect("in-flight request finished during shutdown");
     assert_eq!(r.data, Bytes::from_static(b"slow"));
     assert!(
-        echo(&c, addr, Bytes::from_static(b"late"), 0)
-            .await
-            .is_err(),
+        echo(&c, addr, Bytes::from_static(b"late"), 0).await.is_err(),
         "server accepted work after shutdown"
     );
 }
@@ -677,14 +621,7 @@ impl TransportUnderTest for Tcp {
         config: TransportConfig,
         secret: ClusterSecret,
     ) -> std::io::Result<(Self::Server, SocketAddr)> {
-        Self::serve_at(
-            SocketAddr::from(([127, 0, 0, 1], 0)),
-            router,
-            regions,
-            config,
-            secret,
-        )
-        .await
+        Self::serve_at(SocketAddr::from(([127, 0, 0, 1], 0)), router, regions, config, secret).await
     }
 
     async fn serve_at(

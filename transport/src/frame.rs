@@ -6,7 +6,7 @@
 //! offset size field
 //!      0    4 magic          b"SHGF"
 //!      4    1 version        FRAME_VERSION (1)
-//!      5    1 flags          bit0 RESPONSE, bit1 ERROR; other bits must be zero
+//!      5    1 flags          bit0 RESPONSE, bit1 ERROR, bit2 RAW_PAYLOAD; others zero
 //!      6    2 kind           message type (MsgKind)
 //!      8    8 request_id     chosen by the requester, echoed in the response
 //!     16    4 payload_len    bytes of payload after the header (<= max_payload)
@@ -15,8 +15,14 @@
 //!     40    8 span_id        W3C parent-id of the sender's span
 //!     48    1 trace_flags    W3C trace-flags (bit0 sampled)
 //!     49    3 reserved       must be zero
-//!     52    4 crc32c         over header bytes 0..52 followed by the payload
+//!     52    4 crc32c         over header bytes 0..52, then the payload unless RAW_PAYLOAD
 //! ```
+//!
+//! RAW_PAYLOAD marks bulk data whose integrity is checked end to end by its owner
+//! (remote-read replies carry chunk bytes that hold their own crc32c, verified by the
+//! reader after the transfer, exactly as with one-sided RDMA READ). Checksumming them
+//! again in the transport costs a fifth of the CPU of a bulk transfer and protects
+//! nothing the end-to-end check does not; the header is always covered.
 //!
 //! Decoding is pure: [`FrameHeader::decode`] checks everything that can be checked
 //! from the header alone (magic, version, flags, reserved bytes, the length bound),
@@ -65,7 +71,10 @@ impl Flags {
     pub const RESPONSE: Flags = Flags(0b01);
     /// The payload is an encoded `Status` instead of the normal reply.
     pub const ERROR: Flags = Flags(0b10);
-    const KNOWN: u8 = 0b11;
+    /// The checksum covers the header only; the payload is verified end to end by
+    /// its owner (see the module documentation).
+    pub const RAW_PAYLOAD: Flags = Flags(0b100);
+    const KNOWN: u8 = 0b111;
 
     /// No flags: a request.
     pub const fn request() -> Flags {
@@ -214,7 +223,10 @@ impl FrameHeader {
         h[24..40].copy_from_slice(&self.trace.trace_id);
         h[40..48].copy_from_slice(&self.trace.span_id);
         h[48] = self.trace.flags;
-        let crc = crc32c::crc32c_append(crc32c::crc32c(&h[..CRC_OFFSET]), payload);
+        let mut crc = crc32c::crc32c(&h[..CRC_OFFSET]);
+        if !self.flags.contains(Flags::RAW_PAYLOAD) {
+            crc = crc32c::crc32c_append(crc, payload);
+        }
         h[CRC_OFFSET..].copy_from_slice(&crc.to_le_bytes());
         Ok(h)
     }
@@ -235,16 +247,11 @@ impl FrameHeader {
         if bytes[49..52] != [0, 0, 0] {
             return Err(FrameError::ReservedNotZero);
         }
-        let le32 = |at: usize| {
-            u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]])
-        };
+        let le32 = |at: usize| u32::from_le_bytes([bytes[at], bytes[at + 1], bytes[at + 2], bytes[at + 3]]);
         let payload_len = le32(16);
         let max = max_payload.min(PAYLOAD_LEN_CEILING);
         if payload_len > max {
-            return Err(FrameError::TooLarge {
-                len: payload_len,
-                max,
-            });
+            return Err(FrameError::TooLarge { len: payload_len, max });
         }
         let mut trace = TraceContext::default();
         trace.trace_id.copy_from_slice(&bytes[24..40]);
@@ -282,12 +289,18 @@ impl FrameHeader {
     }
 
     /// Verifies the checksum of a complete payload against the raw header bytes.
-    pub fn verify_payload(
-        &self,
-        raw_header: &[u8; HEADER_LEN],
-        payload: &[u8],
-    ) -> Result<(), FrameError> {
-        self.check_crc(crc32c::crc32c_append(Self::crc_seed(raw_header), payload))
+    pub fn verify_payload(&self, raw_header: &[u8; HEADER_LEN], payload: &[u8]) -> Result<(), FrameError> {
+        let seed = Self::crc_seed(raw_header);
+        if self.payload_checksummed() {
+            self.check_crc(crc32c::crc32c_append(seed, payload))
+        } else {
+            self.check_crc(seed)
+        }
+    }
+
+    /// False when the payload is not covered by the frame checksum (RAW_PAYLOAD).
+    pub fn payload_checksummed(&self) -> bool {
+        !self.flags.contains(Flags::RAW_PAYLOAD)
     }
 
     /// True for responses.
@@ -413,10 +426,7 @@ mod tests {
             decode_frame(&bytes[..58], 1024),
             Err(FrameError::Incomplete { needed: 3 })
         );
-        assert_eq!(
-            decode_frame(&[], 1024),
-            Err(FrameError::Incomplete { needed: 56 })
-        );
+        assert_eq!(decode_frame(&[], 1024), Err(FrameError::Incomplete { needed: 56 }));
     }
 
     #[test]
@@ -424,19 +434,16 @@ mod tests {
         let good = sample().encode().expect("encode");
         let mut b = good.clone();
         b[0] = b'X';
-        assert!(matches!(
-            decode_frame(&b, 1024),
-            Err(FrameError::BadMagic(_))
-        ));
+        assert!(matches!(decode_frame(&b, 1024), Err(FrameError::BadMagic(_))));
         let mut b = good.clone();
         b[4] = 2;
-        assert_eq!(
-            decode_frame(&b, 1024),
-            Err(FrameError::UnsupportedVersion(2))
-        );
+        assert_eq!(decode_frame(&b, 1024), Err(FrameError::UnsupportedVersion(2)));
         let mut b = good.clone();
         b[5] = 0x80;
         assert_eq!(decode_frame(&b, 1024), Err(FrameError::UnknownFlags(0x80)));
+        let mut b = good.clone();
+        b[5] = 0x08;
+        assert_eq!(decode_frame(&b, 1024), Err(FrameError::UnknownFlags(0x08)));
         let mut b = good.clone();
         b[50] = 1;
         assert_eq!(decode_frame(&b, 1024), Err(FrameError::ReservedNotZero));
@@ -454,14 +461,11 @@ mod tests {
             })
         );
         let b = sample().encode().expect("encode");
-        assert_eq!(
-            decode_frame(&b, 4),
-            Err(FrameError::TooLarge { len: 5, max: 4 })
-        );
+        assert_eq!(decode_frame(&b, 4), Err(FrameError::TooLarge { len: 5, max: 4 }));
     }
 
     #[test]
-    fn detects_any_single_bit_flip_in_checksummed_bytes() {
+    fn detects_any_single_bit_flip_in_checksummed_frames() {
         let good = sample().encode().expect("encode");
         for byte in 0..good.len() {
             for bit in 0..8 {
@@ -473,6 +477,24 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn raw_payload_checksums_header_only() {
+        let mut f = sample();
+        f.header.flags = Flags::RESPONSE.with(Flags::RAW_PAYLOAD);
+        let mut b = f.encode().expect("encode");
+        let crc = crc32c::crc32c(&b[..52]);
+        assert_eq!(&b[52..56], &crc.to_le_bytes());
+        let n = b.len();
+        b[n - 1] ^= 1;
+        let (g, _) = decode_frame(&b, 1024).expect("payload not covered");
+        assert!(!g.header.payload_checksummed());
+        b[20] ^= 1;
+        assert!(
+            matches!(decode_frame(&b, 1024), Err(FrameError::BadChecksum { .. })),
+            "header still covered"
+        );
     }
 
     #[test]
@@ -492,7 +514,7 @@ mod tests {
         proptest! {
             #[test]
             fn encode_decode_round_trip(
-                flags in 0u8..4, kind: u16, id: u64, timeout: u32,
+                flags in 0u8..8, kind: u16, id: u64, timeout: u32,
                 trace_id: [u8; 16], span_id: [u8; 8], tflags: u8,
                 payload in proptest::collection::vec(any::<u8>(), 0..4096),
                 trailing in proptest::collection::vec(any::<u8>(), 0..64),

@@ -181,14 +181,8 @@ mod tests {
         assert_eq!(&t.access(k, 2, 3).expect("in bounds")[..], b"234");
         assert_eq!(&t.access(k, 0, 10).expect("whole")[..], b"0123456789");
         assert_eq!(t.access(k, 10, 0).expect("empty at end").len(), 0);
-        assert!(matches!(
-            t.access(k, 8, 3),
-            Err(AccessError::OutOfBounds { .. })
-        ));
-        assert!(matches!(
-            t.access(k, u64::MAX, 2),
-            Err(AccessError::OutOfBounds { .. })
-        ));
+        assert!(matches!(t.access(k, 8, 3), Err(AccessError::OutOfBounds { .. })));
+        assert!(matches!(t.access(k, u64::MAX, 2), Err(AccessError::OutOfBounds { .. })));
         let unknown = RegionKey { region: 99, ..k };
         assert_eq!(t.access(unknown, 0, 1), Err(AccessError::UnknownRegion(99)));
         let forged = RegionKey {
@@ -200,10 +194,7 @@ mod tests {
             Err(AccessError::StaleGeneration { .. })
         ));
         let longer = RegionKey { len: 1000, ..k };
-        assert!(matches!(
-            t.access(longer, 0, 11),
-            Err(AccessError::OutOfBounds { .. })
-        ));
+        assert!(matches!(t.access(longer, 0, 11), Err(AccessError::OutOfBounds { .. })));
     }
 
     #[test]
@@ -212,16 +203,10 @@ mod tests {
         let k1 = t.register(Bytes::from_static(b"first"));
         assert!(t.revoke(k1));
         assert!(!t.revoke(k1));
-        assert!(matches!(
-            t.access(k1, 0, 1),
-            Err(AccessError::StaleGeneration { .. })
-        ));
+        assert!(matches!(t.access(k1, 0, 1), Err(AccessError::StaleGeneration { .. })));
         let k2 = t.register(Bytes::from_static(b"second"));
         assert_eq!(k2.region, k1.region, "slot is reused");
-        assert!(matches!(
-            t.access(k1, 0, 1),
-            Err(AccessError::StaleGeneration { .. })
-        ));
+        assert!(matches!(t.access(k1, 0, 1), Err(AccessError::StaleGeneration { .. })));
         assert_eq!(&t.access(k2, 0, 6).expect("new key")[..], b"second");
         assert_eq!(t.len(), 1);
     }

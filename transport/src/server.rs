@@ -98,10 +98,7 @@ impl Router {
             let handler = handler.clone();
             async move {
                 let req = <R::Request as prost::Message>::decode(payload).map_err(|e| {
-                    Status::new(
-                        Code::InvalidRequest,
-                        format!("cannot decode request {}: {e}", R::KIND),
-                    )
+                    Status::new(Code::InvalidRequest, format!("cannot decode request {}: {e}", R::KIND))
                 })?;
                 let resp = handler(ctx, req).await?;
                 Ok(Bytes::from(prost::Message::encode_to_vec(&resp)))
@@ -160,12 +157,7 @@ impl Server {
             regions,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
         });
-        tracker.spawn(accept_loop(
-            listener,
-            shared,
-            shutdown.clone(),
-            tracker.clone(),
-        ));
+        tracker.spawn(accept_loop(listener, shared, shutdown.clone(), tracker.clone()));
         info!(addr = %local_addr, "transport listening");
         Ok(Server {
             local_addr,
@@ -200,12 +192,7 @@ impl Drop for Server {
     }
 }
 
-async fn accept_loop(
-    listener: TcpListener,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-    tracker: TaskTracker,
-) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: CancellationToken, tracker: TaskTracker) {
     loop {
         let permit = tokio::select! {
             p = shared.connections.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return },
@@ -234,14 +221,8 @@ async fn accept_loop(
     }
 }
 
-async fn serve_connection(
-    mut stream: TcpStream,
-    peer: SocketAddr,
-    shared: Arc<Shared>,
-    shutdown: CancellationToken,
-) {
-    if let Err(e) = auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await
-    {
+async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: CancellationToken) {
+    if let Err(e) = auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await {
         warn!(%peer, error = %e, "refused connection: authentication failed");
         return;
     }
@@ -292,6 +273,7 @@ async fn serve_connection(
             &mut payload,
             header.payload_len as usize,
             FrameHeader::crc_seed(&raw),
+            header.payload_checksummed(),
         )
         .await
         {
@@ -304,6 +286,14 @@ async fn serve_connection(
         if let Err(e) = header.check_crc(crc) {
             warn!(%peer, error = %e, "closing connection: corrupt frame");
             break;
+        }
+        if matches!(header.kind, MsgKind::PING | MsgKind::REMOTE_READ) {
+            // Served by the transport without blocking: answer inline, saving a task
+            // hop. The reply queue holds as many frames as there are permits, so the
+            // send cannot wait.
+            serve_request(&shared, peer, header, payload.freeze(), tx.clone()).await;
+            drop(permit);
+            continue;
         }
         let shared = shared.clone();
         let tx = tx.clone();
@@ -338,8 +328,7 @@ async fn serve_request(
     let span = info_span!("rpc.server", otel.kind = "server", rpc.kind = %header.kind, %peer, bytes_in = payload.len());
     crate::trace::adopt(&span, &header.trace);
     async {
-        let deadline =
-            (header.timeout_ms > 0).then(|| Duration::from_millis(u64::from(header.timeout_ms)));
+        let deadline = (header.timeout_ms > 0).then(|| Duration::from_millis(u64::from(header.timeout_ms)));
         let result = match header.kind {
             MsgKind::PING => Ok(payload),
             MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
@@ -369,7 +358,12 @@ async fn serve_request(
         };
         let (rh, body) = match result {
             Ok(b) if b.len() <= shared.config.max_frame_bytes as usize => {
-                (header.response(false), b)
+                let mut rh = header.response(false);
+                if header.kind == MsgKind::REMOTE_READ {
+                    // Region bytes are verified end to end by their owner (chunk crc32c).
+                    rh.flags = rh.flags.with(crate::frame::Flags::RAW_PAYLOAD);
+                }
+                (rh, b)
             }
             Ok(b) => {
                 let s = Status::new(
@@ -395,12 +389,8 @@ async fn serve_request(
 }
 
 fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
-    let req = <RemoteReadRequest as prost::Message>::decode(payload).map_err(|e| {
-        Status::new(
-            Code::InvalidRequest,
-            format!("cannot decode remote read: {e}"),
-        )
-    })?;
+    let req = <RemoteReadRequest as prost::Message>::decode(payload)
+        .map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode remote read: {e}")))?;
     if req.len > shared.config.max_frame_bytes {
         return Err(Status::new(
             Code::InvalidRequest,
@@ -436,10 +426,7 @@ impl Future for CatchUnwind {
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
                 tracing::error!(panic = %what, "request handler panicked");
-                Poll::Ready(Err(Status::new(
-                    Code::Internal,
-                    format!("handler panicked: {what}"),
-                )))
+                Poll::Ready(Err(Status::new(Code::Internal, format!("handler panicked: {what}"))))
             }
         }
     }

@@ -3,7 +3,7 @@
 
 use crate::frame::{FrameError, FrameHeader, HEADER_LEN};
 use bytes::{BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -23,16 +23,20 @@ impl Outgoing {
     }
 }
 
+/// Frames are gathered into one buffer up to this size before a write.
 const WRITE_BUFFER: usize = 64 << 10;
+/// Payloads from this size on are not copied into the buffer but written straight
+/// from their own memory (one vectored write with whatever is buffered).
+const DIRECT_PAYLOAD: usize = 16 << 10;
 
 /// Writes queued frames until the queue closes or `cancel` fires, coalescing whatever
-/// is queued into one flush. Returns the I/O error that ended it, if any.
+/// is queued into as few writes as possible. Returns the I/O error that ended it.
 pub(crate) async fn writer_loop<W: AsyncWrite + Unpin>(
-    w: W,
+    mut w: W,
     mut rx: mpsc::Receiver<Outgoing>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
-    let mut w = BufWriter::with_capacity(WRITE_BUFFER, w);
+    let mut buf: Vec<u8> = Vec::with_capacity(WRITE_BUFFER);
     loop {
         let first = tokio::select! {
             m = rx.recv() => m,
@@ -40,23 +44,52 @@ pub(crate) async fn writer_loop<W: AsyncWrite + Unpin>(
         };
         let Some(mut msg) = first else { break };
         loop {
-            w.write_all(&msg.header).await?;
-            w.write_all(&msg.payload).await?;
+            buf.extend_from_slice(&msg.header);
+            if msg.payload.len() < DIRECT_PAYLOAD {
+                buf.extend_from_slice(&msg.payload);
+            } else {
+                write_all_two(&mut w, &buf, &msg.payload).await?;
+                buf.clear();
+            }
+            if buf.len() >= WRITE_BUFFER {
+                w.write_all(&buf).await?;
+                buf.clear();
+            }
             match rx.try_recv() {
                 Ok(next) => msg = next,
                 Err(_) => break,
             }
         }
-        w.flush().await?;
+        if !buf.is_empty() {
+            w.write_all(&buf).await?;
+            buf.clear();
+        }
     }
     w.flush().await?;
     w.shutdown().await
 }
 
+/// Writes `a` then `b` with vectored writes (one syscall when the socket takes it all).
+async fn write_all_two<W: AsyncWrite + Unpin>(w: &mut W, mut a: &[u8], mut b: &[u8]) -> std::io::Result<()> {
+    while !a.is_empty() {
+        let n = w
+            .write_vectored(&[std::io::IoSlice::new(a), std::io::IoSlice::new(b)])
+            .await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        if n < a.len() {
+            a = &a[n..];
+        } else {
+            b = &b[n - a.len()..];
+            a = &[];
+        }
+    }
+    w.write_all(b).await
+}
+
 /// Reads one raw header; `Ok(None)` on a clean end of stream before the first byte.
-pub(crate) async fn read_header<R: AsyncRead + Unpin>(
-    r: &mut R,
-) -> std::io::Result<Option<[u8; HEADER_LEN]>> {
+pub(crate) async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Option<[u8; HEADER_LEN]>> {
     let mut raw = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < HEADER_LEN {
@@ -73,12 +106,13 @@ pub(crate) async fn read_header<R: AsyncRead + Unpin>(
 }
 
 /// Appends exactly `len` bytes from `r` to `buf` without zero-filling, returning the
-/// running checksum continued from `crc`.
+/// running checksum continued from `crc` (unchanged when `checksummed` is false).
 pub(crate) async fn read_payload_into<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut BytesMut,
     len: usize,
     mut crc: u32,
+    checksummed: bool,
 ) -> std::io::Result<u32> {
     buf.reserve(len);
     let start = buf.len();
@@ -90,7 +124,9 @@ pub(crate) async fn read_payload_into<R: AsyncRead + Unpin>(
         if n == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        crc = crc32c::crc32c_append(crc, &buf[before..before + n]);
+        if checksummed {
+            crc = crc32c::crc32c_append(crc, &buf[before..before + n]);
+        }
     }
     debug_assert_eq!(buf.len(), start + len);
     Ok(crc)

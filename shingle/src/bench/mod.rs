@@ -1,0 +1,3 @@
+//! Benchmarks, each runnable with one command (`shingle bench <what>`).
+
+pub mod transport;

@@ -1,0 +1,129 @@
+//! TCP-specific behaviour with hostile or broken peers, over real sockets.
+
+use bytes::Bytes;
+use shingle_transport::conformance::{Echo, EchoMsg, Rig, Tcp, secret};
+use shingle_transport::{CallOptions, RpcChannel, TcpClient, TransportConfig, auth};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+async fn expect_closed(mut s: TcpStream) {
+    let mut buf = [0u8; 64];
+    let r = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .expect("server closes the connection");
+    match r {
+        Ok(0) | Err(_) => {}
+        Ok(n) => panic!("server sent {n} bytes to a misbehaving peer"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_after_auth_closes_only_that_connection() {
+    let mut rig = Rig::<Tcp>::start(TransportConfig::default()).await;
+    let good = TcpClient::new(TransportConfig::default(), secret());
+    let echo = |c: TcpClient, addr| async move {
+        c.call::<Echo>(
+            addr,
+            &EchoMsg {
+                data: Bytes::from_static(b"still here"),
+                ..Default::default()
+            },
+            CallOptions::default(),
+        )
+        .await
+    };
+    echo(good.clone(), rig.addr).await.expect("before");
+
+    // Authenticated, then random bytes instead of a frame.
+    let mut s = TcpStream::connect(rig.addr).await.expect("connect");
+    auth::connect(&mut s, &secret(), Duration::from_secs(5))
+        .await
+        .expect("auth");
+    s.write_all(&[0x42; 200]).await.expect("write garbage");
+    expect_closed(s).await;
+
+    // Authenticated, then a header announcing a payload over the limit.
+    let mut s = TcpStream::connect(rig.addr).await.expect("connect");
+    auth::connect(&mut s, &secret(), Duration::from_secs(5))
+        .await
+        .expect("auth");
+    let mut h = shingle_transport::frame::FrameHeader::request(<Echo as shingle_transport::Rpc>::KIND, 1)
+        .encode(b"")
+        .expect("encode");
+    h[16..20].copy_from_slice(&u32::MAX.to_le_bytes());
+    s.write_all(&h).await.expect("write header");
+    expect_closed(s).await;
+
+    // Authenticated, then a frame whose payload was damaged in transit.
+    let mut s = TcpStream::connect(rig.addr).await.expect("connect");
+    auth::connect(&mut s, &secret(), Duration::from_secs(5))
+        .await
+        .expect("auth");
+    let f = shingle_transport::frame::Frame {
+        header: shingle_transport::frame::FrameHeader::request(<Echo as shingle_transport::Rpc>::KIND, 1),
+        payload: Bytes::from_static(b"payload"),
+    };
+    let mut bytes = f.encode().expect("encode");
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    s.write_all(&bytes).await.expect("write frame");
+    expect_closed(s).await;
+
+    // No handshake at all: raw bytes are refused before any frame is read.
+    let mut s = TcpStream::connect(rig.addr).await.expect("connect");
+    let mut hello = [0u8; 40];
+    s.read_exact(&mut hello).await.expect("hello");
+    s.write_all(&[0u8; 64]).await.expect("write bogus proof");
+    let mut verdict = [0u8; 36];
+    s.read_exact(&mut verdict).await.expect("verdict");
+    assert_eq!(verdict[0], 1, "bogus proof accepted");
+    expect_closed(s).await;
+
+    assert_eq!(
+        rig.calls.load(Ordering::SeqCst),
+        1,
+        "a handler ran for a misbehaving peer"
+    );
+    echo(good, rig.addr).await.expect("other clients are still served");
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_peer_is_dropped_after_handshake_timeout() {
+    let cfg = TransportConfig {
+        handshake_timeout: Duration::from_millis(200),
+        ..TransportConfig::default()
+    };
+    let mut rig = Rig::<Tcp>::start(cfg).await;
+    let s = TcpStream::connect(rig.addr).await.expect("connect");
+    let mut s = s;
+    let mut hello = [0u8; 40];
+    s.read_exact(&mut hello).await.expect("hello");
+    expect_closed(s).await;
+    rig.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_peer_backs_off() {
+    // A port nobody listens on: the first call fails to connect, the next ones fail fast.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = l.local_addr().expect("addr");
+    drop(l);
+    let c = TcpClient::new(
+        TransportConfig {
+            backoff_initial: Duration::from_secs(2),
+            ..TransportConfig::default()
+        },
+        secret(),
+    );
+    let e = c.ping(addr).await.expect_err("nobody listens");
+    assert!(matches!(e, shingle_transport::TransportError::Connect { .. }), "{e}");
+    let e = c.ping(addr).await.expect_err("backing off");
+    assert!(
+        matches!(e, shingle_transport::TransportError::PeerUnavailable { .. }),
+        "{e}"
+    );
+    assert!(e.is_peer_failure());
+}
