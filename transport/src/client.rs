@@ -18,7 +18,7 @@ use crate::wire::{self, Outgoing};
 use bytes::{Bytes, BytesMut};
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::BufReader;
@@ -43,7 +43,6 @@ struct ClientInner {
 struct Peer {
     addr: SocketAddr,
     slots: Mutex<Vec<Option<Arc<Conn>>>>,
-    next: AtomicUsize,
     connecting: tokio::sync::Mutex<()>,
     backoff: Mutex<Backoff>,
 }
@@ -78,6 +77,7 @@ struct Conn {
     pending: Mutex<HashMap<u64, Pending>>,
     next_id: AtomicU64,
     requests: Semaphore,
+    max_requests: usize,
     bytes: Semaphore,
     max_bytes: u32,
     closed: CancellationToken,
@@ -87,6 +87,10 @@ struct Conn {
 impl Conn {
     fn is_open(&self) -> bool {
         !self.closed.is_cancelled()
+    }
+
+    fn inflight(&self) -> usize {
+        self.max_requests - self.requests.available_permits()
     }
 
     fn close(&self, reason: String) {
@@ -197,7 +201,6 @@ impl TcpClient {
                 Arc::new(Peer {
                     addr,
                     slots: Mutex::new(vec![None; self.inner.config.conns_per_peer]),
-                    next: AtomicUsize::new(0),
                     connecting: tokio::sync::Mutex::new(()),
                     backoff: Mutex::new(Backoff::new(
                         self.inner.config.backoff_initial,
@@ -213,18 +216,41 @@ impl TcpClient {
             return Err(TransportError::Shutdown);
         }
         let peer = self.peer(addr);
-        let idx = peer.next.fetch_add(1, Ordering::Relaxed) % self.inner.config.conns_per_peer;
-        if let Some(c) = peer.live(idx) {
-            return Ok(c);
-        }
+        // Least-loaded live connection; a sequential caller thus stays on one warm
+        // connection, and more are opened only when all live ones are busy.
+        let (best, free_slot) = peer.pick();
+        let idx = match (best, free_slot) {
+            (Some((c, 0)), _) | (Some((c, _)), None) => return Ok(c),
+            (Some((c, _)), Some(idx)) => {
+                // Busy: open another connection if nobody else is, else share.
+                if peer.check_backoff().is_err() {
+                    return Ok(c);
+                }
+                let Ok(_guard) = peer.connecting.try_lock() else {
+                    return Ok(c);
+                };
+                return match self.open_slot(&peer, idx).await {
+                    Ok(n) => Ok(n),
+                    Err(_) => Ok(c),
+                };
+            }
+            (None, Some(idx)) => idx,
+            (None, None) => 0,
+        };
         peer.check_backoff()?;
         let _guard = peer.connecting.lock().await;
-        if let Some(c) = peer.live(idx) {
+        if let (Some((c, _)), _) = peer.pick() {
             return Ok(c);
         }
         // Another caller may have failed while we waited for the lock.
         peer.check_backoff()?;
-        match self.connect(addr).await {
+        self.open_slot(&peer, idx).await
+    }
+
+    /// Connects and stores the connection in slot `idx`; records success or failure
+    /// in the peer's backoff. The caller holds `peer.connecting`.
+    async fn open_slot(&self, peer: &Peer, idx: usize) -> Result<Arc<Conn>, TransportError> {
+        match self.connect(peer.addr).await {
             Ok(c) => {
                 peer.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
                 peer.slots.lock().unwrap_or_else(|p| p.into_inner())[idx] = Some(c.clone());
@@ -236,7 +262,7 @@ impl TcpClient {
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .on_failure(Instant::now(), e.to_string());
-                debug!(peer = %addr, retry_in = ?delay, error = %e, "connect failed");
+                debug!(peer = %peer.addr, retry_in = ?delay, error = %e, "connect failed");
                 Err(e)
             }
         }
@@ -264,6 +290,7 @@ impl TcpClient {
             pending: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             requests: Semaphore::new(cfg.max_inflight_requests as usize),
+            max_requests: cfg.max_inflight_requests as usize,
             bytes: Semaphore::new(max_bytes as usize),
             max_bytes,
             closed: CancellationToken::new(),
@@ -352,11 +379,17 @@ impl TcpClient {
         };
         match tokio::time::timeout(timeout, work.instrument(span)).await {
             // The server gave up on our deadline a moment before we did: same outcome.
-            Ok(Err(Failed { error: TransportError::Remote { status, .. }, sink }))
-                if status.code == Code::DeadlineExceeded =>
-            {
-                Err(Failed { error: TransportError::Timeout { peer, kind, after: timeout }, sink })
-            }
+            Ok(Err(Failed {
+                error: TransportError::Remote { status, .. },
+                sink,
+            })) if status.code == Code::DeadlineExceeded => Err(Failed {
+                error: TransportError::Timeout {
+                    peer,
+                    kind,
+                    after: timeout,
+                },
+                sink,
+            }),
             Ok(r) => r,
             Err(_) => Err(Failed {
                 error: TransportError::Timeout {
@@ -371,9 +404,25 @@ impl TcpClient {
 }
 
 impl Peer {
-    fn live(&self, idx: usize) -> Option<Arc<Conn>> {
+    /// The live connection with the fewest requests in flight (and that number), and
+    /// the first slot without a live connection.
+    fn pick(&self) -> (Option<(Arc<Conn>, usize)>, Option<usize>) {
         let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        slots[idx].as_ref().filter(|c| c.is_open()).cloned()
+        let mut best: Option<(&Arc<Conn>, usize)> = None;
+        let mut free = None;
+        for (i, slot) in slots.iter().enumerate() {
+            match slot.as_ref().filter(|c| c.is_open()) {
+                Some(c) => {
+                    let busy = c.inflight();
+                    if best.is_none_or(|(_, b)| busy < b) {
+                        best = Some((c, busy));
+                    }
+                }
+                None if free.is_none() => free = Some(i),
+                None => {}
+            }
+        }
+        (best.map(|(c, b)| (c.clone(), b)), free)
     }
 
     fn check_backoff(&self) -> Result<(), TransportError> {
