@@ -1,0 +1,20 @@
+//! # shingle-data
+//!
+//! The data path of a Shingle data node, and the erasure code its clients use.
+//!
+//! - [`zone`]: zoned devices (append at the write pointer, reset to reclaim): the
+//!   file emulation (default), real zoned block devices, and fault injection.
+//! - [`chunk`]: the self-describing chunk record (key, version, crc32c), verified right
+//!   before it is written and right after it is read.
+//! - [`store`]: chunks appended to zones, a redb index (rebuildable by scanning zones),
+//!   group commit, GC by garbage ratio, scrub.
+//! - [`ec`]: Reed-Solomon stripes (k data + m parity shards, reed-solomon-simd).
+//! - [`service`]: the chunk service on the transport: write, resolve + remote read,
+//!   delete, scrub, repair.
+//!
+//! This crate must never learn about paths, directories or FUSE; it stores and serves
+//! shards named by [`chunk::ChunkKey`]. Nothing is acknowledged before it is durable.
+
+pub mod chunk;
+pub mod store;
+pub mod zone;

@@ -1,0 +1,824 @@
+//! The chunk store: chunks appended to zones, an index that finds them, group commit,
+//! and garbage collection by zone.
+//!
+//! ## Write path and durability
+//! `put` checks the payload against the writer's crc32c, appends the record at the
+//! active zone's write pointer, then waits for its *batch* to become durable. One
+//! caller at a time is the syncer: it closes the current batch, syncs every zone the
+//! batch touched, commits the batch's index updates to redb (fsync'd), applies them to
+//! the in-memory index, and wakes the batch. Concurrent writers thus share one device
+//! sync and one index commit (group commit). Nothing is acknowledged before both the
+//! record and its index entry are durable; a chunk is not readable before either.
+//!
+//! ## Crash safety
+//! - Data is synced before the index entry that points at it is committed, so the
+//!   durable index never points at data that is not durable.
+//! - GC copies live chunks out of a victim zone, commits the moved index entries
+//!   (conditionally: only where the index still points at the victim), and resets the
+//!   victim only when no index entry points into it any more. A crash at any step
+//!   leaves the index pointing at intact data. Readers that raced with a reset see a
+//!   stale location (`ReadPastWritePointer` or a key/version mismatch) and look again.
+//! - Records appended but never committed are unreferenced garbage; GC reclaims them.
+//!
+//! ## Rebuilding the index
+//! [`ChunkStore::rebuild_index`] scans every zone, keeps the newest record (highest
+//! sequence number) per key, and writes a fresh index. There are no delete tombstones,
+//! so a rebuild can bring back chunks that were deleted while an older copy still sat
+//! in an unreset zone: they are unreferenced by metadata and readers check versions
+//! against the file layout, so they are never served as file data (the orphan sweep
+//! removes them).
+
+use crate::chunk::{self, CHUNK_HEADER_LEN, ChunkError, ChunkHeader, ChunkKey, MAX_CHUNK_PAYLOAD};
+use crate::zone::{ZoneError, ZoneId, ZoneState, ZonedDevice};
+use bytes::{Bytes, BytesMut};
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::path::Path;
+use std::sync::{Condvar, Mutex, RwLock};
+use tracing::{debug, info, warn};
+
+const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Sequence numbers are leased ahead in the index so that records appended but never
+/// committed before a crash are never numbered again.
+const SEQ_LEASE: u64 = 1 << 20;
+
+/// Where a chunk record lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Location {
+    /// Zone.
+    pub zone: ZoneId,
+    /// Byte offset of the record in the zone.
+    pub offset: u64,
+}
+
+/// Index entry of one chunk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    /// Zone holding the record.
+    pub zone: u32,
+    /// Offset of the record in the zone.
+    pub offset: u64,
+    /// Payload bytes.
+    pub payload_len: u32,
+    /// Layout version.
+    pub version: u64,
+    /// Write sequence number.
+    pub seq: u64,
+    /// Payload crc32c.
+    pub crc: u32,
+}
+
+impl IndexEntry {
+    const LEN: usize = 36;
+
+    fn encode(&self) -> [u8; Self::LEN] {
+        let mut b = [0u8; Self::LEN];
+        b[0..4].copy_from_slice(&self.zone.to_le_bytes());
+        b[4..12].copy_from_slice(&self.offset.to_le_bytes());
+        b[12..16].copy_from_slice(&self.payload_len.to_le_bytes());
+        b[16..24].copy_from_slice(&self.version.to_le_bytes());
+        b[24..32].copy_from_slice(&self.seq.to_le_bytes());
+        b[32..36].copy_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8]) -> Option<Self> {
+        if b.len() != Self::LEN {
+            return None;
+        }
+        let u32_at = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        let u64_at = |i: usize| {
+            let mut x = [0u8; 8];
+            x.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(x)
+        };
+        Some(IndexEntry {
+            zone: u32_at(0),
+            offset: u64_at(4),
+            payload_len: u32_at(12),
+            version: u64_at(16),
+            seq: u64_at(24),
+            crc: u32_at(32),
+        })
+    }
+
+    fn location(&self) -> Location {
+        Location { zone: ZoneId(self.zone), offset: self.offset }
+    }
+}
+
+/// Errors of the chunk store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// No free zone left for new data (ENOSPC for the writer).
+    #[error("no space left on the device")]
+    NoSpace,
+    /// The payload does not match the checksum the writer sent.
+    #[error("{key}: payload does not match the writer's checksum")]
+    BadChecksum {
+        /// The chunk.
+        key: ChunkKey,
+    },
+    /// A newer version of the chunk is already stored.
+    #[error("{key}: version {got} is older than the stored version {have}")]
+    StaleVersion {
+        /// The chunk.
+        key: ChunkKey,
+        /// Stored version.
+        have: u64,
+        /// Version offered.
+        got: u64,
+    },
+    /// The chunk is too large for a zone or the format.
+    #[error("chunk payload of {0} bytes is too large")]
+    TooLarge(usize),
+    /// No such chunk.
+    #[error("{0} not found")]
+    NotFound(ChunkKey),
+    /// The stored chunk failed verification.
+    #[error("{key} is corrupt: {source}")]
+    Corrupt {
+        /// The chunk.
+        key: ChunkKey,
+        /// What was wrong.
+        source: ChunkError,
+    },
+    /// Device error.
+    #[error(transparent)]
+    Zone(#[from] ZoneError),
+    /// Index database error.
+    #[error("chunk index: {0}")]
+    Index(String),
+    /// A group commit failed; the write is not durable.
+    #[error("commit failed, write not durable: {0}")]
+    CommitFailed(String),
+}
+
+impl From<redb::Error> for StoreError {
+    fn from(e: redb::Error) -> Self {
+        StoreError::Index(e.to_string())
+    }
+}
+
+macro_rules! redb_err {
+    ($($t:ty),*) => {$(
+        impl From<$t> for StoreError {
+            fn from(e: $t) -> Self { StoreError::Index(e.to_string()) }
+        }
+    )*};
+}
+redb_err!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError
+);
+
+/// Result of store operations.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Tunables of a store.
+#[derive(Clone, Debug)]
+pub struct StoreOptions {
+    /// Empty zones held back from user writes so GC can always make progress.
+    pub reserved_zones: u32,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions { reserved_zones: 1 }
+    }
+}
+
+#[derive(Default)]
+struct ZoneAcct {
+    live_bytes: u64,
+    keys: HashSet<ChunkKey>,
+}
+
+struct Index {
+    map: HashMap<ChunkKey, IndexEntry>,
+    zones: Vec<ZoneAcct>,
+}
+
+enum Op {
+    Put { key: ChunkKey, entry: IndexEntry, only_if_at: Option<Location> },
+    Delete { key: ChunkKey },
+}
+
+struct Writer {
+    active: Option<ZoneId>,
+    write_pointer: u64,
+    free: VecDeque<ZoneId>,
+    pending: Vec<Op>,
+    pending_zones: BTreeSet<ZoneId>,
+    open_batch: u64,
+    next_seq: u64,
+    seq_leased: u64,
+}
+
+struct SyncState {
+    synced_batch: u64,
+    syncing: bool,
+    failures: VecDeque<(u64, String)>,
+}
+
+/// Counters of a store.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StoreStats {
+    /// Zones on the device.
+    pub zones_total: u32,
+    /// Empty zones available for writing.
+    pub zones_free: u32,
+    /// Chunks indexed.
+    pub chunks: u64,
+    /// Payload+header bytes of live records (padded).
+    pub live_bytes: u64,
+    /// Bytes written to zones not yet reset (live + garbage).
+    pub written_bytes: u64,
+    /// Usable bytes of the device.
+    pub capacity_bytes: u64,
+    /// Record bytes written for users since open.
+    pub user_bytes_written: u64,
+    /// Record bytes moved by GC since open.
+    pub gc_bytes_moved: u64,
+    /// Zones reset by GC since open.
+    pub gc_zones_reset: u64,
+    /// Group commits since open.
+    pub commits: u64,
+}
+
+impl StoreStats {
+    /// (user + GC bytes) / user bytes: the write amplification GC caused.
+    pub fn write_amplification(&self) -> f64 {
+        if self.user_bytes_written == 0 {
+            1.0
+        } else {
+            (self.user_bytes_written + self.gc_bytes_moved) as f64 / self.user_bytes_written as f64
+        }
+    }
+}
+
+/// What one GC pass did.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GcReport {
+    /// Zones reset.
+    pub zones_reset: Vec<ZoneId>,
+    /// Chunks moved.
+    pub chunks_moved: u64,
+    /// Record bytes moved.
+    pub bytes_moved: u64,
+    /// Zones skipped because a chunk in them failed verification (scrub must repair first).
+    pub zones_skipped: Vec<ZoneId>,
+}
+
+/// What a scrub pass found.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ScrubReport {
+    /// Chunks verified.
+    pub checked: u64,
+    /// Chunks that failed verification.
+    pub corrupt: Vec<ChunkKey>,
+}
+
+/// A chunk store on one zoned device.
+pub struct ChunkStore<D: ZonedDevice> {
+    device: D,
+    db: Database,
+    options: StoreOptions,
+    block_size: u32,
+    zone_capacity: u64,
+    index: RwLock<Index>,
+    writer: Mutex<Writer>,
+    sync: Mutex<SyncState>,
+    synced: Condvar,
+    stats: Mutex<StoreStats>,
+    gc_lock: Mutex<()>,
+}
+
+impl<D: ZonedDevice> ChunkStore<D> {
+    /// Opens (or creates) the store: loads the index from `index_path`, reconciles it
+    /// with the device's zones, and resumes appending.
+    pub fn open(device: D, index_path: &Path, options: StoreOptions) -> StoreResult<Self> {
+        let db = if index_path.exists() { Database::open(index_path)? } else { Database::create(index_path)? };
+        let g = device.geometry();
+        let mut map = HashMap::new();
+        let mut leased = 0;
+        {
+            let txn = db.begin_write()?;
+            txn.open_table(CHUNKS)?;
+            txn.open_table(META)?;
+            txn.commit()?;
+            let r = db.begin_read()?;
+            let t = r.open_table(CHUNKS)?;
+            for item in t.iter()? {
+                let (k, v) = item?;
+                let key: &[u8; 18] = k
+                    .value()
+                    .try_into()
+                    .map_err(|_| StoreError::Index("index key of wrong length".into()))?;
+                let e = IndexEntry::decode(v.value()).ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
+                map.insert(ChunkKey::from_bytes(key), e);
+            }
+            let m = r.open_table(META)?;
+            if let Some(v) = m.get("seq_leased")? {
+                leased = v.value();
+            }
+        }
+        let zones_info = device.report_zones()?;
+        let mut zones: Vec<ZoneAcct> = (0..g.zone_count).map(|_| ZoneAcct::default()).collect();
+        let mut max_seq = 0;
+        for (k, e) in &map {
+            let Some(z) = zones.get_mut(e.zone as usize) else {
+                return Err(StoreError::Index(format!("{k} indexed in zone {} beyond the device", e.zone)));
+            };
+            z.live_bytes += chunk::record_len(e.payload_len as usize, g.block_size);
+            z.keys.insert(*k);
+            max_seq = max_seq.max(e.seq);
+            let wp = zones_info.get(e.zone as usize).map_or(0, |i| i.write_pointer);
+            if e.offset + chunk::record_len(e.payload_len as usize, g.block_size) > wp {
+                warn!(key = %k, zone = e.zone, "index points past the zone's write pointer; the chunk will read as missing");
+            }
+        }
+        let mut free = VecDeque::new();
+        let mut active = None;
+        let mut write_pointer = 0;
+        for info in &zones_info {
+            match info.state {
+                ZoneState::Empty if zones[info.id.0 as usize].keys.is_empty() => free.push_back(info.id),
+                ZoneState::Open | ZoneState::Closed if active.is_none() => {
+                    active = Some(info.id);
+                    write_pointer = info.write_pointer;
+                }
+                ZoneState::Open | ZoneState::Closed => device.finish(info.id)?,
+                _ => {}
+            }
+        }
+        let next_seq = leased.max(max_seq + 1);
+        info!(chunks = map.len(), free_zones = free.len(), "chunk store opened");
+        let store = ChunkStore {
+            block_size: g.block_size,
+            zone_capacity: g.zone_capacity,
+            device,
+            db,
+            options,
+            index: RwLock::new(Index { map, zones }),
+            writer: Mutex::new(Writer {
+                active,
+                write_pointer,
+                free,
+                pending: Vec::new(),
+                pending_zones: BTreeSet::new(),
+                open_batch: 1,
+                next_seq,
+                seq_leased: next_seq,
+            }),
+            sync: Mutex::new(SyncState { synced_batch: 0, syncing: false, failures: VecDeque::new() }),
+            synced: Condvar::new(),
+            stats: Mutex::new(StoreStats::default()),
+            gc_lock: Mutex::new(()),
+        };
+        Ok(store)
+    }
+
+    /// The device.
+    pub fn device(&self) -> &D {
+        &self.device
+    }
+
+    /// Stores `payload` as version `version` of `key` and returns once it is durable.
+    /// `crc` is the writer's crc32c of the payload, checked before anything is written.
+    pub fn put(&self, key: ChunkKey, version: u64, payload: &[u8], crc: u32) -> StoreResult<Location> {
+        if payload.len() > MAX_CHUNK_PAYLOAD as usize
+            || chunk::record_len(payload.len(), self.block_size) > self.zone_capacity
+        {
+            return Err(StoreError::TooLarge(payload.len()));
+        }
+        if crc32c::crc32c(payload) != crc {
+            return Err(StoreError::BadChecksum { key });
+        }
+        if let Some(have) = self.lookup(&key) {
+            if have.version > version {
+                return Err(StoreError::StaleVersion { key, have: have.version, got: version });
+            }
+        }
+        let (loc, batch) = self.append(key, version, payload, crc, None, false)?;
+        self.wait_durable(batch)?;
+        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.user_bytes_written += chunk::record_len(payload.len(), self.block_size);
+        Ok(loc)
+    }
+
+    /// Appends a record and queues its index update; returns the batch to wait for.
+    fn append(
+        &self,
+        key: ChunkKey,
+        version: u64,
+        payload: &[u8],
+        crc: u32,
+        only_if_at: Option<Location>,
+        for_gc: bool,
+    ) -> StoreResult<(Location, u64)> {
+        let rec_len = chunk::record_len(payload.len(), self.block_size);
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
+        let seq = w.next_seq;
+        w.next_seq += 1;
+        let header = ChunkHeader { key, version, seq, payload_len: payload.len() as u32, payload_crc: crc };
+        let record = chunk::encode_record(&header, payload, self.block_size);
+        let offset = w.write_pointer;
+        if let Err(e) = self.device.write(zone, offset, &record) {
+            // The device's write pointer is the truth after a failed write (a torn
+            // write may have moved it); the torn bytes are unreferenced garbage.
+            match self.device.zone_info(zone) {
+                Ok(info) if info.state != ZoneState::Full && info.state != ZoneState::Offline => {
+                    w.write_pointer = info.write_pointer;
+                }
+                _ => w.active = None,
+            }
+            if e.is_no_space() {
+                return Err(StoreError::NoSpace);
+            }
+            return Err(e.into());
+        }
+        w.write_pointer += rec_len;
+        let entry = IndexEntry { zone: zone.0, offset, payload_len: payload.len() as u32, version, seq, crc };
+        w.pending.push(Op::Put { key, entry, only_if_at });
+        w.pending_zones.insert(zone);
+        Ok((Location { zone, offset }, w.open_batch))
+    }
+
+    fn zone_with_room(&self, w: &mut Writer, rec_len: u64, for_gc: bool) -> StoreResult<ZoneId> {
+        if let Some(z) = w.active {
+            if w.write_pointer + rec_len <= self.zone_capacity {
+                return Ok(z);
+            }
+            // Not enough room left: seal it. Its pending writes are synced by their batch.
+            if w.write_pointer < self.zone_capacity {
+                self.device.finish(z)?;
+            }
+            w.active = None;
+        }
+        let reserve = if for_gc { 0 } else { self.options.reserved_zones as usize };
+        if w.free.len() <= reserve {
+            return Err(StoreError::NoSpace);
+        }
+        let z = w.free.pop_front().ok_or(StoreError::NoSpace)?;
+        let info = self.device.zone_info(z)?;
+        if info.state != ZoneState::Empty {
+            // A zone that was reset by GC but whose reset did not stick: reset again.
+            self.device.reset(z)?;
+        }
+        w.active = Some(z);
+        w.write_pointer = 0;
+        Ok(z)
+    }
+
+    /// Waits until batch `batch` is durable, doing the commit if nobody else is.
+    fn wait_durable(&self, batch: u64) -> StoreResult<()> {
+        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if s.synced_batch >= batch {
+                if let Some((_, e)) = s.failures.iter().find(|(b, _)| *b == batch) {
+                    return Err(StoreError::CommitFailed(e.clone()));
+                }
+                return Ok(());
+            }
+            if !s.syncing {
+                s.syncing = true;
+                drop(s);
+                let (closed, result) = self.commit_batch();
+                s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+                s.syncing = false;
+                s.synced_batch = s.synced_batch.max(closed);
+                if let Err(e) = result {
+                    warn!(batch = closed, error = %e, "group commit failed; its writes are not acknowledged");
+                    s.failures.push_back((closed, e.to_string()));
+                    while s.failures.len() > 64 {
+                        s.failures.pop_front();
+                    }
+                }
+                self.synced.notify_all();
+                continue;
+            }
+            s = self.synced.wait(s).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Closes the open batch and makes it durable. Only one runs at a time.
+    fn commit_batch(&self) -> (u64, StoreResult<()>) {
+        let (ops, zones, closed, lease) = {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let closed = w.open_batch;
+            w.open_batch += 1;
+            let lease = if w.next_seq + SEQ_LEASE / 2 > w.seq_leased {
+                w.seq_leased = w.next_seq + SEQ_LEASE;
+                Some(w.seq_leased)
+            } else {
+                None
+            };
+            (std::mem::take(&mut w.pending), std::mem::take(&mut w.pending_zones), closed, lease)
+        };
+        (closed, self.make_durable(ops, zones, lease))
+    }
+
+    fn make_durable(&self, ops: Vec<Op>, zones: BTreeSet<ZoneId>, lease: Option<u64>) -> StoreResult<()> {
+        if ops.is_empty() && lease.is_none() {
+            return Ok(());
+        }
+        for z in &zones {
+            self.device.sync_zone(*z)?;
+        }
+        // Decide which conditional moves still apply; only the syncer changes the
+        // index, so the decision holds until it is applied below.
+        let applies: Vec<bool> = {
+            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            ops.iter()
+                .map(|op| match op {
+                    Op::Put { key, entry, only_if_at } => match (idx.map.get(key), only_if_at) {
+                        (Some(cur), Some(at)) => cur.location() == *at,
+                        (None, Some(_)) => false,
+                        (Some(cur), None) => cur.version <= entry.version,
+                        (None, None) => true,
+                    },
+                    Op::Delete { .. } => true,
+                })
+                .collect()
+        };
+        let txn = self.db.begin_write()?;
+        {
+            let mut t = txn.open_table(CHUNKS)?;
+            for (op, apply) in ops.iter().zip(&applies) {
+                match op {
+                    Op::Put { key, entry, .. } if *apply => {
+                        t.insert(&key.to_bytes()[..], &entry.encode()[..])?;
+                    }
+                    Op::Delete { key } => {
+                        t.remove(&key.to_bytes()[..])?;
+                    }
+                    _ => {}
+                }
+            }
+            if let Some(l) = lease {
+                let mut m = txn.open_table(META)?;
+                m.insert("seq_leased", l)?;
+            }
+        }
+        txn.commit()?;
+        let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
+        for (op, apply) in ops.into_iter().zip(applies) {
+            match op {
+                Op::Put { key, entry, .. } if apply => {
+                    if let Some(old) = idx.map.insert(key, entry) {
+                        self.unaccount(&mut idx, &key, &old);
+                    }
+                    let z = &mut idx.zones[entry.zone as usize];
+                    z.live_bytes += chunk::record_len(entry.payload_len as usize, self.block_size);
+                    z.keys.insert(key);
+                }
+                Op::Delete { key } => {
+                    if let Some(old) = idx.map.remove(&key) {
+                        self.unaccount(&mut idx, &key, &old);
+                    }
+                }
+                Op::Put { .. } => {}
+            }
+        }
+        drop(idx);
+        self.stats.lock().unwrap_or_else(|p| p.into_inner()).commits += 1;
+        Ok(())
+    }
+
+    fn unaccount(&self, idx: &mut Index, key: &ChunkKey, old: &IndexEntry) {
+        let z = &mut idx.zones[old.zone as usize];
+        z.live_bytes = z.live_bytes.saturating_sub(chunk::record_len(old.payload_len as usize, self.block_size));
+        z.keys.remove(key);
+    }
+
+    /// The index entry of `key`, if stored.
+    pub fn lookup(&self, key: &ChunkKey) -> Option<IndexEntry> {
+        self.index.read().unwrap_or_else(|p| p.into_inner()).map.get(key).copied()
+    }
+
+    /// Reads and verifies a chunk; returns its header and payload.
+    pub fn get(&self, key: &ChunkKey) -> StoreResult<(ChunkHeader, Bytes)> {
+        let mut last = None;
+        for _ in 0..3 {
+            let e = self.lookup(key).ok_or(StoreError::NotFound(*key))?;
+            match self.read_entry(key, &e) {
+                Ok(r) => return Ok(r),
+                Err(err) => {
+                    // A concurrent GC may have moved the chunk and reset the zone.
+                    if self.lookup(key) == Some(e) {
+                        return Err(err);
+                    }
+                    last = Some(err);
+                }
+            }
+        }
+        Err(last.unwrap_or(StoreError::NotFound(*key)))
+    }
+
+    fn read_entry(&self, key: &ChunkKey, e: &IndexEntry) -> StoreResult<(ChunkHeader, Bytes)> {
+        let mut buf = BytesMut::zeroed(CHUNK_HEADER_LEN + e.payload_len as usize);
+        self.device.read(ZoneId(e.zone), e.offset, &mut buf)?;
+        chunk::decode_record(buf.freeze(), Some(*key), Some(e.version))
+            .map_err(|source| StoreError::Corrupt { key: *key, source })
+    }
+
+    /// Deletes a chunk durably. Returns whether it existed.
+    pub fn delete(&self, key: &ChunkKey) -> StoreResult<bool> {
+        let existed = self.lookup(key).is_some();
+        let batch = {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            w.pending.push(Op::Delete { key: *key });
+            w.open_batch
+        };
+        self.wait_durable(batch)?;
+        Ok(existed)
+    }
+
+    /// Every indexed key (a snapshot).
+    pub fn keys(&self) -> Vec<ChunkKey> {
+        self.index.read().unwrap_or_else(|p| p.into_inner()).map.keys().copied().collect()
+    }
+
+    /// Counters and space.
+    pub fn stats(&self) -> StoreStats {
+        let mut st = *self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        st.zones_total = idx.zones.len() as u32;
+        st.zones_free = w.free.len() as u32;
+        st.chunks = idx.map.len() as u64;
+        st.live_bytes = idx.zones.iter().map(|z| z.live_bytes).sum();
+        st.capacity_bytes = u64::from(st.zones_total) * self.zone_capacity;
+        drop(w);
+        drop(idx);
+        st.written_bytes = self.device.report_zones().map_or(0, |zs| zs.iter().map(|z| z.write_pointer).sum());
+        st
+    }
+
+    /// Bytes a writer can still store (free zones above the GC reserve, plus the rest
+    /// of the active zone, plus garbage GC can reclaim).
+    pub fn available_bytes(&self) -> u64 {
+        let st = self.stats();
+        st.capacity_bytes.saturating_sub(st.live_bytes).saturating_sub(u64::from(self.options.reserved_zones) * self.zone_capacity)
+    }
+
+    /// One GC pass: picks up to `max_zones` sealed zones whose garbage ratio is at
+    /// least `min_garbage_ratio`, moves their live chunks and resets them.
+    pub fn gc(&self, max_zones: usize, min_garbage_ratio: f64) -> StoreResult<GcReport> {
+        let _gc = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let mut report = GcReport::default();
+        let infos = self.device.report_zones()?;
+        let (active, free): (Option<ZoneId>, HashSet<ZoneId>) = {
+            let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            (w.active, w.free.iter().copied().collect())
+        };
+        let mut candidates: Vec<(f64, ZoneId)> = {
+            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            infos
+                .iter()
+                .filter(|i| i.state == ZoneState::Full && Some(i.id) != active && !free.contains(&i.id))
+                .filter(|i| i.write_pointer > 0)
+                .map(|i| {
+                    let live = idx.zones[i.id.0 as usize].live_bytes;
+                    (i.write_pointer.saturating_sub(live) as f64 / i.write_pointer as f64, i.id)
+                })
+                .filter(|(ratio, _)| *ratio >= min_garbage_ratio)
+                .collect()
+        };
+        candidates.sort_by(|a, b| b.0.total_cmp(&a.0));
+        for (ratio, victim) in candidates.into_iter().take(max_zones) {
+            debug!(zone = victim.0, garbage = ratio, "collecting zone");
+            match self.collect_zone(victim, &mut report) {
+                Ok(true) => report.zones_reset.push(victim),
+                Ok(false) => report.zones_skipped.push(victim),
+                Err(e) => return Err(e),
+            }
+        }
+        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        st.gc_bytes_moved += report.bytes_moved;
+        st.gc_zones_reset += report.zones_reset.len() as u64;
+        Ok(report)
+    }
+
+    fn collect_zone(&self, victim: ZoneId, report: &mut GcReport) -> StoreResult<bool> {
+        let live: Vec<(ChunkKey, IndexEntry)> = {
+            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            idx.zones[victim.0 as usize].keys.iter().filter_map(|k| idx.map.get(k).map(|e| (*k, *e))).collect()
+        };
+        let mut last_batch = 0;
+        for (key, e) in &live {
+            let (h, payload) = match self.read_entry(key, e) {
+                Ok(r) => r,
+                Err(StoreError::Corrupt { source, .. }) => {
+                    warn!(%key, error = %source, zone = victim.0, "not collecting zone: it holds a corrupt chunk (scrub repairs it)");
+                    return Ok(false);
+                }
+                Err(err) => return Err(err),
+            };
+            let (_, batch) = self.append(*key, h.version, &payload, h.payload_crc, Some(e.location()), true)?;
+            last_batch = batch;
+            report.chunks_moved += 1;
+            report.bytes_moved += chunk::record_len(payload.len(), self.block_size);
+        }
+        if last_batch > 0 {
+            self.wait_durable(last_batch)?;
+        }
+        let still_live = !self.index.read().unwrap_or_else(|p| p.into_inner()).zones[victim.0 as usize].keys.is_empty();
+        if still_live {
+            warn!(zone = victim.0, "zone still referenced after moving its chunks; not resetting");
+            return Ok(false);
+        }
+        self.device.reset(victim)?;
+        self.writer.lock().unwrap_or_else(|p| p.into_inner()).free.push_back(victim);
+        Ok(true)
+    }
+
+    /// Re-reads and verifies every chunk.
+    pub fn scrub(&self) -> ScrubReport {
+        let mut r = ScrubReport::default();
+        for key in self.keys() {
+            match self.get(&key) {
+                Ok(_) => r.checked += 1,
+                Err(StoreError::NotFound(_)) => {}
+                Err(e) => {
+                    warn!(%key, error = %e, "scrub found a bad chunk");
+                    r.checked += 1;
+                    r.corrupt.push(key);
+                }
+            }
+        }
+        r
+    }
+
+    /// Rebuilds the index at `index_path` from the records on `device` (the index is
+    /// lost or damaged). Keeps the newest record (highest sequence number) per key.
+    pub fn rebuild_index(device: &D, index_path: &Path) -> StoreResult<usize> {
+        let g = device.geometry();
+        let bs = u64::from(g.block_size);
+        let mut newest: HashMap<ChunkKey, IndexEntry> = HashMap::new();
+        let mut max_seq = 0;
+        for info in device.report_zones()? {
+            let mut off = 0;
+            let mut header = [0u8; CHUNK_HEADER_LEN];
+            while off + CHUNK_HEADER_LEN as u64 <= info.write_pointer {
+                device.read(info.id, off, &mut header)?;
+                let h = match ChunkHeader::decode(&header) {
+                    Ok(h) => h,
+                    Err(_) => {
+                        // Torn or damaged record: resynchronise at the next block.
+                        off += bs;
+                        continue;
+                    }
+                };
+                let len = h.record_len(g.block_size);
+                if off + len > info.write_pointer {
+                    break;
+                }
+                let mut payload = vec![0u8; h.payload_len as usize];
+                device.read(info.id, off + CHUNK_HEADER_LEN as u64, &mut payload)?;
+                if h.verify_payload(&payload).is_ok() {
+                    let e = IndexEntry {
+                        zone: info.id.0,
+                        offset: off,
+                        payload_len: h.payload_len,
+                        version: h.version,
+                        seq: h.seq,
+                        crc: h.payload_crc,
+                    };
+                    max_seq = max_seq.max(h.seq);
+                    match newest.get(&h.key) {
+                        Some(cur) if cur.seq >= h.seq => {}
+                        _ => {
+                            newest.insert(h.key, e);
+                        }
+                    }
+                } else {
+                    warn!(key = %h.key, zone = info.id.0, offset = off, "skipping corrupt record while rebuilding the index");
+                }
+                off += len;
+            }
+        }
+        if index_path.exists() {
+            std::fs::remove_file(index_path).map_err(|e| StoreError::Index(format!("remove old index: {e}")))?;
+        }
+        let db = Database::create(index_path)?;
+        let txn = db.begin_write()?;
+        {
+            let mut t = txn.open_table(CHUNKS)?;
+            for (k, e) in &newest {
+                t.insert(&k.to_bytes()[..], &e.encode()[..])?;
+            }
+            let mut m = txn.open_table(META)?;
+            m.insert("seq_leased", max_seq + SEQ_LEASE)?;
+        }
+        txn.commit()?;
+        info!(chunks = newest.len(), "chunk index rebuilt from zones");
+        Ok(newest.len())
+    }
+}

@@ -1,0 +1,1 @@
+//! Placeholder while the real backend is written.
