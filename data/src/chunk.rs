@@ -60,7 +60,11 @@ impl ChunkKey {
         let mut stripe = [0u8; 8];
         ino.copy_from_slice(&b[..8]);
         stripe.copy_from_slice(&b[8..16]);
-        ChunkKey { ino: u64::from_be_bytes(ino), stripe: u64::from_be_bytes(stripe), shard: u16::from_be_bytes([b[16], b[17]]) }
+        ChunkKey {
+            ino: u64::from_be_bytes(ino),
+            stripe: u64::from_be_bytes(stripe),
+            shard: u16::from_be_bytes([b[16], b[17]]),
+        }
     }
 }
 
@@ -162,8 +166,10 @@ impl ChunkHeader {
 
     /// Parses and verifies a header (not the payload).
     pub fn decode(b: &[u8]) -> Result<Self, ChunkError> {
-        let b: &[u8; CHUNK_HEADER_LEN] =
-            b.get(..CHUNK_HEADER_LEN).and_then(|s| s.try_into().ok()).ok_or(ChunkError::Truncated(b.len()))?;
+        let b: &[u8; CHUNK_HEADER_LEN] = b
+            .get(..CHUNK_HEADER_LEN)
+            .and_then(|s| s.try_into().ok())
+            .ok_or(ChunkError::Truncated(b.len()))?;
         let magic = [b[0], b[1], b[2], b[3]];
         if magic != CHUNK_MAGIC {
             return Err(ChunkError::BadMagic(magic));
@@ -178,7 +184,10 @@ impl ChunkHeader {
             return Err(ChunkError::HeaderChecksum);
         }
         if b[4] != CHUNK_FORMAT || b[5] != KIND_SHARD {
-            return Err(ChunkError::Unsupported { format: b[4], kind: b[5] });
+            return Err(ChunkError::Unsupported {
+                format: b[4],
+                kind: b[5],
+            });
         }
         if b[6..8] != [0, 0] || b[26..32] != [0; 6] || b[56..60] != [0; 4] {
             return Err(ChunkError::Reserved);
@@ -188,7 +197,11 @@ impl ChunkHeader {
             return Err(ChunkError::TooLarge(payload_len));
         }
         Ok(ChunkHeader {
-            key: ChunkKey { ino: le64(8), stripe: le64(16), shard: u16::from_le_bytes([b[24], b[25]]) },
+            key: ChunkKey {
+                ino: le64(8),
+                stripe: le64(16),
+                shard: u16::from_le_bytes([b[24], b[25]]),
+            },
             version: le64(32),
             seq: le64(40),
             payload_len,
@@ -205,7 +218,11 @@ impl ChunkHeader {
     pub fn verify_payload(&self, payload: &[u8]) -> Result<(), ChunkError> {
         let actual = crc32c::crc32c(payload);
         if payload.len() != self.payload_len as usize || actual != self.payload_crc {
-            return Err(ChunkError::PayloadChecksum { key: self.key, expected: self.payload_crc, actual });
+            return Err(ChunkError::PayloadChecksum {
+                key: self.key,
+                expected: self.payload_crc,
+                actual,
+            });
         }
         Ok(())
     }
@@ -237,12 +254,19 @@ pub fn decode_record(
     let h = ChunkHeader::decode(&bytes)?;
     if let Some(k) = expect_key {
         if h.key != k {
-            return Err(ChunkError::WrongKey { expected: k, found: h.key });
+            return Err(ChunkError::WrongKey {
+                expected: k,
+                found: h.key,
+            });
         }
     }
     if let Some(v) = expect_version {
         if h.version != v {
-            return Err(ChunkError::WrongVersion { key: h.key, expected: v, found: h.version });
+            return Err(ChunkError::WrongVersion {
+                key: h.key,
+                expected: v,
+                found: h.version,
+            });
         }
     }
     let end = CHUNK_HEADER_LEN + h.payload_len as usize;
@@ -260,7 +284,11 @@ mod tests {
 
     fn hdr(payload: &[u8]) -> ChunkHeader {
         ChunkHeader {
-            key: ChunkKey { ino: 0x0102_0304_0506_0708, stripe: 9, shard: 5 },
+            key: ChunkKey {
+                ino: 0x0102_0304_0506_0708,
+                stripe: 9,
+                shard: 5,
+            },
             version: 3,
             seq: 77,
             payload_len: payload.len() as u32,
@@ -286,8 +314,16 @@ mod tests {
 
     #[test]
     fn key_bytes_round_trip_and_sort_order() {
-        let a = ChunkKey { ino: 1, stripe: 2, shard: 3 };
-        let b = ChunkKey { ino: 1, stripe: 256, shard: 0 };
+        let a = ChunkKey {
+            ino: 1,
+            stripe: 2,
+            shard: 3,
+        };
+        let b = ChunkKey {
+            ino: 1,
+            stripe: 256,
+            shard: 0,
+        };
         assert_eq!(ChunkKey::from_bytes(&a.to_bytes()), a);
         assert!(a.to_bytes() < b.to_bytes());
     }
@@ -298,17 +334,35 @@ mod tests {
         let h = hdr(&payload);
         let rec = encode_record(&h, &payload, 512).freeze();
         let other = ChunkKey { shard: 4, ..h.key };
-        assert!(matches!(decode_record(rec.clone(), Some(other), None), Err(ChunkError::WrongKey { .. })));
-        assert!(matches!(decode_record(rec.clone(), None, Some(2)), Err(ChunkError::WrongVersion { .. })));
+        assert!(matches!(
+            decode_record(rec.clone(), Some(other), None),
+            Err(ChunkError::WrongKey { .. })
+        ));
+        assert!(matches!(
+            decode_record(rec.clone(), None, Some(2)),
+            Err(ChunkError::WrongVersion { .. })
+        ));
         let mut bad = BytesMut::from(&rec[..]);
         bad[100] ^= 0x10;
-        assert!(matches!(decode_record(bad.freeze(), None, None), Err(ChunkError::PayloadChecksum { .. })));
+        assert!(matches!(
+            decode_record(bad.freeze(), None, None),
+            Err(ChunkError::PayloadChecksum { .. })
+        ));
         let mut bad = BytesMut::from(&rec[..]);
         bad[10] ^= 1;
         assert_eq!(decode_record(bad.freeze(), None, None), Err(ChunkError::HeaderChecksum));
-        assert_eq!(decode_record(Bytes::from_static(b"SHGC"), None, None), Err(ChunkError::Truncated(4)));
-        assert!(matches!(decode_record(Bytes::from(vec![0u8; 4096]), None, None), Err(ChunkError::BadMagic(_))));
-        assert_eq!(decode_record(rec.slice(..500), None, None), Err(ChunkError::Truncated(500)));
+        assert_eq!(
+            decode_record(Bytes::from_static(b"SHGC"), None, None),
+            Err(ChunkError::Truncated(4))
+        );
+        assert!(matches!(
+            decode_record(Bytes::from(vec![0u8; 4096]), None, None),
+            Err(ChunkError::BadMagic(_))
+        ));
+        assert_eq!(
+            decode_record(rec.slice(..500), None, None),
+            Err(ChunkError::Truncated(500))
+        );
     }
 
     mod prop {

@@ -16,5 +16,8 @@
 //! shards named by [`chunk::ChunkKey`]. Nothing is acknowledged before it is durable.
 
 pub mod chunk;
+pub mod ec;
+pub mod service;
 pub mod store;
+pub mod stripe;
 pub mod zone;

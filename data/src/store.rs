@@ -104,7 +104,10 @@ impl IndexEntry {
     }
 
     fn location(&self) -> Location {
-        Location { zone: ZoneId(self.zone), offset: self.offset }
+        Location {
+            zone: ZoneId(self.zone),
+            offset: self.offset,
+        }
     }
 }
 
@@ -204,8 +207,14 @@ struct Index {
 }
 
 enum Op {
-    Put { key: ChunkKey, entry: IndexEntry, only_if_at: Option<Location> },
-    Delete { key: ChunkKey },
+    Put {
+        key: ChunkKey,
+        entry: IndexEntry,
+        only_if_at: Option<Location>,
+    },
+    Delete {
+        key: ChunkKey,
+    },
 }
 
 struct Writer {
@@ -302,7 +311,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
     /// Opens (or creates) the store: loads the index from `index_path`, reconciles it
     /// with the device's zones, and resumes appending.
     pub fn open(device: D, index_path: &Path, options: StoreOptions) -> StoreResult<Self> {
-        let db = if index_path.exists() { Database::open(index_path)? } else { Database::create(index_path)? };
+        let db = if index_path.exists() {
+            Database::open(index_path)?
+        } else {
+            Database::create(index_path)?
+        };
         let g = device.geometry();
         let mut map = HashMap::new();
         let mut leased = 0;
@@ -319,7 +332,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
                     .value()
                     .try_into()
                     .map_err(|_| StoreError::Index("index key of wrong length".into()))?;
-                let e = IndexEntry::decode(v.value()).ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
+                let e = IndexEntry::decode(v.value())
+                    .ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
                 map.insert(ChunkKey::from_bytes(key), e);
             }
             let m = r.open_table(META)?;
@@ -332,7 +346,10 @@ impl<D: ZonedDevice> ChunkStore<D> {
         let mut max_seq = 0;
         for (k, e) in &map {
             let Some(z) = zones.get_mut(e.zone as usize) else {
-                return Err(StoreError::Index(format!("{k} indexed in zone {} beyond the device", e.zone)));
+                return Err(StoreError::Index(format!(
+                    "{k} indexed in zone {} beyond the device",
+                    e.zone
+                )));
             };
             z.live_bytes += chunk::record_len(e.payload_len as usize, g.block_size);
             z.keys.insert(*k);
@@ -375,7 +392,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 next_seq,
                 seq_leased: next_seq,
             }),
-            sync: Mutex::new(SyncState { synced_batch: 0, syncing: false, failures: VecDeque::new() }),
+            sync: Mutex::new(SyncState {
+                synced_batch: 0,
+                syncing: false,
+                failures: VecDeque::new(),
+            }),
             synced: Condvar::new(),
             stats: Mutex::new(StoreStats::default()),
             gc_lock: Mutex::new(()),
@@ -401,7 +422,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
         }
         if let Some(have) = self.lookup(&key) {
             if have.version > version {
-                return Err(StoreError::StaleVersion { key, have: have.version, got: version });
+                return Err(StoreError::StaleVersion {
+                    key,
+                    have: have.version,
+                    got: version,
+                });
             }
         }
         let (loc, batch) = self.append(key, version, payload, crc, None, false)?;
@@ -426,7 +451,13 @@ impl<D: ZonedDevice> ChunkStore<D> {
         let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
         let seq = w.next_seq;
         w.next_seq += 1;
-        let header = ChunkHeader { key, version, seq, payload_len: payload.len() as u32, payload_crc: crc };
+        let header = ChunkHeader {
+            key,
+            version,
+            seq,
+            payload_len: payload.len() as u32,
+            payload_crc: crc,
+        };
         let record = chunk::encode_record(&header, payload, self.block_size);
         let offset = w.write_pointer;
         if let Err(e) = self.device.write(zone, offset, &record) {
@@ -444,7 +475,14 @@ impl<D: ZonedDevice> ChunkStore<D> {
             return Err(e.into());
         }
         w.write_pointer += rec_len;
-        let entry = IndexEntry { zone: zone.0, offset, payload_len: payload.len() as u32, version, seq, crc };
+        let entry = IndexEntry {
+            zone: zone.0,
+            offset,
+            payload_len: payload.len() as u32,
+            version,
+            seq,
+            crc,
+        };
         w.pending.push(Op::Put { key, entry, only_if_at });
         w.pending_zones.insert(zone);
         Ok((Location { zone, offset }, w.open_batch))
@@ -461,7 +499,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
             w.active = None;
         }
-        let reserve = if for_gc { 0 } else { self.options.reserved_zones as usize };
+        let reserve = if for_gc {
+            0
+        } else {
+            self.options.reserved_zones as usize
+        };
         if w.free.len() <= reserve {
             return Err(StoreError::NoSpace);
         }
@@ -519,7 +561,12 @@ impl<D: ZonedDevice> ChunkStore<D> {
             } else {
                 None
             };
-            (std::mem::take(&mut w.pending), std::mem::take(&mut w.pending_zones), closed, lease)
+            (
+                std::mem::take(&mut w.pending),
+                std::mem::take(&mut w.pending_zones),
+                closed,
+                lease,
+            )
         };
         (closed, self.make_durable(ops, zones, lease))
     }
@@ -593,13 +640,20 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     fn unaccount(&self, idx: &mut Index, key: &ChunkKey, old: &IndexEntry) {
         let z = &mut idx.zones[old.zone as usize];
-        z.live_bytes = z.live_bytes.saturating_sub(chunk::record_len(old.payload_len as usize, self.block_size));
+        z.live_bytes = z
+            .live_bytes
+            .saturating_sub(chunk::record_len(old.payload_len as usize, self.block_size));
         z.keys.remove(key);
     }
 
     /// The index entry of `key`, if stored.
     pub fn lookup(&self, key: &ChunkKey) -> Option<IndexEntry> {
-        self.index.read().unwrap_or_else(|p| p.into_inner()).map.get(key).copied()
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .get(key)
+            .copied()
     }
 
     /// Reads and verifies a chunk; returns its header and payload.
@@ -642,7 +696,13 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// Every indexed key (a snapshot).
     pub fn keys(&self) -> Vec<ChunkKey> {
-        self.index.read().unwrap_or_else(|p| p.into_inner()).map.keys().copied().collect()
+        self.index
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .map
+            .keys()
+            .copied()
+            .collect()
     }
 
     /// Counters and space.
@@ -657,7 +717,10 @@ impl<D: ZonedDevice> ChunkStore<D> {
         st.capacity_bytes = u64::from(st.zones_total) * self.zone_capacity;
         drop(w);
         drop(idx);
-        st.written_bytes = self.device.report_zones().map_or(0, |zs| zs.iter().map(|z| z.write_pointer).sum());
+        st.written_bytes = self
+            .device
+            .report_zones()
+            .map_or(0, |zs| zs.iter().map(|z| z.write_pointer).sum());
         st
     }
 
@@ -665,7 +728,9 @@ impl<D: ZonedDevice> ChunkStore<D> {
     /// of the active zone, plus garbage GC can reclaim).
     pub fn available_bytes(&self) -> u64 {
         let st = self.stats();
-        st.capacity_bytes.saturating_sub(st.live_bytes).saturating_sub(u64::from(self.options.reserved_zones) * self.zone_capacity)
+        st.capacity_bytes
+            .saturating_sub(st.live_bytes)
+            .saturating_sub(u64::from(self.options.reserved_zones) * self.zone_capacity)
     }
 
     /// One GC pass: picks up to `max_zones` sealed zones whose garbage ratio is at
@@ -686,7 +751,10 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 .filter(|i| i.write_pointer > 0)
                 .map(|i| {
                     let live = idx.zones[i.id.0 as usize].live_bytes;
-                    (i.write_pointer.saturating_sub(live) as f64 / i.write_pointer as f64, i.id)
+                    (
+                        i.write_pointer.saturating_sub(live) as f64 / i.write_pointer as f64,
+                        i.id,
+                    )
                 })
                 .filter(|(ratio, _)| *ratio >= min_garbage_ratio)
                 .collect()
@@ -709,7 +777,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
     fn collect_zone(&self, victim: ZoneId, report: &mut GcReport) -> StoreResult<bool> {
         let live: Vec<(ChunkKey, IndexEntry)> = {
             let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
-            idx.zones[victim.0 as usize].keys.iter().filter_map(|k| idx.map.get(k).map(|e| (*k, *e))).collect()
+            idx.zones[victim.0 as usize]
+                .keys
+                .iter()
+                .filter_map(|k| idx.map.get(k).map(|e| (*k, *e)))
+                .collect()
         };
         let mut last_batch = 0;
         for (key, e) in &live {
@@ -729,13 +801,22 @@ impl<D: ZonedDevice> ChunkStore<D> {
         if last_batch > 0 {
             self.wait_durable(last_batch)?;
         }
-        let still_live = !self.index.read().unwrap_or_else(|p| p.into_inner()).zones[victim.0 as usize].keys.is_empty();
+        let still_live = !self.index.read().unwrap_or_else(|p| p.into_inner()).zones[victim.0 as usize]
+            .keys
+            .is_empty();
         if still_live {
-            warn!(zone = victim.0, "zone still referenced after moving its chunks; not resetting");
+            warn!(
+                zone = victim.0,
+                "zone still referenced after moving its chunks; not resetting"
+            );
             return Ok(false);
         }
         self.device.reset(victim)?;
-        self.writer.lock().unwrap_or_else(|p| p.into_inner()).free.push_back(victim);
+        self.writer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .free
+            .push_back(victim);
         Ok(true)
     }
 

@@ -5,7 +5,12 @@ use shingle_data::zone::file::FileZonedDevice;
 use shingle_data::zone::{Geometry, ZoneError, ZoneId, ZoneState, ZonedDevice};
 
 fn geometry() -> Geometry {
-    Geometry { zone_count: 4, zone_capacity: 64 * 1024, block_size: 4096, max_open_zones: 2 }
+    Geometry {
+        zone_count: 4,
+        zone_capacity: 64 * 1024,
+        block_size: 4096,
+        max_open_zones: 2,
+    }
 }
 
 fn contract<D: ZonedDevice>(d: &D) {
@@ -13,15 +18,28 @@ fn contract<D: ZonedDevice>(d: &D) {
     let z = ZoneId(1);
     let zones = d.report_zones().expect("report");
     assert_eq!(zones.len(), g.zone_count as usize);
-    assert!(zones.iter().all(|i| i.state == ZoneState::Empty && i.write_pointer == 0));
+    assert!(
+        zones
+            .iter()
+            .all(|i| i.state == ZoneState::Empty && i.write_pointer == 0)
+    );
 
     let block = vec![0xa5u8; 4096];
     d.write(z, 0, &block).expect("write at wp");
     assert_eq!(d.zone_info(z).expect("info").write_pointer, 4096);
     assert_eq!(d.zone_info(z).expect("info").state, ZoneState::Open);
-    assert!(matches!(d.write(z, 0, &block), Err(ZoneError::NotAtWritePointer { .. })));
-    assert!(matches!(d.write(z, 8192, &block), Err(ZoneError::NotAtWritePointer { .. })));
-    assert!(matches!(d.write(z, 4096, &block[..100]), Err(ZoneError::Unaligned { .. })));
+    assert!(matches!(
+        d.write(z, 0, &block),
+        Err(ZoneError::NotAtWritePointer { .. })
+    ));
+    assert!(matches!(
+        d.write(z, 8192, &block),
+        Err(ZoneError::NotAtWritePointer { .. })
+    ));
+    assert!(matches!(
+        d.write(z, 4096, &block[..100]),
+        Err(ZoneError::Unaligned { .. })
+    ));
     assert!(matches!(d.write(ZoneId(99), 0, &block), Err(ZoneError::NoSuchZone(_))));
 
     let mut two = vec![0u8; 8192];
@@ -31,7 +49,10 @@ fn contract<D: ZonedDevice>(d: &D) {
     let mut buf = vec![0u8; 100];
     d.read(z, 4000, &mut buf).expect("unaligned read below wp");
     assert!(buf[..96].iter().all(|b| *b == 0xa5) && buf[96..].iter().all(|b| *b == 1));
-    assert!(matches!(d.read(z, 12288 - 10, &mut buf), Err(ZoneError::ReadPastWritePointer { .. })));
+    assert!(matches!(
+        d.read(z, 12288 - 10, &mut buf),
+        Err(ZoneError::ReadPastWritePointer { .. })
+    ));
     d.sync().expect("sync");
 
     // Open-zone limit: zone 1 is open; open zone 2, then zone 3 exceeds the limit of 2.
@@ -43,20 +64,32 @@ fn contract<D: ZonedDevice>(d: &D) {
 
     // Capacity and finish.
     let rest = vec![3u8; (g.zone_capacity - 12288) as usize];
-    assert!(matches!(d.write(z, 12288, &vec![0u8; rest.len() + 4096]), Err(ZoneError::ZoneFull { .. })));
+    assert!(matches!(
+        d.write(z, 12288, &vec![0u8; rest.len() + 4096]),
+        Err(ZoneError::ZoneFull { .. })
+    ));
     d.write(z, 12288, &rest).expect("fill");
     assert_eq!(d.zone_info(z).expect("info").state, ZoneState::Full);
-    assert!(matches!(d.write(z, g.zone_capacity, &block), Err(ZoneError::ZoneFull { .. })));
+    assert!(matches!(
+        d.write(z, g.zone_capacity, &block),
+        Err(ZoneError::ZoneFull { .. })
+    ));
     d.finish(ZoneId(3)).expect("finish");
     let i3 = d.zone_info(ZoneId(3)).expect("info");
     assert_eq!((i3.state, i3.write_pointer), (ZoneState::Full, 4096));
-    assert!(matches!(d.write(ZoneId(3), 4096, &block), Err(ZoneError::ZoneFull { .. })));
+    assert!(matches!(
+        d.write(ZoneId(3), 4096, &block),
+        Err(ZoneError::ZoneFull { .. })
+    ));
 
     // Reset.
     d.reset(z).expect("reset");
     let i = d.zone_info(z).expect("info");
     assert_eq!((i.state, i.write_pointer), (ZoneState::Empty, 0));
-    assert!(matches!(d.read(z, 0, &mut buf), Err(ZoneError::ReadPastWritePointer { .. })));
+    assert!(matches!(
+        d.read(z, 0, &mut buf),
+        Err(ZoneError::ReadPastWritePointer { .. })
+    ));
     d.write(z, 0, &block).expect("write after reset");
 }
 
@@ -70,7 +103,10 @@ fn file_device_meets_the_contract() {
 #[test]
 fn faulty_wrapper_without_faults_meets_the_contract() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let d = FaultyDevice::new(FileZonedDevice::create(dir.path(), geometry()).expect("create"), Faults::none());
+    let d = FaultyDevice::new(
+        FileZonedDevice::create(dir.path(), geometry()).expect("create"),
+        Faults::none(),
+    );
     contract(&d);
 }
 
@@ -95,7 +131,8 @@ fn file_device_recovers_write_pointers_after_a_crash() {
     let i2 = d.zone_info(ZoneId(2)).expect("info");
     assert_eq!((i2.write_pointer, i2.state), (4096, ZoneState::Full));
     assert_eq!(d.zone_info(ZoneId(1)).expect("info").state, ZoneState::Empty);
-    d.write(ZoneId(0), 8192, &vec![3u8; 4096]).expect("append after recovery");
+    d.write(ZoneId(0), 8192, &vec![3u8; 4096])
+        .expect("append after recovery");
     let mut buf = vec![0u8; 4096];
     d.read(ZoneId(0), 4096, &mut buf).expect("read");
     assert!(buf.iter().all(|b| *b == 1), "synced data survived");
@@ -104,10 +141,21 @@ fn file_device_recovers_write_pointers_after_a_crash() {
 #[test]
 fn invalid_geometry_and_missing_device_are_clear_errors() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let bad = Geometry { block_size: 1000, ..geometry() };
-    assert!(matches!(FileZonedDevice::create(&dir.path().join("a"), bad), Err(ZoneError::Unsupported(_))));
-    let e = FileZonedDevice::open(&dir.path().join("missing")).err().expect("no device");
+    let bad = Geometry {
+        block_size: 1000,
+        ..geometry()
+    };
+    assert!(matches!(
+        FileZonedDevice::create(&dir.path().join("a"), bad),
+        Err(ZoneError::Unsupported(_))
+    ));
+    let e = FileZonedDevice::open(&dir.path().join("missing"))
+        .err()
+        .expect("no device");
     assert!(e.to_string().contains("geometry"), "{e}");
     FileZonedDevice::create(&dir.path().join("b"), geometry()).expect("create");
-    assert!(matches!(FileZonedDevice::create(&dir.path().join("b"), geometry()), Err(ZoneError::Unsupported(_))));
+    assert!(matches!(
+        FileZonedDevice::create(&dir.path().join("b"), geometry()),
+        Err(ZoneError::Unsupported(_))
+    ));
 }

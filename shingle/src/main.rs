@@ -6,6 +6,8 @@
 //! and `shingle-client`.
 
 mod bench;
+mod config;
+mod serve;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -20,6 +22,17 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run a node (manager, meta and/or data roles, from its config file).
+    Serve {
+        /// The node's TOML config.
+        #[arg(long)]
+        config: std::path::PathBuf,
+    },
+    /// Create a new random cluster secret file (mode 0600).
+    Keygen {
+        /// Where to write it; refuses to overwrite.
+        out: std::path::PathBuf,
+    },
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
@@ -40,7 +53,27 @@ fn main() -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {
+            Command::Serve { config } => serve::run(&config).await,
+            Command::Keygen { out } => keygen(&out),
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
         }
     })
+}
+
+fn keygen(out: &std::path::Path) -> Result<()> {
+    use anyhow::Context;
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let secret = shingle_transport::ClusterSecret::generate()?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("create secret file {}", out.display()))?;
+    f.write_all(secret.expose())
+        .and_then(|_| f.write_all(b"\n"))
+        .and_then(|_| f.sync_all())?;
+    println!("wrote a new cluster secret to {}", out.display());
+    Ok(())
 }

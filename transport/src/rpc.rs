@@ -51,7 +51,8 @@ pub trait RpcChannel: Send + Sync {
         peer: SocketAddr,
         req: &R::Request,
         opts: CallOptions,
-    ) -> impl Future<Output = Result<R::Response, TransportError>> + Send {
+    ) -> impl Future<Output = Result<R::Response, TransportError>> + Send + use<'_, Self, R> {
+        // The request is encoded here, so the future does not borrow it.
         let payload = Bytes::from(prost::Message::encode_to_vec(req));
         async move {
             let reply = self.call_raw(peer, R::KIND, payload, opts).await?;

@@ -23,7 +23,10 @@ pub struct Faults {
 impl Faults {
     /// No faults.
     pub fn none() -> Arc<Faults> {
-        Arc::new(Faults { writes_until_error: AtomicI64::new(-1), ..Faults::default() })
+        Arc::new(Faults {
+            writes_until_error: AtomicI64::new(-1),
+            ..Faults::default()
+        })
     }
 
     /// Clears every fault.
@@ -37,7 +40,10 @@ impl Faults {
 }
 
 fn eio(what: &str) -> ZoneError {
-    ZoneError::io(format!("{what} (injected fault)"), std::io::Error::from_raw_os_error(libc::EIO))
+    ZoneError::io(
+        format!("{what} (injected fault)"),
+        std::io::Error::from_raw_os_error(libc::EIO),
+    )
 }
 
 /// A device whose operations fail as its [`Faults`] say.
@@ -74,7 +80,10 @@ impl<D: ZonedDevice> ZonedDevice for FaultyDevice<D> {
     fn write(&self, zone: ZoneId, offset: u64, data: &[u8]) -> ZoneResult<()> {
         let f = &self.faults;
         if f.no_space.load(Ordering::SeqCst) {
-            return Err(ZoneError::io("write (injected fault)", std::io::Error::from_raw_os_error(libc::ENOSPC)));
+            return Err(ZoneError::io(
+                "write (injected fault)",
+                std::io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
         }
         let left = f.writes_until_error.load(Ordering::SeqCst);
         if left == 0 {

@@ -61,7 +61,10 @@ impl FileZonedDevice {
         std::fs::create_dir_all(dir).map_err(|e| ZoneError::io(format!("create {}", dir.display()), e))?;
         let gpath = dir.join("geometry");
         if gpath.exists() {
-            return Err(ZoneError::Unsupported(format!("{} already holds a zoned device", dir.display())));
+            return Err(ZoneError::Unsupported(format!(
+                "{} already holds a zoned device",
+                dir.display()
+            )));
         }
         for id in 0..geometry.zone_count {
             let p = zone_path(dir, id);
@@ -76,7 +79,9 @@ impl FileZonedDevice {
         // The geometry file appears last and atomically: a half-created device has none.
         let tmp = dir.join("geometry.tmp");
         std::fs::write(&tmp, text).map_err(|e| ZoneError::io(format!("write {}", tmp.display()), e))?;
-        File::open(&tmp).and_then(|f| f.sync_all()).map_err(|e| ZoneError::io("sync geometry", e))?;
+        File::open(&tmp)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| ZoneError::io("sync geometry", e))?;
         std::fs::rename(&tmp, &gpath).map_err(|e| ZoneError::io("install geometry", e))?;
         sync_dir(dir)?;
         Self::open(dir)
@@ -85,7 +90,8 @@ impl FileZonedDevice {
     /// Opens an existing device, recovering write pointers from the zone files.
     pub fn open(dir: &Path) -> ZoneResult<Self> {
         let gpath = dir.join("geometry");
-        let text = std::fs::read_to_string(&gpath).map_err(|e| ZoneError::io(format!("read {}", gpath.display()), e))?;
+        let text =
+            std::fs::read_to_string(&gpath).map_err(|e| ZoneError::io(format!("read {}", gpath.display()), e))?;
         let geometry = parse_geometry(&text)
             .ok_or_else(|| ZoneError::Unsupported(format!("{} is not a valid geometry file", gpath.display())))?;
         let mut zones = Vec::with_capacity(geometry.zone_count as usize);
@@ -96,13 +102,18 @@ impl FileZonedDevice {
                 .write(true)
                 .open(&p)
                 .map_err(|e| ZoneError::io(format!("open {}", p.display()), e))?;
-            let len = file.metadata().map_err(|e| ZoneError::io(format!("stat {}", p.display()), e))?.len();
+            let len = file
+                .metadata()
+                .map_err(|e| ZoneError::io(format!("stat {}", p.display()), e))?
+                .len();
             let bs = u64::from(geometry.block_size);
             let wp = (len / bs * bs).min(geometry.zone_capacity);
             if wp != len {
                 // A torn write left a partial block (or the file overran capacity): cut it.
-                file.set_len(wp).map_err(|e| ZoneError::io(format!("truncate torn tail of {}", p.display()), e))?;
-                file.sync_all().map_err(|e| ZoneError::io(format!("sync {}", p.display()), e))?;
+                file.set_len(wp)
+                    .map_err(|e| ZoneError::io(format!("truncate torn tail of {}", p.display()), e))?;
+                file.sync_all()
+                    .map_err(|e| ZoneError::io(format!("sync {}", p.display()), e))?;
                 tracing::info!(zone = id, from = len, to = wp, "cut torn tail of zone");
             }
             let finished = full_marker(dir, id).exists();
@@ -113,14 +124,28 @@ impl FileZonedDevice {
             } else {
                 ZoneState::Closed
             };
-            zones.push(Mutex::new(Zone { file, write_pointer: wp, state, dirty: false }));
+            zones.push(Mutex::new(Zone {
+                file,
+                write_pointer: wp,
+                state,
+                dirty: false,
+            }));
         }
-        Ok(FileZonedDevice { dir: dir.to_path_buf(), geometry, zones, open_count: Mutex::new(0) })
+        Ok(FileZonedDevice {
+            dir: dir.to_path_buf(),
+            geometry,
+            zones,
+            open_count: Mutex::new(0),
+        })
     }
 
     /// Opens the device in `dir`, creating it with `geometry` if there is none.
     pub fn open_or_create(dir: &Path, geometry: Geometry) -> ZoneResult<Self> {
-        if dir.join("geometry").exists() { Self::open(dir) } else { Self::create(dir, geometry) }
+        if dir.join("geometry").exists() {
+            Self::open(dir)
+        } else {
+            Self::create(dir, geometry)
+        }
     }
 
     /// The directory holding the device.
@@ -136,7 +161,12 @@ impl FileZonedDevice {
     }
 
     fn info(&self, id: ZoneId, z: &Zone) -> ZoneInfo {
-        ZoneInfo { id, capacity: self.geometry.zone_capacity, write_pointer: z.write_pointer, state: z.state }
+        ZoneInfo {
+            id,
+            capacity: self.geometry.zone_capacity,
+            write_pointer: z.write_pointer,
+            state: z.state,
+        }
     }
 
     fn set_state(&self, z: &mut Zone, to: ZoneState) -> ZoneResult<()> {
@@ -160,7 +190,12 @@ impl FileZonedDevice {
 }
 
 fn parse_geometry(text: &str) -> Option<Geometry> {
-    let mut g = Geometry { zone_count: 0, zone_capacity: 0, block_size: 0, max_open_zones: 0 };
+    let mut g = Geometry {
+        zone_count: 0,
+        zone_capacity: 0,
+        block_size: 0,
+        max_open_zones: 0,
+    };
     for line in text.lines() {
         let (k, v) = line.split_once('=')?;
         match k.trim() {
@@ -184,7 +219,9 @@ impl ZonedDevice for FileZonedDevice {
     }
 
     fn report_zones(&self) -> ZoneResult<Vec<ZoneInfo>> {
-        (0..self.geometry.zone_count).map(|i| self.zone_info(ZoneId(i))).collect()
+        (0..self.geometry.zone_count)
+            .map(|i| self.zone_info(ZoneId(i)))
+            .collect()
     }
 
     fn zone_info(&self, zone: ZoneId) -> ZoneResult<ZoneInfo> {
@@ -205,7 +242,10 @@ impl ZonedDevice for FileZonedDevice {
             // Whatever part landed is cut back to the old write pointer: a failed
             // write leaves the zone as it was.
             let _ = z.file.set_len(offset);
-            return Err(ZoneError::io(format!("write {} bytes to {zone} at {offset}", data.len()), e));
+            return Err(ZoneError::io(
+                format!("write {} bytes to {zone} at {offset}", data.len()),
+                e,
+            ));
         }
         z.write_pointer = offset + data.len() as u64;
         z.dirty = true;
@@ -221,7 +261,9 @@ impl ZonedDevice for FileZonedDevice {
         let file = {
             let z = self.zone(zone)?;
             check_read(&self.info(zone, &z), offset, buf.len())?;
-            z.file.try_clone().map_err(|e| ZoneError::io(format!("clone handle of {zone}"), e))?
+            z.file
+                .try_clone()
+                .map_err(|e| ZoneError::io(format!("clone handle of {zone}"), e))?
         };
         file.read_exact_at(buf, offset)
             .map_err(|e| ZoneError::io(format!("read {} bytes from {zone} at {offset}", buf.len()), e))
@@ -237,7 +279,9 @@ impl ZonedDevice for FileZonedDevice {
     fn sync_zone(&self, zone: ZoneId) -> ZoneResult<()> {
         let mut z = self.zone(zone)?;
         if z.dirty {
-            z.file.sync_data().map_err(|e| ZoneError::io(format!("sync {zone}"), e))?;
+            z.file
+                .sync_data()
+                .map_err(|e| ZoneError::io(format!("sync {zone}"), e))?;
             z.dirty = false;
         }
         Ok(())
@@ -248,8 +292,12 @@ impl ZonedDevice for FileZonedDevice {
         if z.state == ZoneState::Offline {
             return Err(ZoneError::Offline(zone));
         }
-        z.file.set_len(0).map_err(|e| ZoneError::io(format!("reset {zone}"), e))?;
-        z.file.sync_all().map_err(|e| ZoneError::io(format!("sync reset of {zone}"), e))?;
+        z.file
+            .set_len(0)
+            .map_err(|e| ZoneError::io(format!("reset {zone}"), e))?;
+        z.file
+            .sync_all()
+            .map_err(|e| ZoneError::io(format!("sync reset of {zone}"), e))?;
         let marker = full_marker(&self.dir, zone.0);
         if marker.exists() {
             std::fs::remove_file(&marker).map_err(|e| ZoneError::io(format!("clear finish mark of {zone}"), e))?;
@@ -267,7 +315,12 @@ impl ZonedDevice for FileZonedDevice {
             ZoneState::Empty | ZoneState::Closed => self.set_state(&mut z, ZoneState::Open),
             ZoneState::Full => {
                 let capacity = self.geometry.zone_capacity;
-                Err(ZoneError::ZoneFull { zone, offset: z.write_pointer, len: 0, capacity })
+                Err(ZoneError::ZoneFull {
+                    zone,
+                    offset: z.write_pointer,
+                    len: 0,
+                    capacity,
+                })
             }
             ZoneState::Offline => Err(ZoneError::Offline(zone)),
         }
@@ -276,7 +329,11 @@ impl ZonedDevice for FileZonedDevice {
     fn close(&self, zone: ZoneId) -> ZoneResult<()> {
         let mut z = self.zone(zone)?;
         if z.state == ZoneState::Open {
-            let to = if z.write_pointer == 0 { ZoneState::Empty } else { ZoneState::Closed };
+            let to = if z.write_pointer == 0 {
+                ZoneState::Empty
+            } else {
+                ZoneState::Closed
+            };
             self.set_state(&mut z, to)?;
         }
         Ok(())
@@ -290,7 +347,9 @@ impl ZonedDevice for FileZonedDevice {
             _ => {}
         }
         if z.dirty {
-            z.file.sync_data().map_err(|e| ZoneError::io(format!("sync {zone}"), e))?;
+            z.file
+                .sync_data()
+                .map_err(|e| ZoneError::io(format!("sync {zone}"), e))?;
             z.dirty = false;
         }
         let marker = full_marker(&self.dir, zone.0);

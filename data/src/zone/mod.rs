@@ -142,7 +142,10 @@ pub enum ZoneError {
 impl ZoneError {
     /// Wraps an OS error with a verb phrase saying what was being done.
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
-        ZoneError::Io { context: context.into(), source }
+        ZoneError::Io {
+            context: context.into(),
+            source,
+        }
     }
 
     /// True when the device is out of space (maps to ENOSPC for writers).
@@ -205,13 +208,28 @@ pub fn check_write(info: &ZoneInfo, block_size: u32, offset: u64, len: usize) ->
         return Err(ZoneError::Offline(zone));
     }
     if offset % u64::from(block_size) != 0 || len % block_size as usize != 0 {
-        return Err(ZoneError::Unaligned { zone, what: "write", offset, len, block_size });
+        return Err(ZoneError::Unaligned {
+            zone,
+            what: "write",
+            offset,
+            len,
+            block_size,
+        });
     }
     if info.state == ZoneState::Full || offset + len as u64 > info.capacity {
-        return Err(ZoneError::ZoneFull { zone, offset, len, capacity: info.capacity });
+        return Err(ZoneError::ZoneFull {
+            zone,
+            offset,
+            len,
+            capacity: info.capacity,
+        });
     }
     if offset != info.write_pointer {
-        return Err(ZoneError::NotAtWritePointer { zone, offset, write_pointer: info.write_pointer });
+        return Err(ZoneError::NotAtWritePointer {
+            zone,
+            offset,
+            write_pointer: info.write_pointer,
+        });
     }
     Ok(())
 }
@@ -223,6 +241,11 @@ pub fn check_read(info: &ZoneInfo, offset: u64, len: usize) -> ZoneResult<()> {
     }
     match offset.checked_add(len as u64) {
         Some(end) if end <= info.write_pointer => Ok(()),
-        _ => Err(ZoneError::ReadPastWritePointer { zone: info.id, offset, len, write_pointer: info.write_pointer }),
+        _ => Err(ZoneError::ReadPastWritePointer {
+            zone: info.id,
+            offset,
+            len,
+            write_pointer: info.write_pointer,
+        }),
     }
 }

@@ -1,0 +1,623 @@
+//! The chunk service of a data node, on the transport.
+//!
+//! - `WriteShard`: append a shard durably (acknowledged only after group commit).
+//! - `Resolve`: find a shard, verify it, and stage its payload in a registered region;
+//!   the reply carries the region key, so the client reads the bytes with the
+//!   remote-read verb (one-sided RDMA READ where there is RDMA) and verifies the crc32c
+//!   end to end. Staged payloads are an LRU cache bounded in bytes; evicting one
+//!   revokes its key, and an overwrite or delete revokes it at once.
+//! - `DeleteShard`, `Scrub`, `Stat`.
+//! - `RepairShard`: rebuild this node's copy of a shard from k other shards of its
+//!   stripe, fetched from their nodes, and store it.
+//!
+//! Store I/O is blocking and runs on tokio's blocking pool.
+
+use crate::chunk::ChunkKey;
+use crate::ec::EcPolicy;
+use crate::store::{ChunkStore, StoreError};
+use crate::zone::ZonedDevice;
+use bytes::{Bytes, BytesMut};
+use shingle_transport::{
+    CallContext, MsgKind, RegionKey, RegionTable, RemoteRead, Router, Rpc, RpcChannel, Status, TransportError,
+};
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+/// A shard's name on the wire.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
+pub struct ShardId {
+    /// Inode.
+    #[prost(uint64, tag = "1")]
+    pub ino: u64,
+    /// Stripe index.
+    #[prost(uint64, tag = "2")]
+    pub stripe: u64,
+    /// Shard index.
+    #[prost(uint32, tag = "3")]
+    pub shard: u32,
+}
+
+impl ShardId {
+    /// The store key, refusing shard indexes that do not fit.
+    pub fn key(&self) -> Result<ChunkKey, Status> {
+        let shard = u16::try_from(self.shard)
+            .map_err(|_| Status::new(shingle_transport::Code::InvalidRequest, "shard index out of range"))?;
+        Ok(ChunkKey {
+            ino: self.ino,
+            stripe: self.stripe,
+            shard,
+        })
+    }
+}
+
+impl From<ChunkKey> for ShardId {
+    fn from(k: ChunkKey) -> Self {
+        ShardId {
+            ino: k.ino,
+            stripe: k.stripe,
+            shard: u32::from(k.shard),
+        }
+    }
+}
+
+/// Write one shard.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WriteShardRequest {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<ShardId>,
+    /// Layout version.
+    #[prost(uint64, tag = "2")]
+    pub version: u64,
+    /// crc32c of `data`, computed by the writer.
+    #[prost(uint32, tag = "3")]
+    pub crc: u32,
+    /// The shard bytes.
+    #[prost(bytes = "bytes", tag = "4")]
+    pub data: Bytes,
+}
+
+/// Where the shard was stored (a location hint for the layout).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct WriteShardResponse {
+    /// Zone.
+    #[prost(uint32, tag = "1")]
+    pub zone: u32,
+    /// Offset in the zone.
+    #[prost(uint64, tag = "2")]
+    pub offset: u64,
+}
+
+/// Find and stage a shard for remote read.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResolveRequest {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<ShardId>,
+    /// Required version; 0 accepts the stored one.
+    #[prost(uint64, tag = "2")]
+    pub version: u64,
+}
+
+/// A staged shard: read `payload_len` bytes at offset 0 of the region.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ResolveResponse {
+    /// Region slot.
+    #[prost(uint32, tag = "1")]
+    pub region: u32,
+    /// Region generation.
+    #[prost(uint32, tag = "2")]
+    pub generation: u32,
+    /// Region length (= payload length).
+    #[prost(uint64, tag = "3")]
+    pub region_len: u64,
+    /// crc32c of the payload, to verify after the read.
+    #[prost(uint32, tag = "4")]
+    pub crc: u32,
+    /// Stored version.
+    #[prost(uint64, tag = "5")]
+    pub version: u64,
+}
+
+impl ResolveResponse {
+    /// The region key to read.
+    pub fn key(&self) -> RegionKey {
+        RegionKey {
+            region: self.region,
+            generation: self.generation,
+            len: self.region_len,
+        }
+    }
+}
+
+/// Delete one shard.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeleteShardRequest {
+    /// Which shard.
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<ShardId>,
+}
+
+/// Whether it existed.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeleteShardResponse {
+    /// True when the shard was stored.
+    #[prost(bool, tag = "1")]
+    pub existed: bool,
+}
+
+/// Verify every stored shard.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScrubRequest {}
+
+/// What scrub found.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ScrubResponse {
+    /// Shards verified.
+    #[prost(uint64, tag = "1")]
+    pub checked: u64,
+    /// Shards that failed verification.
+    #[prost(message, repeated, tag = "2")]
+    pub corrupt: Vec<ShardId>,
+}
+
+/// Another node's shard of the same stripe, for repair.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ShardSource {
+    /// Node address (ip:port).
+    #[prost(string, tag = "1")]
+    pub addr: String,
+    /// Shard index it holds.
+    #[prost(uint32, tag = "2")]
+    pub shard: u32,
+}
+
+/// Rebuild this node's shard from the others.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepairShardRequest {
+    /// The shard to rebuild here.
+    #[prost(message, optional, tag = "1")]
+    pub id: Option<ShardId>,
+    /// Its layout version.
+    #[prost(uint64, tag = "2")]
+    pub version: u64,
+    /// Data shards per stripe.
+    #[prost(uint32, tag = "3")]
+    pub k: u32,
+    /// Parity shards per stripe.
+    #[prost(uint32, tag = "4")]
+    pub m: u32,
+    /// Stripe unit in bytes.
+    #[prost(uint32, tag = "5")]
+    pub unit: u32,
+    /// Data bytes in the stripe.
+    #[prost(uint64, tag = "6")]
+    pub stripe_len: u64,
+    /// Where the other shards are.
+    #[prost(message, repeated, tag = "7")]
+    pub sources: Vec<ShardSource>,
+}
+
+/// Bytes rebuilt.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RepairShardResponse {
+    /// Payload bytes of the rebuilt shard.
+    #[prost(uint64, tag = "1")]
+    pub bytes: u64,
+}
+
+/// Capacity and counters.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatRequest {}
+
+/// Capacity and counters of a data node.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StatResponse {
+    /// Zones on the device.
+    #[prost(uint32, tag = "1")]
+    pub zones_total: u32,
+    /// Empty zones.
+    #[prost(uint32, tag = "2")]
+    pub zones_free: u32,
+    /// Shards stored.
+    #[prost(uint64, tag = "3")]
+    pub chunks: u64,
+    /// Live record bytes.
+    #[prost(uint64, tag = "4")]
+    pub live_bytes: u64,
+    /// Written bytes (live + garbage).
+    #[prost(uint64, tag = "5")]
+    pub written_bytes: u64,
+    /// Device capacity.
+    #[prost(uint64, tag = "6")]
+    pub capacity_bytes: u64,
+    /// GC write amplification since start.
+    #[prost(double, tag = "7")]
+    pub write_amplification: f64,
+}
+
+macro_rules! rpc {
+    ($name:ident, $kind:expr, $req:ty, $resp:ty) => {
+        #[doc = concat!("The `", stringify!($name), "` call.")]
+        pub struct $name;
+        impl Rpc for $name {
+            const KIND: MsgKind = MsgKind($kind);
+            type Request = $req;
+            type Response = $resp;
+        }
+    };
+}
+rpc!(WriteShard, 0x0200, WriteShardRequest, WriteShardResponse);
+rpc!(Resolve, 0x0201, ResolveRequest, ResolveResponse);
+rpc!(DeleteShard, 0x0202, DeleteShardRequest, DeleteShardResponse);
+rpc!(Scrub, 0x0203, ScrubRequest, ScrubResponse);
+rpc!(RepairShard, 0x0204, RepairShardRequest, RepairShardResponse);
+rpc!(Stat, 0x0205, StatRequest, StatResponse);
+
+/// errno-style application codes carried in error replies.
+pub mod errno {
+    /// No such shard.
+    pub const ENOENT: u32 = 2;
+    /// I/O error or corrupt shard.
+    pub const EIO: u32 = 5;
+    /// Shard too large.
+    pub const EFBIG: u32 = 27;
+    /// Device full.
+    pub const ENOSPC: u32 = 28;
+    /// Payload does not match its checksum.
+    pub const EILSEQ: u32 = 84;
+    /// A newer version is stored.
+    pub const ESTALE: u32 = 116;
+}
+
+fn status(e: StoreError) -> Status {
+    let code = match &e {
+        StoreError::NotFound(_) => errno::ENOENT,
+        StoreError::NoSpace => errno::ENOSPC,
+        StoreError::StaleVersion { .. } => errno::ESTALE,
+        StoreError::BadChecksum { .. } => errno::EILSEQ,
+        StoreError::TooLarge(_) => errno::EFBIG,
+        _ => errno::EIO,
+    };
+    Status::application(code, e.to_string())
+}
+
+fn missing_id() -> Status {
+    Status::new(shingle_transport::Code::InvalidRequest, "shard id missing")
+}
+
+/// Staged payloads, bounded in bytes, each registered as a region.
+struct StageCache {
+    budget: u64,
+    used: u64,
+    entries: HashMap<ChunkKey, (u64, RegionKey, u32)>,
+    order: VecDeque<ChunkKey>,
+}
+
+impl StageCache {
+    fn get(&self, key: &ChunkKey, version: u64) -> Option<(RegionKey, u32, u64)> {
+        self.entries
+            .get(key)
+            .filter(|(v, _, _)| version == 0 || *v == version)
+            .map(|(v, r, crc)| (*r, *crc, *v))
+    }
+
+    fn invalidate(&mut self, regions: &RegionTable, key: &ChunkKey) {
+        if let Some((_, r, _)) = self.entries.remove(key) {
+            regions.revoke(r);
+            self.used = self.used.saturating_sub(r.len);
+            self.order.retain(|k| k != key);
+        }
+    }
+
+    fn insert(&mut self, regions: &RegionTable, key: ChunkKey, version: u64, payload: Bytes, crc: u32) -> RegionKey {
+        self.invalidate(regions, &key);
+        while self.used + payload.len() as u64 > self.budget {
+            let Some(old) = self.order.pop_front() else { break };
+            if let Some((_, r, _)) = self.entries.remove(&old) {
+                regions.revoke(r);
+                self.used = self.used.saturating_sub(r.len);
+            }
+        }
+        let r = regions.register(payload);
+        self.used += r.len;
+        self.entries.insert(key, (version, r, crc));
+        self.order.push_back(key);
+        r
+    }
+}
+
+/// The chunk service of one node.
+pub struct ChunkService<D: ZonedDevice + 'static, C> {
+    store: Arc<ChunkStore<D>>,
+    regions: Arc<RegionTable>,
+    stage: Mutex<StageCache>,
+    peers: C,
+}
+
+impl<D, C> ChunkService<D, C>
+where
+    D: ZonedDevice + 'static,
+    C: RpcChannel + RemoteRead + Clone + Send + Sync + 'static,
+{
+    /// A service over `store`, staging reads in `regions` (at most `stage_bytes`), using
+    /// `peers` to fetch shards from other nodes for repair.
+    pub fn new(store: Arc<ChunkStore<D>>, regions: Arc<RegionTable>, stage_bytes: u64, peers: C) -> Arc<Self> {
+        Arc::new(ChunkService {
+            store,
+            regions,
+            stage: Mutex::new(StageCache {
+                budget: stage_bytes,
+                used: 0,
+                entries: HashMap::new(),
+                order: VecDeque::new(),
+            }),
+            peers,
+        })
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<ChunkStore<D>> {
+        &self.store
+    }
+
+    fn stage(&self) -> std::sync::MutexGuard<'_, StageCache> {
+        self.stage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&ChunkStore<D>) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let store = self.store.clone();
+        tokio::task::spawn_blocking(move || f(&store))
+            .await
+            .map_err(|e| Status::new(shingle_transport::Code::Internal, format!("store task failed: {e}")))?
+            .map_err(status)
+    }
+
+    async fn write(&self, req: WriteShardRequest) -> Result<WriteShardResponse, Status> {
+        let key = req.id.ok_or_else(missing_id)?.key()?;
+        self.stage().invalidate(&self.regions, &key);
+        let loc = self
+            .blocking(move |s| s.put(key, req.version, &req.data, req.crc))
+            .await?;
+        Ok(WriteShardResponse {
+            zone: loc.zone.0,
+            offset: loc.offset,
+        })
+    }
+
+    async fn resolve(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
+        let key = req.id.ok_or_else(missing_id)?.key()?;
+        let hit = self.stage().get(&key, req.version);
+        let (r, crc, version) = match hit {
+            Some(h) => h,
+            None => {
+                let (h, payload) = self.blocking(move |s| s.get(&key)).await?;
+                if req.version != 0 && h.version != req.version {
+                    return Err(Status::application(
+                        errno::ESTALE,
+                        format!(
+                            "{key}: stored version {} is not the requested {}",
+                            h.version, req.version
+                        ),
+                    ));
+                }
+                let r = self
+                    .stage()
+                    .insert(&self.regions, key, h.version, payload, h.payload_crc);
+                (r, h.payload_crc, h.version)
+            }
+        };
+        Ok(ResolveResponse {
+            region: r.region,
+            generation: r.generation,
+            region_len: r.len,
+            crc,
+            version,
+        })
+    }
+
+    async fn delete(&self, req: DeleteShardRequest) -> Result<DeleteShardResponse, Status> {
+        let key = req.id.ok_or_else(missing_id)?.key()?;
+        self.stage().invalidate(&self.regions, &key);
+        let existed = self.blocking(move |s| s.delete(&key)).await?;
+        Ok(DeleteShardResponse { existed })
+    }
+
+    async fn repair(&self, req: RepairShardRequest) -> Result<RepairShardResponse, Status> {
+        let bad = |m: String| Status::new(shingle_transport::Code::InvalidRequest, m);
+        let key = req.id.ok_or_else(missing_id)?.key()?;
+        let k = u8::try_from(req.k).map_err(|_| bad("k out of range".into()))?;
+        let m = u8::try_from(req.m).map_err(|_| bad("m out of range".into()))?;
+        let policy = EcPolicy::new(k, m, req.unit).map_err(|e| bad(e.to_string()))?;
+        let stripe_len = usize::try_from(req.stripe_len).map_err(|_| bad("stripe too large".into()))?;
+        let n = usize::from(k) + usize::from(m);
+        let want = usize::from(key.shard);
+        if want >= n {
+            return Err(bad(format!("shard {want} is not in a {k}+{m} stripe")));
+        }
+        let mut shards: Vec<Option<Bytes>> = vec![None; n];
+        let mut have = 0;
+        for src in &req.sources {
+            if have >= usize::from(k) {
+                break;
+            }
+            let idx = src.shard as usize;
+            if idx >= n || idx == want || shards[idx].is_some() {
+                continue;
+            }
+            let Ok(addr) = src.addr.parse::<SocketAddr>() else {
+                continue;
+            };
+            let id = ShardId {
+                ino: key.ino,
+                stripe: key.stripe,
+                shard: src.shard,
+            };
+            match read_shard(&self.peers, addr, id, req.version).await {
+                Ok(b) => {
+                    shards[idx] = Some(b);
+                    have += 1;
+                }
+                Err(e) => tracing::debug!(source = %addr, shard = idx, error = %e, "repair source failed"),
+            }
+        }
+        let rebuilt = policy
+            .reconstruct_shard(stripe_len, &shards, want)
+            .map_err(|e| Status::application(errno::EIO, format!("cannot rebuild {key}: {e}")))?;
+        let crc = crc32c::crc32c(&rebuilt);
+        let len = rebuilt.len() as u64;
+        self.stage().invalidate(&self.regions, &key);
+        let version = req.version;
+        self.blocking(move |s| {
+            // A repair rewrites the same version: drop the corrupt copy first.
+            if s.lookup(&key).is_some_and(|e| e.version == version) {
+                s.delete(&key)?;
+            }
+            s.put(key, version, &rebuilt, crc)
+        })
+        .await?;
+        tracing::info!(%key, bytes = len, "shard repaired");
+        Ok(RepairShardResponse { bytes: len })
+    }
+
+    /// The service's handlers, to merge into a node's router.
+    pub fn router(self: &Arc<Self>) -> Router {
+        let s = self.clone();
+        let w = move |_: CallContext, r: WriteShardRequest| {
+            let s = s.clone();
+            async move { s.write(r).await }
+        };
+        let s = self.clone();
+        let rs = move |_: CallContext, r: ResolveRequest| {
+            let s = s.clone();
+            async move { s.resolve(r).await }
+        };
+        let s = self.clone();
+        let d = move |_: CallContext, r: DeleteShardRequest| {
+            let s = s.clone();
+            async move { s.delete(r).await }
+        };
+        let s = self.clone();
+        let sc = move |_: CallContext, _: ScrubRequest| {
+            let s = s.clone();
+            async move {
+                let r = s.blocking(|st| Ok(st.scrub())).await?;
+                Ok(ScrubResponse {
+                    checked: r.checked,
+                    corrupt: r.corrupt.into_iter().map(ShardId::from).collect(),
+                })
+            }
+        };
+        let s = self.clone();
+        let rp = move |_: CallContext, r: RepairShardRequest| {
+            let s = s.clone();
+            async move { s.repair(r).await }
+        };
+        let s = self.clone();
+        let st = move |_: CallContext, _: StatRequest| {
+            let s = s.clone();
+            async move {
+                let st = s.blocking(|st| Ok(st.stats())).await?;
+                Ok(StatResponse {
+                    zones_total: st.zones_total,
+                    zones_free: st.zones_free,
+                    chunks: st.chunks,
+                    live_bytes: st.live_bytes,
+                    written_bytes: st.written_bytes,
+                    capacity_bytes: st.capacity_bytes,
+                    write_amplification: st.write_amplification(),
+                })
+            }
+        };
+        Router::new()
+            .rpc::<WriteShard, _, _>(w)
+            .rpc::<Resolve, _, _>(rs)
+            .rpc::<DeleteShard, _, _>(d)
+            .rpc::<Scrub, _, _>(sc)
+            .rpc::<RepairShard, _, _>(rp)
+            .rpc::<Stat, _, _>(st)
+    }
+}
+
+/// Why a shard read failed on the client side.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardReadError {
+    /// Transport failure or error reply.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The bytes read do not match the shard's checksum.
+    #[error("shard {0:?} failed its checksum after transfer")]
+    Checksum(ShardId),
+}
+
+impl ShardReadError {
+    /// The errno the node answered with, if it answered.
+    pub fn errno(&self) -> Option<u32> {
+        match self {
+            ShardReadError::Transport(e) => e
+                .status()
+                .filter(|s| s.code == shingle_transport::Code::Application)
+                .map(|s| s.app_code),
+            ShardReadError::Checksum(_) => None,
+        }
+    }
+}
+
+/// Reads one shard from `node`: resolve, then remote-read the staged region, then
+/// verify the crc32c end to end. A staged copy evicted between the two steps is
+/// resolved again (bounded).
+pub async fn read_shard<C: RpcChannel + RemoteRead>(
+    client: &C,
+    node: SocketAddr,
+    id: ShardId,
+    version: u64,
+) -> Result<Bytes, ShardReadError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = client
+            .call::<Resolve>(node, &ResolveRequest { id: Some(id), version }, Default::default())
+            .await?;
+        let len = u32::try_from(r.region_len).map_err(|_| ShardReadError::Checksum(id))?;
+        let (res, buf) = client
+            .read(node, r.key(), 0, len, BytesMut::with_capacity(len as usize))
+            .await;
+        match res {
+            Ok(()) => {
+                if crc32c::crc32c(&buf) != r.crc {
+                    return Err(ShardReadError::Checksum(id));
+                }
+                return Ok(buf.freeze());
+            }
+            Err(TransportError::Access(_)) if attempt < 3 => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Writes one shard to `node`; returns once it is durable there.
+pub async fn write_shard<C: RpcChannel>(
+    client: &C,
+    node: SocketAddr,
+    id: ShardId,
+    version: u64,
+    data: Bytes,
+) -> Result<WriteShardResponse, TransportError> {
+    let crc = crc32c::crc32c(&data);
+    client
+        .call::<WriteShard>(
+            node,
+            &WriteShardRequest {
+                id: Some(id),
+                version,
+                crc,
+                data,
+            },
+            Default::default(),
+        )
+        .await
+}

@@ -1,0 +1,194 @@
+//! The node configuration file (`shingle serve --config node.toml`), with validation
+//! and clear errors. Unknown keys are errors, so a typo never silently means a default.
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// A byte size: an integer, or a string with a unit ("256MiB", "4KiB", "1G").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ByteSize(pub u64);
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Int(u64),
+            Str(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Int(n) => Ok(ByteSize(n)),
+            Raw::Str(s) => parse_size(&s).map(ByteSize).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+/// Parses "123", "4KiB", "256MiB", "1GiB", "2T" (binary units; the "iB"/"B" suffix is optional).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("'{s}' is not a size (e.g. 4096, 64KiB, 256MiB)"))?;
+    let mult: u64 = match unit.trim().trim_end_matches("iB").trim_end_matches('B') {
+        "" => 1,
+        "K" | "k" => 1 << 10,
+        "M" => 1 << 20,
+        "G" => 1 << 30,
+        "T" => 1 << 40,
+        other => return Err(format!("unknown size unit '{other}' in '{s}' (use K, M, G, T)")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size '{s}' is too large"))
+}
+
+/// A whole node configuration.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    /// Identity and network.
+    pub node: NodeSection,
+    /// The data role (omit for a node without data).
+    pub data: Option<DataSection>,
+}
+
+/// `[node]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeSection {
+    /// Address to listen on ("127.0.0.1:0" picks a free port, printed at start).
+    pub listen: SocketAddr,
+    /// File holding the cluster secret (mode 0600).
+    pub secret_file: PathBuf,
+    /// Largest frame payload.
+    #[serde(default = "default_frame")]
+    pub max_frame_bytes: ByteSize,
+}
+
+fn default_frame() -> ByteSize {
+    ByteSize(64 << 20)
+}
+
+/// `[data]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DataSection {
+    /// Directory for the chunk index and, without `device`, the emulated zoned device.
+    pub dir: PathBuf,
+    /// A real zoned block device (host-managed SMR, ZNS, null_blk zoned) instead of emulation.
+    pub device: Option<PathBuf>,
+    /// Emulated device: number of zones.
+    #[serde(default = "default_zones")]
+    pub zones: u32,
+    /// Emulated device: bytes per zone.
+    #[serde(default = "default_zone_size")]
+    pub zone_size: ByteSize,
+    /// Emulated device: logical block size.
+    #[serde(default = "default_block")]
+    pub block_size: ByteSize,
+    /// Memory for staging shards for remote reads.
+    #[serde(default = "default_stage")]
+    pub stage_cache: ByteSize,
+    /// Empty zones kept for GC.
+    #[serde(default = "default_reserved")]
+    pub reserved_zones: u32,
+    /// Run GC when fewer zones than this are free.
+    #[serde(default = "default_gc_free")]
+    pub gc_when_free_below: u32,
+}
+
+fn default_zones() -> u32 {
+    64
+}
+fn default_zone_size() -> ByteSize {
+    ByteSize(256 << 20)
+}
+fn default_block() -> ByteSize {
+    ByteSize(4096)
+}
+fn default_stage() -> ByteSize {
+    ByteSize(256 << 20)
+}
+fn default_reserved() -> u32 {
+    1
+}
+fn default_gc_free() -> u32 {
+    4
+}
+
+impl NodeConfig {
+    /// Reads and validates a config file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read config {}", path.display()))?;
+        let cfg: NodeConfig = toml::from_str(&text).with_context(|| format!("parse config {}", path.display()))?;
+        cfg.validate()
+            .with_context(|| format!("invalid config {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// Checks values that parse but make no sense.
+    pub fn validate(&self) -> Result<()> {
+        let f = self.node.max_frame_bytes.0;
+        if !(4096..=1 << 30).contains(&f) {
+            bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
+        }
+        if let Some(d) = &self.data {
+            let bs = d.block_size.0;
+            if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+                bail!("data.block_size must be a power of two between 512 and 65536, got {bs}");
+            }
+            if d.zone_size.0 < 16 * bs || d.zone_size.0 % bs != 0 {
+                bail!(
+                    "data.zone_size must be a multiple of block_size and at least 16 blocks, got {}",
+                    d.zone_size.0
+                );
+            }
+            if d.zones < d.reserved_zones + 2 {
+                bail!(
+                    "data.zones ({}) must exceed data.reserved_zones ({}) by at least 2",
+                    d.zones,
+                    d.reserved_zones
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_with_units_and_reject_nonsense() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("4KiB"), Ok(4096));
+        assert_eq!(parse_size("256MiB"), Ok(256 << 20));
+        assert_eq!(parse_size("1G"), Ok(1 << 30));
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn config_parses_validates_and_rejects_unknown_keys() {
+        let ok = r#"
+            [node]
+            listen = "127.0.0.1:0"
+            secret_file = "/tmp/s"
+            [data]
+            dir = "/tmp/d"
+            zones = 8
+            zone_size = "1MiB"
+        "#;
+        let c: NodeConfig = toml::from_str(ok).expect("parse");
+        c.validate().expect("valid");
+        assert_eq!(c.data.as_ref().expect("data").zone_size, ByteSize(1 << 20));
+        let typo = ok.replace("zones = 8", "zonez = 8");
+        assert!(toml::from_str::<NodeConfig>(&typo).is_err());
+        let bad: NodeConfig = toml::from_str(&ok.replace("\"1MiB\"", "\"1000\"")).expect("parse");
+        assert!(bad.validate().is_err());
+    }
+}

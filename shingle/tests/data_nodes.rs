@@ -1,0 +1,373 @@
+//! Multi-process tests of the chunk service: six real `shingle serve` data nodes on
+//! loopback, erasure-coded stripes written and read over TCP with the remote-read
+//! verb, nodes killed with SIGKILL, shards corrupted on disk and repaired, a full
+//! device refusing writes with ENOSPC.
+
+use bytes::Bytes;
+use shingle_data::ec::EcPolicy;
+use shingle_data::service::{
+    DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
+    StatRequest, errno, read_shard, write_shard,
+};
+use shingle_data::stripe::{read_stripe, write_stripe};
+use shingle_transport::{CallOptions, ClusterSecret, RpcChannel, TcpClient, TransportConfig};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Node {
+    child: Option<Child>,
+    config: PathBuf,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+impl Node {
+    fn start(root: &Path, name: &str, secret: &Path, zones: u32, zone_size: &str, listen: &str) -> Node {
+        let dir = root.join(name);
+        std::fs::create_dir_all(&dir).expect("node dir");
+        let config = dir.join("node.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nlisten = \"{listen}\"\nsecret_file = \"{}\"\n\n[data]\ndir = \"{}\"\nzones = {zones}\nzone_size = \"{zone_size}\"\n",
+                secret.display(),
+                dir.join("data").display()
+            ),
+        )
+        .expect("write config");
+        let (child, addr) = spawn(&config);
+        Node {
+            child: Some(child),
+            config,
+            addr,
+            dir,
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.kill();
+        // Same port: rewrite the config with the address the node had.
+        let text = std::fs::read_to_string(&self.config).expect("config");
+        let text = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("listen") {
+                    format!("listen = \"{}\"", self.addr)
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&self.config, text).expect("rewrite config");
+        let (child, addr) = spawn(&self.config);
+        assert_eq!(addr, self.addr);
+        self.child = Some(child);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn spawn(config: &Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shingle"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("SHINGLE_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn shingle serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read startup line");
+    let addr = line
+        .trim()
+        .strip_prefix("shingle: node listening on ")
+        .unwrap_or_else(|| panic!("unexpected startup line: {line:?}"))
+        .parse()
+        .expect("address");
+    (child, addr)
+}
+
+fn secret_file(root: &Path) -> (PathBuf, ClusterSecret) {
+    let p = root.join("secret");
+    let status = Command::new(env!("CARGO_BIN_EXE_shingle"))
+        .arg("keygen")
+        .arg(&p)
+        .output()
+        .expect("keygen");
+    assert!(status.status.success(), "keygen failed: {status:?}");
+    let s = ClusterSecret::from_file(&p).expect("read secret");
+    (p, s)
+}
+
+fn content(seed: u64, len: usize) -> Bytes {
+    (0..len)
+        .map(|i| (i as u64 * 2_654_435_761 + seed * 97) as u8)
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+fn client(secret: ClusterSecret) -> TcpClient {
+    TcpClient::new(
+        TransportConfig {
+            request_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_millis(500),
+            backoff_initial: Duration::from_millis(20),
+            backoff_max: Duration::from_millis(200),
+            ..TransportConfig::default()
+        },
+        secret,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (secret_path, secret) = secret_file(root.path());
+    let mut nodes: Vec<Node> = (0..6)
+        .map(|i| Node::start(root.path(), &format!("n{i}"), &secret_path, 16, "4MiB", "127.0.0.1:0"))
+        .collect();
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|n| n.addr).collect();
+    let c = client(secret);
+    let policy = EcPolicy::new(4, 2, 64 * 1024).expect("policy");
+    let full = policy.stripe_data_bytes() as usize;
+    let lens = [full, full, 1, 3, full - 1, 65_537, 200_000, full / 2 + 7];
+
+    for (s, len) in lens.iter().enumerate() {
+        write_stripe(&c, policy, &addrs, 42, s as u64, 1, content(s as u64, *len))
+            .await
+            .expect("write stripe");
+    }
+    let read_all = |c: TcpClient, addrs: Vec<SocketAddr>| async move {
+        let mut degraded = 0;
+        for (s, len) in lens.iter().enumerate() {
+            let r = read_stripe(&c, policy, &addrs, 42, s as u64, 1, *len)
+                .await
+                .expect("read stripe");
+            assert_eq!(r.data, content(s as u64, *len), "stripe {s} differs");
+            degraded += usize::from(!r.failed.is_empty());
+        }
+        degraded
+    };
+    assert_eq!(
+        read_all(c.clone(), addrs.clone()).await,
+        0,
+        "healthy reads were degraded"
+    );
+
+    // Two data nodes die: every stripe still reads, from parity.
+    nodes[1].kill();
+    nodes[3].kill();
+    assert!(
+        read_all(c.clone(), addrs.clone()).await > 0,
+        "reads with two nodes down were not degraded"
+    );
+
+    // A third node down under 4+2: a clear error, promptly.
+    nodes[0].kill();
+    let t = std::time::Instant::now();
+    let e = read_stripe(&c, policy, &addrs, 42, 0, 1, full)
+        .await
+        .expect_err("three shards missing");
+    assert!(e.to_string().contains("need"), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(5), "error took {:?}", t.elapsed());
+
+    // They come back with their data.
+    for i in [0, 1, 3] {
+        nodes[i].restart();
+        reachable(&c, addrs[i]).await;
+    }
+    assert_eq!(read_all(c.clone(), addrs.clone()).await, 0);
+
+    // Corrupt shard 2 of stripe 0 on disk (node 2, stopped), then read: served from parity.
+    nodes[2].kill();
+    corrupt_first_record(&nodes[2].dir.join("data").join("zones"));
+    nodes[2].restart();
+    reachable(&c, addrs[2]).await;
+    let r = read_stripe(&c, policy, &addrs, 42, 0, 1, full)
+        .await
+        .expect("degraded read");
+    assert_eq!(r.data, content(0, full));
+    assert_eq!(r.failed.len(), 1, "{:?}", r.failed);
+    assert_eq!(r.failed[0].0, 2);
+    let scrub = c
+        .call::<Scrub>(addrs[2], &ScrubRequest {}, CallOptions::default())
+        .await
+        .expect("scrub");
+    assert_eq!(
+        scrub.corrupt,
+        vec![ShardId {
+            ino: 42,
+            stripe: 0,
+            shard: 2
+        }]
+    );
+
+    // Repair it from the other nodes, then it reads directly again.
+    let sources = (0..6)
+        .filter(|i| *i != 2)
+        .map(|i| ShardSource {
+            addr: addrs[i].to_string(),
+            shard: i as u32,
+        })
+        .collect();
+    let repair = RepairShardRequest {
+        id: Some(ShardId {
+            ino: 42,
+            stripe: 0,
+            shard: 2,
+        }),
+        version: 1,
+        k: 4,
+        m: 2,
+        unit: policy.unit,
+        stripe_len: full as u64,
+        sources,
+    };
+    let rr = c
+        .call::<RepairShard>(addrs[2], &repair, CallOptions::default())
+        .await
+        .expect("repair");
+    assert_eq!(rr.bytes, policy.unit as u64);
+    let scrub = c
+        .call::<Scrub>(addrs[2], &ScrubRequest {}, CallOptions::default())
+        .await
+        .expect("scrub");
+    assert!(scrub.corrupt.is_empty());
+    let shard = read_shard(
+        &c,
+        addrs[2],
+        ShardId {
+            ino: 42,
+            stripe: 0,
+            shard: 2,
+        },
+        1,
+    )
+    .await
+    .expect("shard");
+    let want = content(0, full);
+    assert_eq!(&shard[..], &want[2 * policy.unit as usize..3 * policy.unit as usize]);
+    assert_eq!(read_all(c.clone(), addrs.clone()).await, 0);
+
+    // Deletes are durable across a restart.
+    for i in 0..6 {
+        let id = ShardId {
+            ino: 42,
+            stripe: 7,
+            shard: i,
+        };
+        let d = c.call::<DeleteShard>(
+            addrs[i as usize],
+            &DeleteShardRequest { id: Some(id) },
+            CallOptions::default(),
+        );
+        assert!(d.await.expect("delete").existed);
+    }
+    nodes[4].restart();
+    reachable(&c, addrs[4]).await;
+    let e = read_shard(
+        &c,
+        addrs[4],
+        ShardId {
+            ino: 42,
+            stripe: 7,
+            shard: 4,
+        },
+        0,
+    )
+    .await
+    .expect_err("deleted");
+    assert_eq!(e.errno(), Some(errno::ENOENT));
+}
+
+/// Waits until the client reaches `addr` again (its reconnect backoff has passed).
+async fn reachable(c: &TcpClient, addr: SocketAddr) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while c.ping(addr).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "{addr} unreachable after restart");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Flips a payload byte of the first record in the first non-empty zone file.
+fn corrupt_first_record(zones: &Path) {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(zones)
+        .expect("zones dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("zone-") && !n.to_string_lossy().contains('.'))
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        let mut bytes = std::fs::read(&f).expect("zone file");
+        if bytes.len() > 200 {
+            bytes[64 + 100] ^= 0x5a;
+            std::fs::write(&f, bytes).expect("write zone file");
+            return;
+        }
+    }
+    panic!("no record to corrupt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_node_refuses_with_enospc_and_keeps_its_data() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let (secret_path, secret) = secret_file(root.path());
+    let node = Node::start(root.path(), "small", &secret_path, 4, "1MiB", "127.0.0.1:0");
+    let c = client(secret);
+    let mut written = Vec::new();
+    for i in 0..100u64 {
+        let id = ShardId {
+            ino: 7,
+            stripe: i,
+            shard: 0,
+        };
+        match write_shard(&c, node.addr, id, 1, content(i, 300_000)).await {
+            Ok(_) => written.push(i),
+            Err(e) => {
+                let s = e.status().expect("an error reply");
+                assert_eq!(s.app_code, errno::ENOSPC, "{e}");
+                break;
+            }
+        }
+    }
+    assert!(!written.is_empty() && written.len() < 100, "wrote {}", written.len());
+    for i in written {
+        let got = read_shard(
+            &c,
+            node.addr,
+            ShardId {
+                ino: 7,
+                stripe: i,
+                shard: 0,
+            },
+            1,
+        )
+        .await
+        .expect("read back");
+        assert_eq!(got, content(i, 300_000));
+    }
+    let st = c
+        .call::<Stat>(node.addr, &StatRequest {}, CallOptions::default())
+        .await
+        .expect("stat");
+    assert_eq!(st.zones_total, 4);
+}
