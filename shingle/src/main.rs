@@ -42,6 +42,8 @@ enum Command {
 enum BenchCommand {
     /// Remote-read throughput vs plain TCP, and small-RPC latency, over loopback.
     Transport(bench::transport::TransportBenchArgs),
+    /// Zoned-store append throughput vs a plain file on the same disk; GC write amplification.
+    Store(bench::store::StoreBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -56,6 +58,7 @@ fn main() -> Result<()> {
             Command::Serve { config } => serve::run(&config).await,
             Command::Keygen { out } => keygen(&out),
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
+            Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
         }
     })
 }
