@@ -1,4 +1,4 @@
 //! Benchmarks, each runnable with one command (`shingle bench <what>`).
 
-pub mod transport;
 pub mod store;
+pub mod transport;

@@ -60,7 +60,9 @@ struct GcFigures {
 const ZONE: u64 = 64 << 20;
 
 fn payload(len: usize, seed: u64) -> Vec<u8> {
-    (0..len).map(|i| (i as u64).wrapping_mul(0x9E37_79B9).wrapping_add(seed) as u8).collect()
+    (0..len)
+        .map(|i| (i as u64).wrapping_mul(0x9E37_79B9).wrapping_add(seed) as u8)
+        .collect()
 }
 
 /// Runs the benchmark and prints a table.
@@ -80,7 +82,12 @@ fn run_blocking(args: StoreBenchArgs) -> Result<()> {
     for round in 0..args.rounds.max(1) {
         let s = store_rate(&root.join(format!("store-{round}")), total, chunk, args.writers)?;
         let p = plain_rate(&root.join(format!("plain-{round}")), total, chunk, args.writers)?;
-        println!("  round {round}: store {:.0} MB/s, plain file {:.0} MB/s, ratio {:.2}", s / 1e6, p / 1e6, s / p);
+        println!(
+            "  round {round}: store {:.0} MB/s, plain file {:.0} MB/s, ratio {:.2}",
+            s / 1e6,
+            p / 1e6,
+            s / p
+        );
         stores.push(s);
         plains.push(p);
         ratios.push(s / p);
@@ -110,7 +117,8 @@ fn run_blocking(args: StoreBenchArgs) -> Result<()> {
     );
     let _ = std::fs::remove_dir_all(&root);
     if let Some(path) = args.json {
-        std::fs::write(&path, serde_json::to_vec_pretty(&report)?).with_context(|| format!("write {}", path.display()))?;
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("write {}", path.display()))?;
         println!("wrote {}", path.display());
     }
     Ok(())
@@ -118,7 +126,12 @@ fn run_blocking(args: StoreBenchArgs) -> Result<()> {
 
 fn open_store(dir: &Path, total: u64) -> Result<ChunkStore<FileZonedDevice>> {
     let zones = (total / ZONE + 4) as u32;
-    let g = Geometry { zone_count: zones, zone_capacity: ZONE, block_size: 4096, max_open_zones: 0 };
+    let g = Geometry {
+        zone_count: zones,
+        zone_capacity: ZONE,
+        block_size: 4096,
+        max_open_zones: 0,
+    };
     let dev = FileZonedDevice::create(&dir.join("zones"), g)?;
     Ok(ChunkStore::open(dev, &dir.join("index.redb"), StoreOptions::default())?)
 }
@@ -134,7 +147,11 @@ fn store_rate(dir: &Path, total: u64, chunk: usize, writers: usize) -> Result<f6
             let (store, data) = (store.clone(), data.clone());
             std::thread::spawn(move || -> Result<()> {
                 for i in 0..per_writer {
-                    let key = ChunkKey { ino: w as u64, stripe: i as u64, shard: 0 };
+                    let key = ChunkKey {
+                        ino: w as u64,
+                        stripe: i as u64,
+                        shard: 0,
+                    };
                     store.put(key, 1, &data, crc)?;
                 }
                 Ok(())
@@ -178,10 +195,28 @@ fn gc_figures(dir: &Path, chunk: usize) -> Result<GcFigures> {
     let data = payload(chunk, 3);
     let crc = crc32c::crc32c(&data);
     for i in 0..n {
-        store.put(ChunkKey { ino: 1, stripe: i as u64, shard: 0 }, 1, &data, crc)?;
+        store.put(
+            ChunkKey {
+                ino: 1,
+                stripe: i as u64,
+                shard: 0,
+            },
+            1,
+            &data,
+            crc,
+        )?;
     }
     for i in (0..n).step_by(2) {
-        store.put(ChunkKey { ino: 1, stripe: i as u64, shard: 0 }, 2, &data, crc)?;
+        store.put(
+            ChunkKey {
+                ino: 1,
+                stripe: i as u64,
+                shard: 0,
+            },
+            2,
+            &data,
+            crc,
+        )?;
     }
     let before = store.stats();
     let mut moved = 0;

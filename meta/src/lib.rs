@@ -1,0 +1,16 @@
+//! # shingle-meta
+//!
+//! Metadata of a Shingle cluster.
+//!
+//! - [`ids`]: newtypes for nodes, epochs, partitions, placement groups and inodes
+//!   (an inode number embeds the partition that allocated it).
+//! - [`map`]: the cluster map state machine (nodes, roles, failure domains, states,
+//!   epoch) and the [`map::Placement`] derived from it.
+//! - [`placement`]: rendezvous hashing with failure domains; the dentry → partition hash.
+//!
+//! This crate knows nothing of FUSE or of chunk bytes. Its protocol cores are pure
+//! state machines; the I/O shells around them are thin.
+
+pub mod ids;
+pub mod map;
+pub mod placement;

@@ -1,0 +1,309 @@
+//! The cluster map: nodes, metadata partitions, data placement groups and the epoch.
+//!
+//! The map is a deterministic state machine: [`ClusterMap::apply`] takes a
+//! [`MapCommand`] and bumps the epoch when anything changed. The manager replicates the
+//! commands with Raft; every node and client holds a copy and refreshes it when a peer
+//! answers "stale map". Replica lists are derived from the map ([`Placement`]), never
+//! stored, so two holders of the same epoch always agree.
+
+use crate::ids::{Epoch, NodeId, PartitionId, PgId};
+use crate::placement::{self, Candidate};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+/// Roles a node plays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Roles {
+    /// Member of the manager Raft group.
+    pub manager: bool,
+    /// Holds metadata partitions.
+    pub meta: bool,
+    /// Holds chunks.
+    pub data: bool,
+}
+
+/// Liveness of a node as the manager sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Serving.
+    Up,
+    /// Missed heartbeats: its replicas are skipped (others are promoted), its data stays
+    /// placed on it.
+    Down,
+    /// Gone for good: removed from placement; its data is rebuilt elsewhere.
+    Out,
+}
+
+/// One node in the map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// Its id.
+    pub id: NodeId,
+    /// RPC address.
+    pub addr: SocketAddr,
+    /// Roles.
+    pub roles: Roles,
+    /// Failure domain.
+    pub domain: String,
+    /// Liveness.
+    pub state: NodeState,
+}
+
+/// A change to the map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MapCommand {
+    /// Adds a node, or updates its address/roles/domain (it comes back Up).
+    Register(NodeInfo),
+    /// Sets a node's state.
+    SetState {
+        /// The node.
+        id: NodeId,
+        /// New state.
+        state: NodeState,
+    },
+    /// Removes a node that is Out.
+    Remove {
+        /// The node.
+        id: NodeId,
+    },
+}
+
+/// Why a command was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    /// No such node.
+    #[error("{0} is not in the cluster map")]
+    UnknownNode(NodeId),
+    /// Only Out nodes may be removed.
+    #[error("{0} must be out before it is removed")]
+    NotOut(NodeId),
+    /// Another node already uses that address.
+    #[error("address {addr} already belongs to {other}")]
+    AddressInUse {
+        /// The address.
+        addr: SocketAddr,
+        /// Its owner.
+        other: NodeId,
+    },
+}
+
+/// The cluster map.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Random id chosen at format time; nodes refuse maps of another cluster.
+    pub cluster_id: String,
+    /// Increases on every change.
+    pub epoch: Epoch,
+    /// Metadata partitions (fixed at format).
+    pub partitions: u32,
+    /// Data placement groups (fixed at format).
+    pub pgs: u32,
+    /// Metadata replicas per partition.
+    pub replication: u8,
+    /// Nodes placed in each data placement group (the widest stripe, k+m).
+    pub pg_width: u8,
+    /// The nodes.
+    pub nodes: BTreeMap<NodeId, NodeInfo>,
+}
+
+impl ClusterMap {
+    /// A new, empty map (epoch 0).
+    pub fn new(cluster_id: impl Into<String>, partitions: u32, pgs: u32, replication: u8, pg_width: u8) -> Self {
+        ClusterMap {
+            cluster_id: cluster_id.into(),
+            epoch: Epoch(0),
+            partitions,
+            pgs,
+            replication,
+            pg_width,
+            nodes: BTreeMap::new(),
+        }
+    }
+
+    /// Applies a command; returns the new epoch (unchanged when the command changed nothing).
+    pub fn apply(&mut self, cmd: &MapCommand) -> Result<Epoch, MapError> {
+        let changed = match cmd {
+            MapCommand::Register(info) => {
+                if let Some(other) = self.nodes.values().find(|n| n.addr == info.addr && n.id != info.id) {
+                    return Err(MapError::AddressInUse {
+                        addr: info.addr,
+                        other: other.id,
+                    });
+                }
+                let mut info = info.clone();
+                info.state = NodeState::Up;
+                self.nodes.insert(info.id, info.clone()) != Some(info)
+            }
+            MapCommand::SetState { id, state } => {
+                let n = self.nodes.get_mut(id).ok_or(MapError::UnknownNode(*id))?;
+                let changed = n.state != *state;
+                n.state = *state;
+                changed
+            }
+            MapCommand::Remove { id } => {
+                let n = self.nodes.get(id).ok_or(MapError::UnknownNode(*id))?;
+                if n.state != NodeState::Out {
+                    return Err(MapError::NotOut(*id));
+                }
+                self.nodes.remove(id);
+                true
+            }
+        };
+        if changed {
+            self.epoch = Epoch(self.epoch.0 + 1);
+        }
+        Ok(self.epoch)
+    }
+
+    /// The address of a node.
+    pub fn addr(&self, id: NodeId) -> Option<SocketAddr> {
+        self.nodes.get(&id).map(|n| n.addr)
+    }
+
+    /// True when the node is Up.
+    pub fn is_up(&self, id: NodeId) -> bool {
+        self.nodes.get(&id).is_some_and(|n| n.state == NodeState::Up)
+    }
+
+    /// Derives the placement of every partition and group.
+    pub fn placement(&self) -> Placement {
+        let candidates = |pick: fn(&Roles) -> bool| -> Vec<Candidate<'_>> {
+            self.nodes
+                .values()
+                .filter(|n| n.state != NodeState::Out && pick(&n.roles))
+                .map(|n| Candidate {
+                    id: n.id,
+                    domain: n.domain.as_str(),
+                })
+                .collect()
+        };
+        let meta = candidates(|r| r.meta);
+        let data = candidates(|r| r.data);
+        Placement {
+            epoch: self.epoch,
+            partitions: (0..self.partitions)
+                .map(|p| {
+                    placement::place(
+                        placement::KIND_PARTITION,
+                        u64::from(p),
+                        &meta,
+                        usize::from(self.replication),
+                    )
+                })
+                .collect(),
+            pgs: (0..self.pgs)
+                .map(|g| placement::place(placement::KIND_PG, u64::from(g), &data, usize::from(self.pg_width)))
+                .collect(),
+        }
+    }
+}
+
+/// Replica lists derived from one epoch of the map.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// The epoch they were derived from.
+    pub epoch: Epoch,
+    partitions: Vec<Vec<NodeId>>,
+    pgs: Vec<Vec<NodeId>>,
+}
+
+impl Placement {
+    /// Ordered replicas of a metadata partition (Down nodes included, in place).
+    pub fn partition(&self, p: PartitionId) -> &[NodeId] {
+        self.partitions.get(p.0 as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Ordered nodes of a placement group: shard i of a stripe goes to node i.
+    pub fn pg(&self, g: PgId) -> &[NodeId] {
+        self.pgs.get(g.0 as usize).map_or(&[], Vec::as_slice)
+    }
+
+    /// Partitions whose replica list contains `node`.
+    pub fn partitions_of(&self, node: NodeId) -> Vec<PartitionId> {
+        self.partitions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.contains(&node))
+            .map(|(i, _)| PartitionId(i as u32))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(i: u64) -> NodeInfo {
+        NodeInfo {
+            id: NodeId(i),
+            addr: SocketAddr::from(([127, 0, 0, 1], 7000 + i as u16)),
+            roles: Roles {
+                manager: i == 1,
+                meta: true,
+                data: true,
+            },
+            domain: format!("host{i}"),
+            state: NodeState::Up,
+        }
+    }
+
+    #[test]
+    fn epochs_move_only_on_change_and_commands_are_checked() {
+        let mut m = ClusterMap::new("c1", 64, 32, 3, 6);
+        for i in 1..=6 {
+            m.apply(&MapCommand::Register(node(i))).expect("register");
+        }
+        assert_eq!(m.epoch, Epoch(6));
+        assert_eq!(m.apply(&MapCommand::Register(node(3))).expect("same again"), Epoch(6));
+        let down = MapCommand::SetState {
+            id: NodeId(2),
+            state: NodeState::Down,
+        };
+        assert_eq!(m.apply(&down).expect("down"), Epoch(7));
+        assert_eq!(m.apply(&down).expect("down again"), Epoch(7));
+        assert_eq!(
+            m.apply(&MapCommand::Remove { id: NodeId(2) }),
+            Err(MapError::NotOut(NodeId(2)))
+        );
+        assert_eq!(
+            m.apply(&MapCommand::SetState {
+                id: NodeId(9),
+                state: NodeState::Up
+            }),
+            Err(MapError::UnknownNode(NodeId(9)))
+        );
+        let mut clash = node(7);
+        clash.addr = node(1).addr;
+        assert!(matches!(
+            m.apply(&MapCommand::Register(clash)),
+            Err(MapError::AddressInUse { .. })
+        ));
+        let json = serde_json::to_string(&m).expect("serialise");
+        assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("parse"), m);
+    }
+
+    #[test]
+    fn down_nodes_keep_their_place_and_out_nodes_lose_it() {
+        let mut m = ClusterMap::new("c1", 128, 64, 3, 6);
+        for i in 1..=8 {
+            m.apply(&MapCommand::Register(node(i))).expect("register");
+        }
+        let p0 = m.placement();
+        m.apply(&MapCommand::SetState {
+            id: NodeId(4),
+            state: NodeState::Down,
+        })
+        .expect("down");
+        assert_eq!(m.placement().partition(PartitionId(5)), p0.partition(PartitionId(5)));
+        m.apply(&MapCommand::SetState {
+            id: NodeId(4),
+            state: NodeState::Out,
+        })
+        .expect("out");
+        let p2 = m.placement();
+        assert!(p2.partitions_of(NodeId(4)).is_empty());
+        assert!((0..64).all(|g| p2.pg(PgId(g)).len() == 6 && !p2.pg(PgId(g)).contains(&NodeId(4))));
+        assert!((0..128).all(|p| p2.partition(PartitionId(p)).len() == 3));
+    }
+}
