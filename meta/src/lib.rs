@@ -13,4 +13,5 @@
 
 pub mod ids;
 pub mod map;
+pub mod namespace;
 pub mod placement;

@@ -1,0 +1,847 @@
+//! POSIX namespace operations over hashed partitions.
+//!
+//! Each operation reads what it needs from the partitions involved (the entry's
+//! partition `hash(parent, name)`, the parent's inode partition, the target's inode
+//! partition), checks POSIX rules and permissions, and turns into a list of
+//! [`Mutation`]s on one or more partitions. A single-partition operation applies its
+//! mutations directly. A multi-partition one first records an [`Intent`] holding every
+//! step in the partition of its first entry (the coordinator), applies the steps in
+//! order, and then drops the intent. After a crash, [`Namespace::recover`] redoes every
+//! pending intent: absolute steps are idempotent and relative steps are applied at most
+//! once, so an operation is either fully applied or (if its intent was never recorded)
+//! not at all — a rename is never half done.
+//!
+//! This is the pure core: partitions live in memory here, with no clock (callers pass
+//! `now`) and no I/O. The service persists each partition's mutations and replicates
+//! them; it must run the operations that touch a key one at a time (per-key locks in a
+//! fixed order), which this single-threaded core takes for granted.
+
+use super::partition::{DentryVal, InodeRec, Intent, Mutation, Partition};
+use super::perm::{self, R, W, X};
+use super::types::*;
+use crate::ids::{Ino, PartitionId};
+use crate::placement::dentry_partition;
+use std::collections::BTreeMap;
+
+/// `rename` flags.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RenameFlags {
+    /// Fail with EEXIST if the target exists.
+    pub noreplace: bool,
+    /// Atomically swap source and target (both must exist).
+    pub exchange: bool,
+}
+
+/// `setxattr` mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XattrMode {
+    /// Create or replace.
+    Any,
+    /// Fail with EEXIST if present.
+    Create,
+    /// Fail with ENODATA if absent.
+    Replace,
+}
+
+/// Largest extended attribute value.
+pub const XATTR_SIZE_MAX: usize = 65_536;
+
+/// A namespace of `P` partitions, held in memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    parts: Vec<Partition>,
+    /// Crash injection for tests: stop after this many more applied steps.
+    crash_after_steps: Option<usize>,
+}
+
+/// The "crashed" outcome of an injected crash.
+pub const CRASHED: Errno = Errno::EIO;
+
+impl Namespace {
+    /// A new namespace with `partitions` partitions and a root directory owned by root
+    /// with mode 0755.
+    pub fn format(partitions: u32, now: TimeNs) -> Self {
+        let mut parts: Vec<Partition> = (0..partitions.max(1)).map(|p| Partition::new(PartitionId(p))).collect();
+        let root_ino = parts[0].alloc_ino().unwrap_or(Ino::ROOT);
+        debug_assert_eq!(root_ino, Ino::ROOT);
+        let root = InodeRec {
+            attr: Attr {
+                ino: Ino::ROOT,
+                kind: FileKind::Dir,
+                perm: 0o755,
+                uid: 0,
+                gid: 0,
+                nlink: 2,
+                size: 0,
+                rdev: 0,
+                atime: now,
+                mtime: now,
+                ctime: now,
+                crtime: now,
+            },
+            target: None,
+            parent: Some(Ino::ROOT),
+            xattrs: BTreeMap::new(),
+        };
+        parts[0].apply(0, 0, &Mutation::PutInode(Box::new(root)));
+        Namespace {
+            parts,
+            crash_after_steps: None,
+        }
+    }
+
+    /// Number of partitions.
+    pub fn partition_count(&self) -> u32 {
+        self.parts.len() as u32
+    }
+
+    /// One partition's state.
+    pub fn partition(&self, p: PartitionId) -> Option<&Partition> {
+        self.parts.get(p.0 as usize)
+    }
+
+    /// Tests: the next multi-step operation "crashes" after `steps` applied steps.
+    pub fn crash_after(&mut self, steps: usize) {
+        self.crash_after_steps = Some(steps);
+    }
+
+    /// Tests: cancels an injected crash that did not fire.
+    pub fn clear_crash(&mut self) {
+        self.crash_after_steps = None;
+    }
+
+    fn dpart(&self, parent: Ino, name: &[u8]) -> PartitionId {
+        dentry_partition(parent, name, self.partition_count())
+    }
+
+    fn part(&self, p: PartitionId) -> NsResult<&Partition> {
+        self.parts.get(p.0 as usize).ok_or(Errno::ESTALE)
+    }
+
+    fn rec(&self, ino: Ino) -> NsResult<&InodeRec> {
+        self.part(ino.partition())?.inodes.get(&ino).ok_or(Errno::ENOENT)
+    }
+
+    /// Attributes of an inode.
+    pub fn getattr(&self, ino: Ino) -> NsResult<Attr> {
+        Ok(self.rec(ino)?.attr.clone())
+    }
+
+    fn dir_for(&self, creds: &Creds, dir: Ino, mask: u32) -> NsResult<&InodeRec> {
+        let d = self.rec(dir)?;
+        if d.attr.kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        perm::check(creds, &d.attr, mask)?;
+        Ok(d)
+    }
+
+    fn entry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
+        self.parts
+            .get(self.dpart(parent, name).0 as usize)
+            .and_then(|p| p.dentry(parent, name))
+    }
+
+    /// Looks `name` up in `parent`: one partition for the entry, attributes from the
+    /// inode's partition (the same one unless the inode is a hard link made elsewhere).
+    pub fn lookup(&self, creds: &Creds, parent: Ino, name: &[u8]) -> NsResult<Attr> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let p = self.dir_for(creds, parent, X)?;
+        if name == b"." {
+            return Ok(p.attr.clone());
+        }
+        if name == b".." {
+            return self.getattr(p.parent.unwrap_or(Ino::ROOT));
+        }
+        let e = self.entry(parent, name).ok_or(Errno::ENOENT)?;
+        self.getattr(e.ino)
+    }
+
+    /// Reads a symlink.
+    pub fn readlink(&self, ino: Ino) -> NsResult<Vec<u8>> {
+        let r = self.rec(ino)?;
+        r.target.clone().ok_or(Errno::EINVAL)
+    }
+
+    /// Applies `steps`: directly when they touch one partition, through an intent
+    /// recorded in `coord` otherwise.
+    fn execute(&mut self, coord: PartitionId, steps: Vec<(PartitionId, Mutation)>) -> NsResult<()> {
+        let single = steps.iter().all(|(p, _)| *p == coord);
+        if single {
+            // One partition applies its steps in one transaction: all or nothing.
+            if let Some(left) = self.crash_after_steps.as_mut() {
+                if *left == 0 {
+                    self.crash_after_steps = None;
+                    return Err(CRASHED);
+                }
+                *left -= 1;
+            }
+            for (i, (p, m)) in steps.iter().enumerate() {
+                self.parts[p.0 as usize].apply(0, i as u16, m);
+            }
+            return Ok(());
+        }
+        let id = self.parts[coord.0 as usize].begin_intent(steps.clone());
+        for (i, (p, m)) in steps.iter().enumerate() {
+            if let Some(left) = self.crash_after_steps.as_mut() {
+                if *left == 0 {
+                    self.crash_after_steps = None;
+                    return Err(CRASHED);
+                }
+                *left -= 1;
+            }
+            self.parts[p.0 as usize].apply(id, i as u16, m);
+        }
+        self.finish(coord, id, &steps);
+        Ok(())
+    }
+
+    fn finish(&mut self, coord: PartitionId, id: u64, steps: &[(PartitionId, Mutation)]) {
+        self.parts[coord.0 as usize].finish_intent(id);
+        for (p, _) in steps {
+            self.parts[p.0 as usize].forget_intent(id);
+        }
+    }
+
+    /// Redoes every pending intent (after a crash). Returns how many were redone.
+    pub fn recover(&mut self) -> usize {
+        self.crash_after_steps = None;
+        let pending: Vec<(PartitionId, Intent)> = self
+            .parts
+            .iter()
+            .flat_map(|p| p.intents.values().map(move |i| (p.id, i.clone())))
+            .collect();
+        for (coord, Intent { id, steps }) in &pending {
+            for (i, (p, m)) in steps.iter().enumerate() {
+                self.parts[p.0 as usize].apply(*id, i as u16, m);
+            }
+            self.finish(*coord, *id, steps);
+        }
+        pending.len()
+    }
+
+    /// Creates a node of any kind (regular file, directory, symlink, fifo, socket,
+    /// device) named `name` in `parent`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod(
+        &mut self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+        now: TimeNs,
+    ) -> NsResult<Attr> {
+        check_name(name)?;
+        let p = self.dir_for(creds, parent, W | X)?;
+        if self.entry(parent, name).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if kind == FileKind::Dir && p.attr.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        if let Some(t) = target {
+            if t.is_empty() {
+                return Err(Errno::ENOENT);
+            }
+            if t.len() >= PATH_MAX {
+                return Err(Errno::ENAMETOOLONG);
+            }
+        }
+        if matches!(kind, FileKind::CharDev | FileKind::BlockDev) && creds.uid != 0 {
+            return Err(Errno::EPERM);
+        }
+        let (gid, perm) = perm::new_owner(
+            creds,
+            &p.attr,
+            kind,
+            if kind == FileKind::Symlink { 0o777 } else { perm },
+        );
+        let dp = self.dpart(parent, name);
+        let ino = self.parts[dp.0 as usize].alloc_ino().ok_or(Errno::ENOSPC)?;
+        let attr = Attr {
+            ino,
+            kind,
+            perm,
+            uid: creds.uid,
+            gid,
+            nlink: if kind == FileKind::Dir { 2 } else { 1 },
+            size: target.map_or(0, |t| t.len() as u64),
+            rdev: if matches!(kind, FileKind::CharDev | FileKind::BlockDev) {
+                rdev
+            } else {
+                0
+            },
+            atime: now,
+            mtime: now,
+            ctime: now,
+            crtime: now,
+        };
+        let rec = InodeRec {
+            attr: attr.clone(),
+            target: target.map(<[u8]>::to_vec),
+            parent: (kind == FileKind::Dir).then_some(parent),
+            xattrs: BTreeMap::new(),
+        };
+        let subdirs = i64::from(kind == FileKind::Dir);
+        self.execute(
+            dp,
+            vec![
+                (dp, Mutation::PutInode(Box::new(rec))),
+                (
+                    dp,
+                    Mutation::PutDentry {
+                        parent,
+                        name: name.to_vec(),
+                        val: DentryVal { ino, kind },
+                    },
+                ),
+                (
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: 1,
+                        subdirs,
+                        time: now,
+                    },
+                ),
+            ],
+        )?;
+        Ok(attr)
+    }
+
+    /// Creates a hard link `newparent/newname` to `ino`.
+    pub fn link(&mut self, creds: &Creds, ino: Ino, newparent: Ino, newname: &[u8], now: TimeNs) -> NsResult<Attr> {
+        check_name(newname)?;
+        let target = self.rec(ino)?.attr.clone();
+        if target.kind == FileKind::Dir {
+            return Err(Errno::EPERM);
+        }
+        self.dir_for(creds, newparent, W | X)?;
+        if self.entry(newparent, newname).is_some() {
+            return Err(Errno::EEXIST);
+        }
+        if target.nlink >= LINK_MAX {
+            return Err(Errno::EMLINK);
+        }
+        let dp = self.dpart(newparent, newname);
+        self.execute(
+            dp,
+            vec![
+                (
+                    dp,
+                    Mutation::PutDentry {
+                        parent: newparent,
+                        name: newname.to_vec(),
+                        val: DentryVal { ino, kind: target.kind },
+                    },
+                ),
+                (
+                    ino.partition(),
+                    Mutation::AdjustLinks {
+                        ino,
+                        delta: 1,
+                        time: now,
+                    },
+                ),
+                (
+                    newparent.partition(),
+                    Mutation::AdjustDir {
+                        dir: newparent,
+                        entries: 1,
+                        subdirs: 0,
+                        time: now,
+                    },
+                ),
+            ],
+        )?;
+        self.getattr(ino)
+    }
+
+    /// Removes a non-directory entry.
+    pub fn unlink(&mut self, creds: &Creds, parent: Ino, name: &[u8], now: TimeNs) -> NsResult<()> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let p = self.dir_for(creds, parent, X)?.attr.clone();
+        let e = self.entry(parent, name).ok_or(Errno::ENOENT)?;
+        let victim = self.getattr(e.ino)?;
+        if victim.kind == FileKind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        perm::check_delete(creds, &p, &victim)?;
+        let dp = self.dpart(parent, name);
+        self.execute(
+            dp,
+            vec![
+                (
+                    dp,
+                    Mutation::DelDentry {
+                        parent,
+                        name: name.to_vec(),
+                    },
+                ),
+                (
+                    e.ino.partition(),
+                    Mutation::AdjustLinks {
+                        ino: e.ino,
+                        delta: -1,
+                        time: now,
+                    },
+                ),
+                (
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: -1,
+                        subdirs: 0,
+                        time: now,
+                    },
+                ),
+            ],
+        )
+    }
+
+    /// Removes an empty directory.
+    pub fn rmdir(&mut self, creds: &Creds, parent: Ino, name: &[u8], now: TimeNs) -> NsResult<()> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        let p = self.dir_for(creds, parent, X)?.attr.clone();
+        if name == b"." {
+            return Err(Errno::EINVAL);
+        }
+        if name == b".." {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let e = self.entry(parent, name).ok_or(Errno::ENOENT)?;
+        let victim = self.getattr(e.ino)?;
+        if victim.kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        perm::check_delete(creds, &p, &victim)?;
+        if victim.size != 0 {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let dp = self.dpart(parent, name);
+        self.execute(
+            dp,
+            vec![
+                (
+                    dp,
+                    Mutation::DelDentry {
+                        parent,
+                        name: name.to_vec(),
+                    },
+                ),
+                (e.ino.partition(), Mutation::DelInode(e.ino)),
+                (
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: -1,
+                        subdirs: -1,
+                        time: now,
+                    },
+                ),
+            ],
+        )
+    }
+
+    /// Is `dir` equal to or below `ancestor`? Walks parent pointers to the root.
+    fn is_within(&self, dir: Ino, ancestor: Ino) -> NsResult<bool> {
+        let mut cur = dir;
+        for _ in 0..4096 {
+            if cur == ancestor {
+                return Ok(true);
+            }
+            if cur == Ino::ROOT {
+                return Ok(false);
+            }
+            cur = self.rec(cur)?.parent.unwrap_or(Ino::ROOT);
+        }
+        Err(Errno::ELOOP)
+    }
+
+    /// Renames `parent/name` to `newparent/newname` (with RENAME_NOREPLACE or
+    /// RENAME_EXCHANGE semantics when asked), atomically across partitions.
+    #[allow(clippy::too_many_arguments)]
+    pub fn rename(
+        &mut self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        flags: RenameFlags,
+        now: TimeNs,
+    ) -> NsResult<()> {
+        if flags.noreplace && flags.exchange {
+            return Err(Errno::EINVAL);
+        }
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        check_name(newname)?;
+        let sp = self.dir_for(creds, parent, W | X)?.attr.clone();
+        let dpa = self.dir_for(creds, newparent, W | X)?.attr.clone();
+        if name == b"." || name == b".." {
+            return Err(Errno::EBUSY);
+        }
+        let src = self.entry(parent, name).ok_or(Errno::ENOENT)?;
+        let src_attr = self.getattr(src.ino)?;
+        perm::check_delete(creds, &sp, &src_attr)?;
+        let dst = self.entry(newparent, newname);
+        if flags.exchange && dst.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        if parent == newparent && name == newname {
+            return Ok(());
+        }
+        let src_is_dir = src.kind == FileKind::Dir;
+        if src_is_dir && newparent != parent {
+            if self.is_within(newparent, src.ino)? {
+                return Err(Errno::EINVAL);
+            }
+            // Moving a directory rewrites its "..": needs write access to it.
+            perm::check(creds, &src_attr, W)?;
+        }
+        let sdp = self.dpart(parent, name);
+        let ddp = self.dpart(newparent, newname);
+        let mut steps = Vec::new();
+        match dst {
+            Some(d) if flags.noreplace => {
+                let _ = d;
+                return Err(Errno::EEXIST);
+            }
+            Some(d) if flags.exchange => {
+                let dst_attr = self.getattr(d.ino)?;
+                perm::check_delete(creds, &dpa, &dst_attr)?;
+                let dst_is_dir = d.kind == FileKind::Dir;
+                if dst_is_dir && newparent != parent {
+                    if self.is_within(parent, d.ino)? {
+                        return Err(Errno::EINVAL);
+                    }
+                    perm::check(creds, &dst_attr, W)?;
+                }
+                steps.push((
+                    ddp,
+                    Mutation::PutDentry {
+                        parent: newparent,
+                        name: newname.to_vec(),
+                        val: src,
+                    },
+                ));
+                steps.push((
+                    sdp,
+                    Mutation::PutDentry {
+                        parent,
+                        name: name.to_vec(),
+                        val: d,
+                    },
+                ));
+                if src_is_dir {
+                    steps.push((
+                        src.ino.partition(),
+                        Mutation::SetParent {
+                            dir: src.ino,
+                            parent: newparent,
+                            time: now,
+                        },
+                    ));
+                }
+                if dst_is_dir {
+                    steps.push((
+                        d.ino.partition(),
+                        Mutation::SetParent {
+                            dir: d.ino,
+                            parent,
+                            time: now,
+                        },
+                    ));
+                }
+                let moved = i64::from(src_is_dir) - i64::from(dst_is_dir);
+                steps.push((
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: 0,
+                        subdirs: -moved,
+                        time: now,
+                    },
+                ));
+                steps.push((
+                    newparent.partition(),
+                    Mutation::AdjustDir {
+                        dir: newparent,
+                        entries: 0,
+                        subdirs: moved,
+                        time: now,
+                    },
+                ));
+            }
+            Some(d) => {
+                if d.ino == src.ino {
+                    return Ok(()); // Two links to the same inode: POSIX says do nothing.
+                }
+                let dst_attr = self.getattr(d.ino)?;
+                perm::check_delete(creds, &dpa, &dst_attr)?;
+                match (src_is_dir, d.kind == FileKind::Dir) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    (true, true) if dst_attr.size != 0 => return Err(Errno::ENOTEMPTY),
+                    _ => {}
+                }
+                if d.kind == FileKind::Dir && self.is_within(parent, d.ino)? {
+                    return Err(Errno::EINVAL);
+                }
+                steps.push((
+                    ddp,
+                    Mutation::PutDentry {
+                        parent: newparent,
+                        name: newname.to_vec(),
+                        val: src,
+                    },
+                ));
+                steps.push((
+                    sdp,
+                    Mutation::DelDentry {
+                        parent,
+                        name: name.to_vec(),
+                    },
+                ));
+                if d.kind == FileKind::Dir {
+                    steps.push((d.ino.partition(), Mutation::DelInode(d.ino)));
+                } else {
+                    steps.push((
+                        d.ino.partition(),
+                        Mutation::AdjustLinks {
+                            ino: d.ino,
+                            delta: -1,
+                            time: now,
+                        },
+                    ));
+                }
+                if src_is_dir {
+                    steps.push((
+                        src.ino.partition(),
+                        Mutation::SetParent {
+                            dir: src.ino,
+                            parent: newparent,
+                            time: now,
+                        },
+                    ));
+                } else {
+                    steps.push((
+                        src.ino.partition(),
+                        Mutation::AdjustLinks {
+                            ino: src.ino,
+                            delta: 0,
+                            time: now,
+                        },
+                    ));
+                }
+                let sub = i64::from(src_is_dir);
+                let dst_sub = i64::from(d.kind == FileKind::Dir);
+                steps.push((
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: -1,
+                        subdirs: -sub,
+                        time: now,
+                    },
+                ));
+                steps.push((
+                    newparent.partition(),
+                    Mutation::AdjustDir {
+                        dir: newparent,
+                        entries: 0,
+                        subdirs: sub - dst_sub,
+                        time: now,
+                    },
+                ));
+            }
+            None => {
+                if src_is_dir && newparent != parent && dpa.nlink >= LINK_MAX {
+                    return Err(Errno::EMLINK);
+                }
+                steps.push((
+                    ddp,
+                    Mutation::PutDentry {
+                        parent: newparent,
+                        name: newname.to_vec(),
+                        val: src,
+                    },
+                ));
+                steps.push((
+                    sdp,
+                    Mutation::DelDentry {
+                        parent,
+                        name: name.to_vec(),
+                    },
+                ));
+                if src_is_dir {
+                    steps.push((
+                        src.ino.partition(),
+                        Mutation::SetParent {
+                            dir: src.ino,
+                            parent: newparent,
+                            time: now,
+                        },
+                    ));
+                } else {
+                    steps.push((
+                        src.ino.partition(),
+                        Mutation::AdjustLinks {
+                            ino: src.ino,
+                            delta: 0,
+                            time: now,
+                        },
+                    ));
+                }
+                let sub = i64::from(src_is_dir);
+                steps.push((
+                    parent.partition(),
+                    Mutation::AdjustDir {
+                        dir: parent,
+                        entries: -1,
+                        subdirs: -sub,
+                        time: now,
+                    },
+                ));
+                steps.push((
+                    newparent.partition(),
+                    Mutation::AdjustDir {
+                        dir: newparent,
+                        entries: 1,
+                        subdirs: sub,
+                        time: now,
+                    },
+                ));
+            }
+        }
+        self.execute(ddp, steps)
+    }
+
+    /// Changes attributes (chmod, chown, truncate, utimes).
+    pub fn setattr(&mut self, creds: &Creds, ino: Ino, set: &SetAttr, now: TimeNs) -> NsResult<Attr> {
+        let rec = self.rec(ino)?.clone();
+        let mut a = perm::apply_setattr(creds, &rec.attr, set, now)?;
+        a.ctime = now;
+        let p = ino.partition();
+        let new = InodeRec { attr: a.clone(), ..rec };
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        Ok(a)
+    }
+
+    /// One page of a directory listing: entries with names after `after`, in name
+    /// order, merged from every partition (a stable cursor under concurrent changes).
+    pub fn readdir(&self, creds: &Creds, dir: Ino, after: Option<&[u8]>, limit: usize) -> NsResult<Vec<DirEntry>> {
+        self.dir_for(creds, dir, R)?;
+        let mut all: Vec<DirEntry> = self
+            .parts
+            .iter()
+            .flat_map(|p| p.entries_after(dir, after, limit))
+            .map(|(name, v)| DirEntry {
+                name,
+                ino: v.ino,
+                kind: v.kind,
+            })
+            .collect();
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.truncate(limit);
+        Ok(all)
+    }
+
+    fn xattr_access(&self, creds: &Creds, rec: &InodeRec, name: &[u8], write: bool) -> NsResult<()> {
+        if name.is_empty() || name.len() > NAME_MAX {
+            return Err(if name.is_empty() { Errno::EINVAL } else { Errno::ERANGE });
+        }
+        if name.starts_with(b"user.") {
+            if !matches!(rec.attr.kind, FileKind::File | FileKind::Dir) {
+                return Err(if write { Errno::EPERM } else { Errno::ENODATA });
+            }
+            return perm::check(creds, &rec.attr, if write { W } else { R });
+        }
+        if name.starts_with(b"trusted.") || name.starts_with(b"security.") {
+            if name.starts_with(b"trusted.") && creds.uid != 0 {
+                return Err(if write { Errno::EPERM } else { Errno::ENODATA });
+            }
+            if write && creds.uid != 0 && creds.uid != rec.attr.uid {
+                return Err(Errno::EPERM);
+            }
+            return Ok(());
+        }
+        Err(Errno::EOPNOTSUPP)
+    }
+
+    /// Reads an extended attribute.
+    pub fn getxattr(&self, creds: &Creds, ino: Ino, name: &[u8]) -> NsResult<Vec<u8>> {
+        let rec = self.rec(ino)?;
+        self.xattr_access(creds, rec, name, false)?;
+        rec.xattrs.get(name).cloned().ok_or(Errno::ENODATA)
+    }
+
+    /// Sets an extended attribute.
+    pub fn setxattr(
+        &mut self,
+        creds: &Creds,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+        now: TimeNs,
+    ) -> NsResult<()> {
+        let rec = self.rec(ino)?.clone();
+        self.xattr_access(creds, &rec, name, true)?;
+        if value.len() > XATTR_SIZE_MAX {
+            return Err(Errno::E2BIG);
+        }
+        let exists = rec.xattrs.contains_key(name);
+        match mode {
+            XattrMode::Create if exists => return Err(Errno::EEXIST),
+            XattrMode::Replace if !exists => return Err(Errno::ENODATA),
+            _ => {}
+        }
+        let mut new = rec;
+        new.xattrs.insert(name.to_vec(), value.to_vec());
+        new.attr.ctime = now;
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
+    }
+
+    /// Lists extended attribute names the caller may see.
+    pub fn listxattr(&self, creds: &Creds, ino: Ino) -> NsResult<Vec<Vec<u8>>> {
+        let rec = self.rec(ino)?;
+        Ok(rec
+            .xattrs
+            .keys()
+            .filter(|n| !n.starts_with(b"trusted.") || creds.uid == 0)
+            .cloned()
+            .collect())
+    }
+
+    /// Removes an extended attribute.
+    pub fn removexattr(&mut self, creds: &Creds, ino: Ino, name: &[u8], now: TimeNs) -> NsResult<()> {
+        let rec = self.rec(ino)?.clone();
+        self.xattr_access(creds, &rec, name, true)?;
+        if !rec.xattrs.contains_key(name) {
+            return Err(Errno::ENODATA);
+        }
+        let mut new = rec;
+        new.xattrs.remove(name);
+        new.attr.ctime = now;
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
+    }
+
+    /// Number of inodes in the namespace (for statfs).
+    pub fn inode_count(&self) -> u64 {
+        self.parts.iter().map(|p| p.inodes.len() as u64).sum()
+    }
+}

@@ -1,0 +1,16 @@
+//! The POSIX namespace: entries hashed to partitions by (parent, name), inodes owned by
+//! the partition that allocated them, multi-partition operations made atomic by intents.
+//!
+//! - [`types`]: attributes, credentials, errno, name rules.
+//! - [`perm`]: permission rules (owner/group/other, sticky, setgid, chmod/chown).
+//! - [`partition`]: one partition's state and its mutations.
+//! - [`engine`]: the operations (lookup, getattr, setattr, mknod/mkdir/symlink, link,
+//!   unlink, rmdir, rename with NOREPLACE/EXCHANGE, readdir, xattrs) and crash recovery.
+
+pub mod engine;
+pub mod partition;
+pub mod perm;
+pub mod types;
+
+pub use engine::{Namespace, RenameFlags, XattrMode};
+pub use types::{Attr, Creds, DirEntry, Errno, FileKind, NsResult, SetAttr};

@@ -1,0 +1,239 @@
+//! One metadata partition's state and the mutations that change it.
+//!
+//! A partition holds the directory entries whose (parent, name) hash to it, the inodes
+//! it allocated (inode numbers embed the partition), their extended attributes, and the
+//! intents of the multi-partition operations it coordinates.
+//!
+//! Every change is a [`Mutation`]. Absolute mutations (put/delete an entry or inode)
+//! are idempotent by nature; relative ones (adjust link or entry counts) carry the id
+//! of their intent and step and are applied at most once, so an operation can be redone
+//! from its intent after a crash without double-counting.
+
+use super::types::{Attr, FileKind, TimeNs};
+use crate::ids::{Ino, PartitionId};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An inode record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InodeRec {
+    /// Attributes.
+    pub attr: Attr,
+    /// Symlink target.
+    pub target: Option<Vec<u8>>,
+    /// Parent directory (directories only; the root is its own parent).
+    pub parent: Option<Ino>,
+    /// Extended attributes.
+    pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// A directory entry's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DentryVal {
+    /// The inode it names.
+    pub ino: Ino,
+    /// Its kind (for READDIR without a second lookup).
+    pub kind: FileKind,
+}
+
+/// A change to one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Mutation {
+    /// Create or replace a directory entry.
+    PutDentry {
+        /// Parent directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+        /// Value.
+        val: DentryVal,
+    },
+    /// Remove a directory entry.
+    DelDentry {
+        /// Parent directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// Create or replace an inode.
+    PutInode(Box<InodeRec>),
+    /// Remove an inode.
+    DelInode(Ino),
+    /// A directory gained or lost entries (size) and subdirectories (nlink).
+    AdjustDir {
+        /// The directory.
+        dir: Ino,
+        /// Change of the entry count.
+        entries: i64,
+        /// Change of the subdirectory count.
+        subdirs: i64,
+        /// New mtime and ctime.
+        time: TimeNs,
+    },
+    /// An inode gained or lost hard links; a non-directory at zero links is removed.
+    AdjustLinks {
+        /// The inode.
+        ino: Ino,
+        /// Change of nlink.
+        delta: i64,
+        /// New ctime.
+        time: TimeNs,
+    },
+    /// A directory moved to another parent.
+    SetParent {
+        /// The directory.
+        dir: Ino,
+        /// Its new parent.
+        parent: Ino,
+        /// New ctime.
+        time: TimeNs,
+    },
+}
+
+impl Mutation {
+    fn is_relative(&self) -> bool {
+        matches!(self, Mutation::AdjustDir { .. } | Mutation::AdjustLinks { .. })
+    }
+}
+
+/// A multi-partition operation in progress: every step, so it can be redone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Intent {
+    /// Cluster-unique id (coordinating partition in the high bits).
+    pub id: u64,
+    /// The steps, in order.
+    pub steps: Vec<(PartitionId, Mutation)>,
+}
+
+/// The state of one partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Partition {
+    /// Which partition.
+    pub id: PartitionId,
+    next_counter: u64,
+    next_intent: u64,
+    /// Entries, by (parent, name).
+    pub dentries: BTreeMap<(Ino, Vec<u8>), DentryVal>,
+    /// Inodes allocated here.
+    pub inodes: BTreeMap<Ino, InodeRec>,
+    /// Intents coordinated here that are not finished.
+    pub intents: BTreeMap<u64, Intent>,
+    applied: BTreeSet<(u64, u16)>,
+}
+
+impl Partition {
+    /// An empty partition.
+    pub fn new(id: PartitionId) -> Self {
+        Partition {
+            id,
+            next_counter: 1,
+            next_intent: 1,
+            dentries: BTreeMap::new(),
+            inodes: BTreeMap::new(),
+            intents: BTreeMap::new(),
+            applied: BTreeSet::new(),
+        }
+    }
+
+    /// Allocates an inode number in this partition.
+    pub fn alloc_ino(&mut self) -> Option<Ino> {
+        let ino = Ino::new(self.id, self.next_counter)?;
+        self.next_counter += 1;
+        Some(ino)
+    }
+
+    /// Records a new intent; returns its id.
+    pub fn begin_intent(&mut self, steps: Vec<(PartitionId, Mutation)>) -> u64 {
+        let id = (u64::from(self.id.0) << Ino::COUNTER_BITS) | self.next_intent;
+        self.next_intent += 1;
+        self.intents.insert(id, Intent { id, steps });
+        id
+    }
+
+    /// Removes a finished intent.
+    pub fn finish_intent(&mut self, id: u64) {
+        self.intents.remove(&id);
+    }
+
+    /// Forgets the at-most-once markers of a finished intent.
+    pub fn forget_intent(&mut self, id: u64) {
+        let keys: Vec<_> = self.applied.range((id, 0)..=(id, u16::MAX)).copied().collect();
+        for k in keys {
+            self.applied.remove(&k);
+        }
+    }
+
+    /// Looks up an entry.
+    pub fn dentry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
+        self.dentries.get(&(parent, name.to_vec())).copied()
+    }
+
+    /// Entries of `dir` held here with names after `after`, in name order, at most `limit`.
+    pub fn entries_after(&self, dir: Ino, after: Option<&[u8]>, limit: usize) -> Vec<(Vec<u8>, DentryVal)> {
+        use std::ops::Bound;
+        let start = match after {
+            Some(a) => Bound::Excluded((dir, a.to_vec())),
+            None => Bound::Included((dir, Vec::new())),
+        };
+        self.dentries
+            .range((start, Bound::Unbounded))
+            .take_while(|((p, _), _)| *p == dir)
+            .take(limit)
+            .map(|((_, n), v)| (n.clone(), *v))
+            .collect()
+    }
+
+    /// Applies step `step` of intent `intent` (relative steps at most once). Intent 0
+    /// means "no intent": a single-partition operation applied once, in one transaction.
+    pub fn apply(&mut self, intent: u64, step: u16, m: &Mutation) {
+        if intent != 0 && m.is_relative() && !self.applied.insert((intent, step)) {
+            return;
+        }
+        match m {
+            Mutation::PutDentry { parent, name, val } => {
+                self.dentries.insert((*parent, name.clone()), *val);
+            }
+            Mutation::DelDentry { parent, name } => {
+                self.dentries.remove(&(*parent, name.clone()));
+            }
+            Mutation::PutInode(rec) => {
+                self.inodes.insert(rec.attr.ino, (**rec).clone());
+            }
+            Mutation::DelInode(ino) => {
+                self.inodes.remove(ino);
+            }
+            Mutation::AdjustDir {
+                dir,
+                entries,
+                subdirs,
+                time,
+            } => {
+                if let Some(r) = self.inodes.get_mut(dir) {
+                    r.attr.size = (r.attr.size as i64 + entries).max(0) as u64;
+                    r.attr.nlink = (i64::from(r.attr.nlink) + subdirs).max(0) as u32;
+                    r.attr.mtime = *time;
+                    r.attr.ctime = *time;
+                }
+            }
+            Mutation::AdjustLinks { ino, delta, time } => {
+                let remove = match self.inodes.get_mut(ino) {
+                    Some(r) => {
+                        r.attr.nlink = (i64::from(r.attr.nlink) + delta).max(0) as u32;
+                        r.attr.ctime = *time;
+                        r.attr.nlink == 0 && r.attr.kind != FileKind::Dir
+                    }
+                    None => false,
+                };
+                if remove {
+                    self.inodes.remove(ino);
+                }
+            }
+            Mutation::SetParent { dir, parent, time } => {
+                if let Some(r) = self.inodes.get_mut(dir) {
+                    r.parent = Some(*parent);
+                    r.attr.ctime = *time;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,266 @@
+//! Namespace value types: file kinds, attributes, credentials, errno, name rules.
+
+use crate::ids::Ino;
+use serde::{Deserialize, Serialize};
+
+/// Linux errno values the namespace returns, exactly as a local filesystem would.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[repr(i32)]
+pub enum Errno {
+    /// Operation not permitted.
+    EPERM = 1,
+    /// No such file or directory.
+    ENOENT = 2,
+    /// I/O error.
+    EIO = 5,
+    /// Permission denied.
+    EACCES = 13,
+    /// Device or resource busy.
+    EBUSY = 16,
+    /// File exists.
+    EEXIST = 17,
+    /// Cross-device link.
+    EXDEV = 18,
+    /// Not a directory.
+    ENOTDIR = 20,
+    /// Is a directory.
+    EISDIR = 21,
+    /// Invalid argument.
+    EINVAL = 22,
+    /// File too large.
+    EFBIG = 27,
+    /// No space left on device.
+    ENOSPC = 28,
+    /// Too many links.
+    EMLINK = 31,
+    /// Result too large (xattr buffer).
+    ERANGE = 34,
+    /// File name too long.
+    ENAMETOOLONG = 36,
+    /// Directory not empty.
+    ENOTEMPTY = 39,
+    /// Too many levels of symbolic links.
+    ELOOP = 40,
+    /// No data available (missing xattr).
+    ENODATA = 61,
+    /// Value too large for defined data type.
+    EOVERFLOW = 75,
+    /// Operation not supported (unknown xattr namespace).
+    EOPNOTSUPP = 95,
+    /// Argument list too long (xattr value too large).
+    E2BIG = 7,
+    /// Stale handle / epoch.
+    ESTALE = 116,
+}
+
+impl Errno {
+    /// The numeric value.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// From a numeric value (unknown values become EIO).
+    pub fn from_code(c: i32) -> Errno {
+        use Errno::*;
+        [
+            EPERM,
+            ENOENT,
+            EIO,
+            EACCES,
+            EBUSY,
+            EEXIST,
+            EXDEV,
+            ENOTDIR,
+            EISDIR,
+            EINVAL,
+            EFBIG,
+            ENOSPC,
+            EMLINK,
+            ERANGE,
+            ENAMETOOLONG,
+            ENOTEMPTY,
+            ELOOP,
+            ENODATA,
+            EOVERFLOW,
+            EOPNOTSUPP,
+            E2BIG,
+            ESTALE,
+        ]
+        .into_iter()
+        .find(|e| e.code() == c)
+        .unwrap_or(EIO)
+    }
+}
+
+impl std::fmt::Display for Errno {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{self:?}")
+    }
+}
+
+impl std::error::Error for Errno {}
+
+/// Result of namespace operations.
+pub type NsResult<T> = Result<T, Errno>;
+
+/// Kind of an inode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum FileKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link.
+    Symlink,
+    /// Named pipe.
+    Fifo,
+    /// Unix socket.
+    Socket,
+    /// Character device.
+    CharDev,
+    /// Block device.
+    BlockDev,
+}
+
+impl FileKind {
+    /// The S_IFMT bits.
+    pub fn mode_bits(self) -> u32 {
+        match self {
+            FileKind::File => 0o100000,
+            FileKind::Dir => 0o040000,
+            FileKind::Symlink => 0o120000,
+            FileKind::Fifo => 0o010000,
+            FileKind::Socket => 0o140000,
+            FileKind::CharDev => 0o020000,
+            FileKind::BlockDev => 0o060000,
+        }
+    }
+
+    /// The kind named by S_IFMT bits of `mode`.
+    pub fn from_mode(mode: u32) -> Option<FileKind> {
+        Some(match mode & 0o170000 {
+            0o100000 | 0 => FileKind::File,
+            0o040000 => FileKind::Dir,
+            0o120000 => FileKind::Symlink,
+            0o010000 => FileKind::Fifo,
+            0o140000 => FileKind::Socket,
+            0o020000 => FileKind::CharDev,
+            0o060000 => FileKind::BlockDev,
+            _ => return None,
+        })
+    }
+}
+
+/// Set-user-id bit.
+pub const S_ISUID: u32 = 0o4000;
+/// Set-group-id bit.
+pub const S_ISGID: u32 = 0o2000;
+/// Sticky bit.
+pub const S_ISVTX: u32 = 0o1000;
+/// Permission and special bits.
+pub const PERM_MASK: u32 = 0o7777;
+
+/// Nanoseconds since the Unix epoch.
+pub type TimeNs = i64;
+
+/// Attributes of an inode (what GETATTR returns).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attr {
+    /// Inode number.
+    pub ino: Ino,
+    /// Kind.
+    pub kind: FileKind,
+    /// Permission and special bits (no S_IFMT).
+    pub perm: u32,
+    /// Owner.
+    pub uid: u32,
+    /// Group.
+    pub gid: u32,
+    /// Hard links (directories: 2 + subdirectories).
+    pub nlink: u32,
+    /// Size in bytes (symlinks: target length; directories: entry count).
+    pub size: u64,
+    /// Device number for device nodes.
+    pub rdev: u64,
+    /// Last access.
+    pub atime: TimeNs,
+    /// Last data change.
+    pub mtime: TimeNs,
+    /// Last status change.
+    pub ctime: TimeNs,
+    /// Creation.
+    pub crtime: TimeNs,
+}
+
+/// The caller of an operation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creds {
+    /// Effective uid.
+    pub uid: u32,
+    /// Effective gid.
+    pub gid: u32,
+    /// Supplementary groups.
+    pub groups: Vec<u32>,
+}
+
+impl Creds {
+    /// The superuser.
+    pub fn root() -> Self {
+        Creds {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    /// True when the caller is in `gid`.
+    pub fn in_group(&self, gid: u32) -> bool {
+        self.gid == gid || self.groups.contains(&gid)
+    }
+}
+
+/// Attribute changes of SETATTR; `None` leaves a field alone.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetAttr {
+    /// New permission bits.
+    pub perm: Option<u32>,
+    /// New owner.
+    pub uid: Option<u32>,
+    /// New group.
+    pub gid: Option<u32>,
+    /// New size (truncate/extend).
+    pub size: Option<u64>,
+    /// New atime.
+    pub atime: Option<TimeNs>,
+    /// New mtime.
+    pub mtime: Option<TimeNs>,
+}
+
+/// Longest name component.
+pub const NAME_MAX: usize = 255;
+/// Longest symlink target.
+pub const PATH_MAX: usize = 4096;
+/// Most hard links to one inode.
+pub const LINK_MAX: u32 = 65_000;
+
+/// Checks a name component as Linux does for creation.
+pub fn check_name(name: &[u8]) -> NsResult<()> {
+    if name.len() > NAME_MAX {
+        return Err(Errno::ENAMETOOLONG);
+    }
+    if name.is_empty() || name.contains(&b'/') || name.contains(&0) {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+/// A directory entry as READDIR returns it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    /// Name.
+    pub name: Vec<u8>,
+    /// Inode.
+    pub ino: Ino,
+    /// Kind.
+    pub kind: FileKind,
+}

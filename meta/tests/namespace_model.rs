@@ -1,0 +1,785 @@
+//! Reference-model test of the partitioned namespace: random sequences of operations by
+//! several users are run against the engine (many partitions, intents, injected
+//! crashes) and against a plain single-table model of POSIX semantics; every result
+//! (value or errno) and the whole tree must agree. Replay a failure with
+//! SHINGLE_SEED=<seed>.
+
+use shingle_meta::ids::Ino;
+use shingle_meta::namespace::perm;
+use shingle_meta::namespace::types::{Attr, Creds, Errno, FileKind, NAME_MAX, S_ISVTX, SetAttr};
+use shingle_meta::namespace::{Namespace, RenameFlags};
+use std::collections::BTreeMap;
+
+// ---------------------------------------------------------------- the reference model
+
+#[derive(Clone, Debug, PartialEq)]
+struct MNode {
+    kind: FileKind,
+    perm: u32,
+    uid: u32,
+    gid: u32,
+    nlink: u32,
+    target: Option<Vec<u8>>,
+    children: BTreeMap<Vec<u8>, usize>,
+    parent: usize,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+struct Model {
+    nodes: BTreeMap<usize, MNode>,
+    next: usize,
+}
+
+fn mattr(id: usize, n: &MNode) -> Attr {
+    Attr {
+        ino: Ino(id as u64),
+        kind: n.kind,
+        perm: n.perm,
+        uid: n.uid,
+        gid: n.gid,
+        nlink: n.nlink,
+        size: 0,
+        rdev: 0,
+        atime: 0,
+        mtime: 0,
+        ctime: 0,
+        crtime: 0,
+    }
+}
+
+impl Model {
+    fn new() -> Self {
+        let root = MNode {
+            kind: FileKind::Dir,
+            perm: 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            target: None,
+            children: BTreeMap::new(),
+            parent: 0,
+        };
+        Model {
+            nodes: BTreeMap::from([(0, root)]),
+            next: 1,
+        }
+    }
+
+    fn n(&self, id: usize) -> &MNode {
+        &self.nodes[&id]
+    }
+
+    fn dir(&self, c: &Creds, id: usize, mask: u32) -> Result<(), Errno> {
+        let d = self.n(id);
+        if d.kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        perm::check(c, &mattr(id, d), mask)
+    }
+
+    fn resolve(&self, path: &[Vec<u8>]) -> Option<usize> {
+        let mut cur = 0;
+        for comp in path {
+            cur = *self.n(cur).children.get(comp)?;
+        }
+        Some(cur)
+    }
+
+    fn mknod(
+        &mut self,
+        c: &Creds,
+        p: usize,
+        name: &[u8],
+        kind: FileKind,
+        mode: u32,
+        target: Option<&[u8]>,
+    ) -> Result<(), Errno> {
+        if name.len() > NAME_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+        self.dir(c, p, perm::W | perm::X)?;
+        if self.n(p).children.contains_key(name) {
+            return Err(Errno::EEXIST);
+        }
+        let (gid, mode) = perm::new_owner(
+            c,
+            &mattr(p, self.n(p)),
+            kind,
+            if kind == FileKind::Symlink { 0o777 } else { mode },
+        );
+        let id = self.next;
+        self.next += 1;
+        self.nodes.insert(
+            id,
+            MNode {
+                kind,
+                perm: mode,
+                uid: c.uid,
+                gid,
+                nlink: if kind == FileKind::Dir { 2 } else { 1 },
+                target: target.map(<[u8]>::to_vec),
+                children: BTreeMap::new(),
+                parent: p,
+            },
+        );
+        let pn = self.nodes.get_mut(&p).expect("parent");
+        pn.children.insert(name.to_vec(), id);
+        if kind == FileKind::Dir {
+            pn.nlink += 1;
+        }
+        Ok(())
+    }
+
+    fn drop_link(&mut self, id: usize) {
+        let n = self.nodes.get_mut(&id).expect("node");
+        n.nlink -= 1;
+        if n.nlink == 0 {
+            self.nodes.remove(&id);
+        }
+    }
+
+    fn unlink(&mut self, c: &Creds, p: usize, name: &[u8]) -> Result<(), Errno> {
+        self.dir(c, p, perm::X)?;
+        let id = *self.n(p).children.get(name).ok_or(Errno::ENOENT)?;
+        if self.n(id).kind == FileKind::Dir {
+            return Err(Errno::EISDIR);
+        }
+        perm::check_delete(c, &mattr(p, self.n(p)), &mattr(id, self.n(id)))?;
+        self.nodes.get_mut(&p).expect("parent").children.remove(name);
+        self.drop_link(id);
+        Ok(())
+    }
+
+    fn rmdir(&mut self, c: &Creds, p: usize, name: &[u8]) -> Result<(), Errno> {
+        self.dir(c, p, perm::X)?;
+        let id = *self.n(p).children.get(name).ok_or(Errno::ENOENT)?;
+        if self.n(id).kind != FileKind::Dir {
+            return Err(Errno::ENOTDIR);
+        }
+        perm::check_delete(c, &mattr(p, self.n(p)), &mattr(id, self.n(id)))?;
+        if !self.n(id).children.is_empty() {
+            return Err(Errno::ENOTEMPTY);
+        }
+        let pn = self.nodes.get_mut(&p).expect("parent");
+        pn.children.remove(name);
+        pn.nlink -= 1;
+        self.nodes.remove(&id);
+        Ok(())
+    }
+
+    fn link(&mut self, c: &Creds, id: usize, np: usize, name: &[u8]) -> Result<(), Errno> {
+        if self.n(id).kind == FileKind::Dir {
+            return Err(Errno::EPERM);
+        }
+        self.dir(c, np, perm::W | perm::X)?;
+        if self.n(np).children.contains_key(name) {
+            return Err(Errno::EEXIST);
+        }
+        self.nodes.get_mut(&np).expect("dir").children.insert(name.to_vec(), id);
+        self.nodes.get_mut(&id).expect("node").nlink += 1;
+        Ok(())
+    }
+
+    fn within(&self, mut d: usize, anc: usize) -> bool {
+        loop {
+            if d == anc {
+                return true;
+            }
+            if d == 0 {
+                return false;
+            }
+            d = self.n(d).parent;
+        }
+    }
+
+    fn rename(&mut self, c: &Creds, p: usize, name: &[u8], np: usize, nn: &[u8], f: RenameFlags) -> Result<(), Errno> {
+        if f.noreplace && f.exchange {
+            return Err(Errno::EINVAL);
+        }
+        self.dir(c, p, perm::W | perm::X)?;
+        self.dir(c, np, perm::W | perm::X)?;
+        let s = *self.n(p).children.get(name).ok_or(Errno::ENOENT)?;
+        perm::check_delete(c, &mattr(p, self.n(p)), &mattr(s, self.n(s)))?;
+        let d = self.n(np).children.get(nn).copied();
+        if f.exchange && d.is_none() {
+            return Err(Errno::ENOENT);
+        }
+        if p == np && name == nn {
+            return Ok(());
+        }
+        let sdir = self.n(s).kind == FileKind::Dir;
+        if sdir && np != p {
+            if self.within(np, s) {
+                return Err(Errno::EINVAL);
+            }
+            perm::check(c, &mattr(s, self.n(s)), perm::W)?;
+        }
+        match d {
+            Some(_) if f.noreplace => Err(Errno::EEXIST),
+            Some(d) if f.exchange => {
+                perm::check_delete(c, &mattr(np, self.n(np)), &mattr(d, self.n(d)))?;
+                let ddir = self.n(d).kind == FileKind::Dir;
+                if ddir && np != p {
+                    if self.within(p, d) {
+                        return Err(Errno::EINVAL);
+                    }
+                    perm::check(c, &mattr(d, self.n(d)), perm::W)?;
+                }
+                self.nodes.get_mut(&np).expect("np").children.insert(nn.to_vec(), s);
+                self.nodes.get_mut(&p).expect("p").children.insert(name.to_vec(), d);
+                if sdir {
+                    self.nodes.get_mut(&s).expect("s").parent = np;
+                }
+                if ddir {
+                    self.nodes.get_mut(&d).expect("d").parent = p;
+                }
+                let moved = i64::from(sdir) - i64::from(ddir);
+                let pn = self.nodes.get_mut(&p).expect("p");
+                pn.nlink = (i64::from(pn.nlink) - moved) as u32;
+                let npn = self.nodes.get_mut(&np).expect("np");
+                npn.nlink = (i64::from(npn.nlink) + moved) as u32;
+                Ok(())
+            }
+            Some(d) => {
+                if d == s {
+                    return Ok(());
+                }
+                perm::check_delete(c, &mattr(np, self.n(np)), &mattr(d, self.n(d)))?;
+                let ddir = self.n(d).kind == FileKind::Dir;
+                match (sdir, ddir) {
+                    (true, false) => return Err(Errno::ENOTDIR),
+                    (false, true) => return Err(Errno::EISDIR),
+                    (true, true) if !self.n(d).children.is_empty() => return Err(Errno::ENOTEMPTY),
+                    _ => {}
+                }
+                if ddir && self.within(p, d) {
+                    return Err(Errno::EINVAL);
+                }
+                self.nodes.get_mut(&p).expect("p").children.remove(name);
+                self.nodes.get_mut(&np).expect("np").children.insert(nn.to_vec(), s);
+                if ddir {
+                    self.nodes.remove(&d);
+                    self.nodes.get_mut(&np).expect("np").nlink -= 1;
+                } else {
+                    self.drop_link(d);
+                }
+                if sdir {
+                    self.nodes.get_mut(&s).expect("s").parent = np;
+                    self.nodes.get_mut(&p).expect("p").nlink -= 1;
+                    self.nodes.get_mut(&np).expect("np").nlink += 1;
+                }
+                Ok(())
+            }
+            None => {
+                self.nodes.get_mut(&p).expect("p").children.remove(name);
+                self.nodes.get_mut(&np).expect("np").children.insert(nn.to_vec(), s);
+                if sdir {
+                    self.nodes.get_mut(&s).expect("s").parent = np;
+                    self.nodes.get_mut(&p).expect("p").nlink -= 1;
+                    self.nodes.get_mut(&np).expect("np").nlink += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn chmod(&mut self, c: &Creds, id: usize, mode: u32) -> Result<(), Errno> {
+        let a = perm::apply_setattr(
+            c,
+            &mattr(id, self.n(id)),
+            &SetAttr {
+                perm: Some(mode),
+                ..Default::default()
+            },
+            1,
+        )?;
+        self.nodes.get_mut(&id).expect("node").perm = a.perm;
+        Ok(())
+    }
+
+    /// The tree as (path → kind, perm, uid, gid, nlink, entries, target).
+    fn tree(&self) -> BTreeMap<Vec<Vec<u8>>, Shape> {
+        let mut out = BTreeMap::new();
+        let mut stack = vec![(Vec::new(), 0usize)];
+        while let Some((path, id)) = stack.pop() {
+            let n = self.n(id);
+            out.insert(
+                path.clone(),
+                (
+                    n.kind,
+                    n.perm,
+                    n.uid,
+                    n.gid,
+                    n.nlink,
+                    n.children.len() as u64,
+                    n.target.clone(),
+                ),
+            );
+            for (name, child) in &n.children {
+                let mut p = path.clone();
+                p.push(name.clone());
+                if self.n(*child).kind == FileKind::Dir {
+                    stack.push((p, *child));
+                } else {
+                    let c = self.n(*child);
+                    out.insert(p, (c.kind, c.perm, c.uid, c.gid, c.nlink, 0, c.target.clone()));
+                }
+            }
+        }
+        out
+    }
+}
+
+type Shape = (FileKind, u32, u32, u32, u32, u64, Option<Vec<u8>>);
+
+fn engine_tree(ns: &Namespace) -> BTreeMap<Vec<Vec<u8>>, Shape> {
+    let root = Creds::root();
+    let mut out = BTreeMap::new();
+    let mut stack = vec![(Vec::<Vec<u8>>::new(), Ino::ROOT)];
+    while let Some((path, ino)) = stack.pop() {
+        let a = ns.getattr(ino).expect("reachable inode has attributes");
+        let entries = ns.readdir(&root, ino, None, 100_000).expect("readdir");
+        assert_eq!(
+            a.size,
+            entries.len() as u64,
+            "directory size is its entry count at {path:?}"
+        );
+        out.insert(
+            path.clone(),
+            (a.kind, a.perm, a.uid, a.gid, a.nlink, entries.len() as u64, None),
+        );
+        for e in entries {
+            let mut p = path.clone();
+            p.push(e.name.clone());
+            let c = ns.getattr(e.ino).expect("entry's inode exists");
+            assert_eq!(c.kind, e.kind, "entry kind matches its inode");
+            if c.kind == FileKind::Dir {
+                stack.push((p, e.ino));
+            } else {
+                let target = ns.readlink(e.ino).ok();
+                let size = if c.kind == FileKind::Symlink { 0 } else { c.size };
+                out.insert(p, (c.kind, c.perm, c.uid, c.gid, c.nlink, size, target));
+            }
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------- random operations
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
+        &v[self.below(v.len() as u64) as usize]
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Mk(Creds, Vec<Vec<u8>>, Vec<u8>, FileKind, u32),
+    Unlink(Creds, Vec<Vec<u8>>, Vec<u8>),
+    Rmdir(Creds, Vec<Vec<u8>>, Vec<u8>),
+    Link(Creds, Vec<Vec<u8>>, Vec<Vec<u8>>, Vec<u8>),
+    Rename(Creds, Vec<Vec<u8>>, Vec<u8>, Vec<Vec<u8>>, Vec<u8>, RenameFlags),
+    Chmod(Creds, Vec<Vec<u8>>, u32),
+}
+
+fn ino_of(ns: &Namespace, path: &[Vec<u8>]) -> Option<Ino> {
+    let root = Creds::root();
+    let mut cur = Ino::ROOT;
+    for c in path {
+        cur = ns.lookup(&root, cur, c).ok()?.ino;
+    }
+    Some(cur)
+}
+
+fn run_engine(ns: &mut Namespace, op: &Op, now: i64) -> Result<(), Errno> {
+    let ino = |ns: &Namespace, p: &[Vec<u8>]| ino_of(ns, p).ok_or(Errno::ENOENT);
+    match op {
+        Op::Mk(c, p, n, k, m) => {
+            let target: Option<&[u8]> = (*k == FileKind::Symlink).then_some(b"target/x");
+            let parent = ino(ns, p)?;
+            ns.mknod(c, parent, n, *k, *m, 0, target, now).map(|_| ())
+        }
+        Op::Unlink(c, p, n) => {
+            let parent = ino(ns, p)?;
+            ns.unlink(c, parent, n, now)
+        }
+        Op::Rmdir(c, p, n) => {
+            let parent = ino(ns, p)?;
+            ns.rmdir(c, parent, n, now)
+        }
+        Op::Link(c, t, p, n) => {
+            let (target, parent) = (ino(ns, t)?, ino(ns, p)?);
+            ns.link(c, target, parent, n, now).map(|_| ())
+        }
+        Op::Rename(c, p, n, np, nn, f) => {
+            let (a, b) = (ino(ns, p)?, ino(ns, np)?);
+            ns.rename(c, a, n, b, nn, *f, now)
+        }
+        Op::Chmod(c, p, m) => {
+            let i = ino(ns, p)?;
+            ns.setattr(
+                c,
+                i,
+                &SetAttr {
+                    perm: Some(*m),
+                    ..Default::default()
+                },
+                now,
+            )
+            .map(|_| ())
+        }
+    }
+}
+
+fn run_model(m: &mut Model, op: &Op) -> Result<(), Errno> {
+    let id = |m: &Model, p: &[Vec<u8>]| m.resolve(p).ok_or(Errno::ENOENT);
+    match op {
+        Op::Mk(c, p, n, k, mode) => {
+            let target: Option<&[u8]> = (*k == FileKind::Symlink).then_some(b"target/x");
+            let parent = id(m, p)?;
+            m.mknod(c, parent, n, *k, *mode, target)
+        }
+        Op::Unlink(c, p, n) => {
+            let parent = id(m, p)?;
+            m.unlink(c, parent, n)
+        }
+        Op::Rmdir(c, p, n) => {
+            let parent = id(m, p)?;
+            m.rmdir(c, parent, n)
+        }
+        Op::Link(c, t, p, n) => {
+            let (target, parent) = (id(m, t)?, id(m, p)?);
+            m.link(c, target, parent, n)
+        }
+        Op::Rename(c, p, n, np, nn, f) => {
+            let (a, b) = (id(m, p)?, id(m, np)?);
+            m.rename(c, a, n, b, nn, *f)
+        }
+        Op::Chmod(c, p, mode) => {
+            let i = id(m, p)?;
+            m.chmod(c, i, *mode)
+        }
+    }
+}
+
+fn paths(m: &Model) -> (Vec<Vec<Vec<u8>>>, Vec<Vec<Vec<u8>>>) {
+    let t = m.tree();
+    let dirs = t
+        .iter()
+        .filter(|(_, s)| s.0 == FileKind::Dir)
+        .map(|(p, _)| p.clone())
+        .collect();
+    let all = t.keys().cloned().collect();
+    (dirs, all)
+}
+
+fn random_op(rng: &mut Rng, m: &Model) -> Op {
+    let users = [
+        Creds::root(),
+        Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![],
+        },
+        Creds {
+            uid: 1001,
+            gid: 1000,
+            groups: vec![],
+        },
+    ];
+    let names: [&[u8]; 5] = [b"a", b"b", b"c", b"dd", b"e"];
+    let (dirs, all) = paths(m);
+    let c = rng.pick(&users).clone();
+    let dir = rng.pick(&dirs).clone();
+    let name = rng.pick(&names).to_vec();
+    match rng.below(100) {
+        0..=24 => {
+            let kinds = [
+                FileKind::File,
+                FileKind::Dir,
+                FileKind::Dir,
+                FileKind::Symlink,
+                FileKind::Fifo,
+            ];
+            let modes = [0o755, 0o777, 0o700, 0o1777, 0o2775, 0o644];
+            Op::Mk(c, dir, name, *rng.pick(&kinds), *rng.pick(&modes))
+        }
+        25..=34 => Op::Unlink(c, dir, name),
+        35..=42 => Op::Rmdir(c, dir, name),
+        43..=50 => Op::Link(c, rng.pick(&all).clone(), dir, name),
+        51..=84 => {
+            let f = match rng.below(6) {
+                0 => RenameFlags {
+                    noreplace: true,
+                    exchange: false,
+                },
+                1 => RenameFlags {
+                    noreplace: false,
+                    exchange: true,
+                },
+                _ => RenameFlags::default(),
+            };
+            Op::Rename(c, dir, name, rng.pick(&dirs).clone(), rng.pick(&names).to_vec(), f)
+        }
+        _ => Op::Chmod(
+            c,
+            rng.pick(&all).clone(),
+            *rng.pick(&[0o755, 0o700, 0o1777, 0o777, S_ISVTX | 0o755]),
+        ),
+    }
+}
+
+/// Runs one seed; returns how many crashed operations recovery had to redo.
+fn check_seed(seed: u64, partitions: u32, steps: usize) -> usize {
+    let mut redone = 0;
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut ns = Namespace::format(partitions, 1);
+    let mut model = Model::new();
+    // Let the users work in the root directory.
+    ns.setattr(
+        &Creds::root(),
+        Ino::ROOT,
+        &SetAttr {
+            perm: Some(0o777),
+            ..Default::default()
+        },
+        1,
+    )
+    .expect("chmod root");
+    model.chmod(&Creds::root(), 0, 0o777).expect("chmod root");
+    for step in 0..steps {
+        let op = random_op(&mut rng, &model);
+        let crash = rng.below(8) == 0;
+        if crash {
+            ns.crash_after(rng.below(4) as usize);
+        }
+        let before = model.clone();
+        if std::env::var("SHINGLE_CHECK_EVERY_STEP").is_ok() {
+            eprintln!("seed {seed} p {partitions} step {step} crash {crash}: {op:?}");
+        }
+        let want = run_model(&mut model, &op);
+        let got = run_engine(&mut ns, &op, step as i64 + 2);
+        ns.clear_crash();
+        if crash && got == Err(Errno::EIO) {
+            // Crashed mid-operation: recovery must leave it fully applied or not at all.
+            redone += ns.recover();
+            let t = engine_tree(&ns);
+            assert!(
+                t == model.tree() || t == before.tree(),
+                "seed {seed} step {step}: half-applied {op:?}"
+            );
+            if t == before.tree() {
+                model = before;
+            }
+            continue;
+        }
+        assert_eq!(got, want, "seed {seed} step {step}: {op:?}");
+        if std::env::var("SHINGLE_CHECK_EVERY_STEP").is_ok() || step % 10 == 0 || step + 1 == steps {
+            assert_eq!(
+                engine_tree(&ns),
+                model.tree(),
+                "seed {seed} step {step}: trees differ after {op:?}"
+            );
+        }
+        assert!(
+            (0..partitions).all(|p| ns
+                .partition(shingle_meta::ids::PartitionId(p))
+                .is_some_and(|p| p.intents.is_empty())),
+            "seed {seed} step {step}: intent left behind"
+        );
+    }
+    redone
+}
+
+#[test]
+fn engine_agrees_with_the_model() {
+    let seeds: Vec<u64> = match std::env::var("SHINGLE_SEED") {
+        Ok(s) => vec![s.parse().expect("SHINGLE_SEED is a number")],
+        Err(_) => (1..=40).collect(),
+    };
+    let mut redone = 0;
+    let many = seeds.len() > 1;
+    for seed in seeds {
+        for partitions in [1, 7] {
+            redone += check_seed(seed, partitions, 300);
+        }
+    }
+    assert!(
+        !many || redone > 10,
+        "crash recovery was hardly exercised ({redone} intents redone)"
+    );
+}
+
+#[test]
+fn basic_operations_and_errors() {
+    let mut ns = Namespace::format(16, 1);
+    let root = Creds::root();
+    let u = Creds {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    };
+    let d = ns
+        .mknod(&root, Ino::ROOT, b"d", FileKind::Dir, 0o777, 0, None, 2)
+        .expect("mkdir");
+    assert_eq!(ns.getattr(Ino::ROOT).expect("root").nlink, 3);
+    let f = ns
+        .mknod(&u, d.ino, b"f", FileKind::File, 0o644, 0, None, 3)
+        .expect("create");
+    assert_eq!(f.uid, 1000);
+    assert_eq!(
+        ns.mknod(&u, d.ino, b"f", FileKind::File, 0o644, 0, None, 3),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        ns.mknod(&u, f.ino, b"x", FileKind::File, 0o644, 0, None, 3),
+        Err(Errno::ENOTDIR)
+    );
+    assert_eq!(
+        ns.mknod(&u, d.ino, &[b'n'; 256], FileKind::File, 0o644, 0, None, 3),
+        Err(Errno::ENAMETOOLONG)
+    );
+    assert_eq!(
+        ns.mknod(&u, d.ino, b"", FileKind::File, 0o644, 0, None, 3),
+        Err(Errno::EINVAL)
+    );
+    let ro = ns
+        .mknod(&root, Ino::ROOT, b"ro", FileKind::Dir, 0o755, 0, None, 3)
+        .expect("mkdir");
+    assert_eq!(
+        ns.mknod(&u, ro.ino, b"x", FileKind::File, 0o644, 0, None, 3),
+        Err(Errno::EACCES)
+    );
+    assert_eq!(ns.lookup(&u, d.ino, b"f").expect("lookup").ino, f.ino);
+    assert_eq!(ns.lookup(&u, d.ino, b"missing"), Err(Errno::ENOENT));
+    assert_eq!(ns.rmdir(&root, Ino::ROOT, b"d", 4), Err(Errno::ENOTEMPTY));
+    assert_eq!(ns.unlink(&root, Ino::ROOT, b"d", 4), Err(Errno::EISDIR));
+    assert_eq!(ns.rmdir(&root, d.ino, b"f", 4), Err(Errno::ENOTDIR));
+    let s = ns
+        .mknod(&u, d.ino, b"s", FileKind::Symlink, 0, 0, Some(b"f"), 5)
+        .expect("symlink");
+    assert_eq!(ns.readlink(s.ino).expect("readlink"), b"f");
+    assert_eq!(ns.readlink(f.ino), Err(Errno::EINVAL));
+    assert_eq!(
+        ns.link(&u, f.ino, Ino::ROOT, b"hard", 6),
+        Err(Errno::EACCES),
+        "root directory is 0755"
+    );
+    ns.link(&u, f.ino, d.ino, b"hard", 6).expect("link");
+    assert_eq!(ns.getattr(f.ino).expect("attr").nlink, 2);
+    assert_eq!(ns.link(&u, d.ino, Ino::ROOT, b"dirlink", 6), Err(Errno::EPERM));
+    ns.unlink(&u, d.ino, b"f", 7).expect("unlink");
+    assert_eq!(ns.getattr(f.ino).expect("still linked").nlink, 1);
+    ns.unlink(&u, d.ino, b"hard", 8).expect("unlink last");
+    assert_eq!(ns.getattr(f.ino), Err(Errno::ENOENT));
+    let names: Vec<_> = ns
+        .readdir(&u, d.ino, None, 10)
+        .expect("readdir")
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, vec![b"s".to_vec()]);
+    // xattrs
+    let g = ns
+        .mknod(&u, d.ino, b"g", FileKind::File, 0o644, 0, None, 9)
+        .expect("create");
+    ns.setxattr(
+        &u,
+        g.ino,
+        b"user.k",
+        b"v",
+        shingle_meta::namespace::XattrMode::Create,
+        10,
+    )
+    .expect("setxattr");
+    assert_eq!(
+        ns.setxattr(
+            &u,
+            g.ino,
+            b"user.k",
+            b"v",
+            shingle_meta::namespace::XattrMode::Create,
+            10
+        ),
+        Err(Errno::EEXIST)
+    );
+    assert_eq!(
+        ns.setxattr(
+            &u,
+            g.ino,
+            b"user.z",
+            b"v",
+            shingle_meta::namespace::XattrMode::Replace,
+            10
+        ),
+        Err(Errno::ENODATA)
+    );
+    assert_eq!(ns.getxattr(&u, g.ino, b"user.k").expect("get"), b"v");
+    assert_eq!(ns.getxattr(&u, g.ino, b"user.none"), Err(Errno::ENODATA));
+    assert_eq!(
+        ns.setxattr(
+            &u,
+            g.ino,
+            b"trusted.k",
+            b"v",
+            shingle_meta::namespace::XattrMode::Any,
+            10
+        ),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(
+        ns.setxattr(&u, g.ino, b"weird.k", b"v", shingle_meta::namespace::XattrMode::Any, 10),
+        Err(Errno::EOPNOTSUPP)
+    );
+    assert_eq!(ns.listxattr(&u, g.ino).expect("list"), vec![b"user.k".to_vec()]);
+    ns.removexattr(&u, g.ino, b"user.k", 11).expect("remove");
+    assert_eq!(ns.removexattr(&u, g.ino, b"user.k", 11), Err(Errno::ENODATA));
+}
+
+#[test]
+fn readdir_pages_are_stable_and_complete() {
+    let mut ns = Namespace::format(8, 1);
+    let root = Creds::root();
+    for i in 0..250 {
+        ns.mknod(
+            &root,
+            Ino::ROOT,
+            format!("f{i:03}").as_bytes(),
+            FileKind::File,
+            0o644,
+            0,
+            None,
+            2,
+        )
+        .expect("create");
+    }
+    let mut seen = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = ns.readdir(&root, Ino::ROOT, after.as_deref(), 32).expect("page");
+        if page.is_empty() {
+            break;
+        }
+        // Concurrent changes between pages: entries behind the cursor do not disturb it.
+        ns.unlink(&root, Ino::ROOT, &page[0].name, 3)
+            .expect("unlink seen entry");
+        after = page.last().map(|e| e.name.clone());
+        seen.extend(page.into_iter().map(|e| e.name));
+    }
+    assert_eq!(seen.len(), 250);
+    let mut sorted = seen.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted, seen, "pages are in order without duplicates");
+}
