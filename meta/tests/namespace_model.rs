@@ -473,7 +473,10 @@ fn run_model(m: &mut Model, op: &Op) -> Result<(), Errno> {
     }
 }
 
-fn paths(m: &Model) -> (Vec<Vec<Vec<u8>>>, Vec<Vec<Vec<u8>>>) {
+/// A path as its name components.
+type Path = Vec<Vec<u8>>;
+
+fn paths(m: &Model) -> (Vec<Path>, Vec<Path>) {
     let t = m.tree();
     let dirs = t
         .iter()
