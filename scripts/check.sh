@@ -2,6 +2,7 @@
 # One command runs every check: format, lints, all tests, and short fuzz runs.
 #   bash scripts/check.sh            everything
 #   FUZZ_SECONDS=0 bash scripts/check.sh   skip the fuzzers
+#   GUEST_TESTS=0 bash scripts/check.sh    skip the QEMU guest rig
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -18,25 +19,48 @@ cargo clippy --workspace --all-targets -- -D warnings
 step "cargo nextest run (unit, property, conformance and multi-process tests)"
 cargo nextest run --workspace --no-fail-fast
 
+fuzz() { # crate target
+  local crate=$1 target=$2 corpus seeds
+  step "fuzz $crate/$target for ${FUZZ_SECONDS}s"
+  corpus=$(mktemp -d)
+  seeds=$crate/fuzz/seeds/$target
+  [ -d "$seeds" ] || seeds=
+  # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
+  (cd "$crate" && RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$corpus" ${seeds:+"../$seeds"} -- \
+    -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 2>&1 | grep -E '^Done|ERROR|panicked|SUMMARY' || true)
+  rm -rf "$corpus"
+  if compgen -G "$crate/fuzz/artifacts/$target/crash-*" >/dev/null; then
+    echo "fuzzer found a crash: $crate/fuzz/artifacts/$target" >&2
+    exit 1
+  fi
+}
+
 if [ "$FUZZ_SECONDS" -gt 0 ]; then
   if cargo fuzz --version >/dev/null 2>&1; then
-    for target in frame_decode control_messages; do
-      step "fuzz transport/$target for ${FUZZ_SECONDS}s"
-      corpus=$(mktemp -d)
-      seeds=transport/fuzz/seeds/$target
-      [ -d "$seeds" ] || seeds=
-      # cargo-fuzz needs nightly flags; RUSTC_BOOTSTRAP lets the stable toolchain accept them.
-      (cd transport && RUSTC_BOOTSTRAP=1 cargo fuzz run "$target" "$corpus" ${seeds:+"../$seeds"} -- \
-        -max_total_time="$FUZZ_SECONDS" -print_final_stats=0 2>&1 | grep -E '^(Done|INFO: -max_total_time)|ERROR|panicked|SUMMARY' || true)
-      # cargo fuzz exits non-zero on a crash; check for crash artifacts explicitly too.
-      if compgen -G "transport/fuzz/artifacts/$target/crash-*" >/dev/null; then
-        echo "fuzzer found a crash: transport/fuzz/artifacts/$target" >&2
-        exit 1
-      fi
-      rm -rf "$corpus"
-    done
+    fuzz transport frame_decode
+    fuzz transport control_messages
+    fuzz data chunk_record
+    fuzz data shard_messages
   else
     echo "SKIP fuzz: cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
+  fi
+fi
+
+# Real zoned block device (null_blk zoned=1) inside the QEMU guest rig.
+if [ "${GUEST_TESTS:-1}" = 1 ]; then
+  step "zoned block device tests in the QEMU guest (fabric-tests/guest)"
+  if [ "$(id -u)" != 0 ]; then
+    echo "SKIP guest: needs root (9p export of / and apt-get download)"
+  else
+    bin=$(cargo test -p shingle-data --test zbd_real --no-run --message-format=json 2>/dev/null \
+      | sed -n 's/.*"executable":"\([^"]*zbd_real[^"]*\)".*/\1/p' | tail -n 1)
+    [ -n "$bin" ] || { echo "cannot find the zbd_real test binary" >&2; exit 1; }
+    out=$(SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --zoned -- "$bin" --test-threads=1 2>&1) || { echo "$out"; exit 1; }
+    echo "$out" | grep -E 'SKIP|zoned:|test result' || true
+    if ! echo "$out" | grep -q '^SKIP'; then
+      echo "$out" | grep -q 'SKIP zbd_real' && { echo "zbd_real skipped inside the guest: no zoned device" >&2; exit 1; }
+      echo "$out" | grep -q 'test result: ok' || { echo "$out"; exit 1; }
+    fi
   fi
 fi
 

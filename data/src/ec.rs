@@ -41,22 +41,43 @@
 //! Parity bytes are part of the on-disk format. They depend on the codec
 //! (reed-solomon-simd 3.x, default engine and rate, shards zero-padded as above); the
 //! test `parity_bytes_are_stable` pins them, so a codec upgrade that changes them fails
-//! loudly instead of making stored stripes undecodable.
+//! loudly instead of making stored stripes undecodable, and
+//! `direct_parity_matches_the_codec_for_every_policy` checks the in-place encoder
+//! (below) against the codec's own for every supported `(k, m)`.
 //!
 //! # Performance
 //!
-//! Encoders and decoders are kept per thread (with their work areas, roughly
-//! `(k + m)` rounded up to a power of two times `shard_len` bytes each) and reused,
-//! so steady-state coding allocates only its outputs. Run coding on a bounded set of
-//! threads (for example `spawn_blocking` or a dedicated pool), not on async workers:
-//! encoding a 4 MiB stripe takes on the order of a millisecond.
+//! The target is the throughput of calling reed-solomon-simd directly on the same
+//! shards (`shingle bench ec` measures the ratio). Three things get there:
+//! - Parity is computed in place in the buffer it is returned in (module `direct`),
+//!   through the codec's public engine interface, for shard lengths that are multiples
+//!   of 64 bytes (all full stripes when `unit` is); other lengths use the codec's
+//!   encoder and pay one copy of the parity.
+//! - Outputs live in pooled buffers (module `pool`): freeing and reallocating
+//!   megabytes per stripe otherwise makes the allocator page memory out and in on
+//!   every call.
+//! - Encoders, decoders and work space are kept per thread and reused. Each coding
+//!   thread keeps up to a few times `(k + m) * unit` bytes; run coding on a bounded set
+//!   of threads (`spawn_blocking` or a dedicated pool), not on async workers: a 4 MiB
+//!   stripe takes on the order of a millisecond.
+//!
+//! [`EcPolicy::encode_stripe_bytes`] takes the data as `Bytes` and returns slices of
+//! it; [`EcPolicy::encode_stripe`] has to copy the stripe first. Decoding with every
+//! data shard present only concatenates them; otherwise it decodes and then copies the
+//! stripe into one buffer.
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
+use reed_solomon_simd::engine::DefaultEngine;
 use reed_solomon_simd::{DecoderResult, ReedSolomonDecoder, ReedSolomonEncoder};
 use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
+use std::sync::Mutex;
+
+/// The codec this module is built on, re-exported so that benchmarks compare against
+/// exactly the same version and so that [`EcError::Codec`] can be matched on.
+pub use reed_solomon_simd as codec;
 
 /// Most shards (data plus parity) a policy may have.
 pub const MAX_SHARDS: u8 = 32;
@@ -137,6 +158,8 @@ pub struct EcPolicy {
     /// Parity shards per stripe (at least 1); any `m` shards may be lost.
     pub m: u8,
     /// Bytes of one full data shard (the stripe unit): even, at most [`MAX_UNIT_BYTES`].
+    /// A multiple of 64 bytes (any power of two from 64 up) lets full stripes be
+    /// encoded without copying the parity.
     pub unit: u32,
 }
 
@@ -292,15 +315,16 @@ impl EcPolicy {
     /// Encodes one stripe, copying `data` once; see [`EcPolicy::encode_stripe_bytes`].
     pub fn encode_stripe(&self, data: &[u8]) -> Result<Vec<Bytes>, EcError> {
         self.check_stripe_len(data.len())?;
-        self.encode_stripe_bytes(Bytes::copy_from_slice(data))
+        self.encode_stripe_bytes(pool::copy(data)?)
     }
 
     /// Encodes one stripe of `1..=k * unit` bytes into `k + m` shards: the `k` data
     /// shards are zero-copy slices of `data` (not padded; short or empty in a short
     /// last stripe), followed by `m` parity shards of [`EcPolicy::shard_len`] bytes.
     ///
-    /// An empty stripe is an error ([`EcError::EmptyStripe`]): a file has no stripe
-    /// past its last byte, so asking to encode one is a caller bug.
+    /// The parity shards share one buffer, which is recycled once all of them are
+    /// dropped. An empty stripe is an error ([`EcError::EmptyStripe`]): a file has no
+    /// stripe past its last byte, so asking to encode one is a caller bug.
     pub fn encode_stripe_bytes(&self, data: Bytes) -> Result<Vec<Bytes>, EcError> {
         let stripe_len = self.check_stripe_len(data.len())?;
         let (k, m) = (usize::from(self.k), usize::from(self.m));
@@ -309,21 +333,11 @@ impl EcPolicy {
         for i in 0..k {
             shards.push(data.slice(self.shard_range(stripe_len, i)));
         }
-        with_codec(|codec| {
-            let Codec { encoder, pad, .. } = codec;
-            let enc = reuse_encoder(encoder, k, m, shard_len)?;
-            for shard in &shards {
-                enc.add_original_shard(pad.padded(shard, shard_len))?;
-            }
-            let result = enc.encode()?;
-            for j in 0..m {
-                let parity = result
-                    .recovery(j)
-                    .ok_or(EcError::Internal("encoder returned no parity shard"))?;
-                shards.push(Bytes::copy_from_slice(parity));
-            }
-            Ok(())
-        })?;
+        let data_shards: Vec<&[u8]> = shards.iter().map(|s| &s[..]).collect();
+        let parity = with_codec(|codec| codec.enc.parity(&data_shards, m, shard_len))?;
+        for j in 0..m {
+            shards.push(parity.slice(j * shard_len..(j + 1) * shard_len));
+        }
         Ok(shards)
     }
 
@@ -345,34 +359,34 @@ impl EcPolicy {
             if let [Some(only)] = data {
                 return Ok(only.clone());
             }
-            let mut out = BytesMut::with_capacity(stripe_len);
+            let mut out = pool::Writer::new(stripe_len);
             for shard in data.iter().flatten() {
-                out.extend_from_slice(shard);
+                out.push(shard)?;
             }
-            return Ok(out.freeze());
+            return Ok(out.finish());
         }
         with_codec(|codec| {
-            let Codec { decoder, pad, .. } = codec;
-            let result = self.run_decoder(decoder, pad, stripe_len, shards, None)?;
-            let mut out = BytesMut::with_capacity(stripe_len);
+            let Codec { decoder, enc } = codec;
+            let result = self.run_decoder(decoder, &mut enc.pad, stripe_len, shards, None)?;
+            let mut out = pool::Writer::new(stripe_len);
             for (i, shard) in data.iter().enumerate() {
                 match shard {
-                    Some(s) => out.extend_from_slice(s),
+                    Some(s) => out.push(s)?,
                     None => {
                         let restored = restored(&result, i)?;
                         let len = self.shard_range(stripe_len, i).len();
-                        out.extend_from_slice(
+                        out.push(
                             restored
                                 .get(..len)
                                 .ok_or(EcError::Internal("restored shard too short"))?,
-                        );
+                        )?;
                     }
                 }
             }
             if out.len() != stripe_len {
                 return Err(EcError::Internal("decoded stripe has the wrong length"));
             }
-            Ok(out.freeze())
+            Ok(out.finish())
         })
     }
 
@@ -382,7 +396,9 @@ impl EcPolicy {
     /// `shards` is as for [`EcPolicy::decode_stripe`]; the entry at `want` is ignored
     /// (neither used nor length-checked), so the full set including the suspect shard
     /// may be passed. The result has [`EcPolicy::stored_shard_len`] bytes: a data shard
-    /// comes back unpadded, and a data shard with an empty range comes back empty.
+    /// comes back unpadded, and a data shard with an empty range comes back empty. A
+    /// rebuilt parity shard shares a buffer with the other `m - 1` parity shards
+    /// computed with it.
     pub fn reconstruct_shard(
         &self,
         stripe_len: usize,
@@ -405,14 +421,14 @@ impl EcPolicy {
                 return Ok(Bytes::new());
             }
             return with_codec(|codec| {
-                let Codec { decoder, pad, .. } = codec;
-                let result = self.run_decoder(decoder, pad, stripe_len, shards, Some(want))?;
+                let Codec { decoder, enc } = codec;
+                let result = self.run_decoder(decoder, &mut enc.pad, stripe_len, shards, Some(want))?;
                 let restored = restored(&result, want)?;
-                Ok(Bytes::copy_from_slice(
+                pool::copy(
                     restored
                         .get(..len)
                         .ok_or(EcError::Internal("restored shard too short"))?,
-                ))
+                )
             });
         }
         let shard_len = self.shard_len(stripe_len);
@@ -422,27 +438,25 @@ impl EcPolicy {
             self.usable_shards(stripe_len, shards, Some(want))?;
         }
         with_codec(|codec| {
-            let Codec { encoder, decoder, pad } = codec;
+            let Codec { decoder, enc } = codec;
             let result = if data_complete {
                 None
             } else {
-                Some(self.run_decoder(decoder, pad, stripe_len, shards, Some(want))?)
+                Some(self.run_decoder(decoder, &mut enc.pad, stripe_len, shards, Some(want))?)
             };
-            let enc = reuse_encoder(encoder, k, m, shard_len)?;
+            let mut data: Vec<&[u8]> = Vec::with_capacity(k);
             for (i, shard) in shards[..k].iter().enumerate() {
-                match (shard, &result) {
-                    (Some(s), _) => enc.add_original_shard(pad.padded(s, shard_len))?,
-                    (None, _) if i >= used => enc.add_original_shard(pad.padded(&[], shard_len))?,
-                    // The restored shard is the zero-padded original, exactly shard_len long.
-                    (None, Some(result)) => enc.add_original_shard(restored(result, i)?)?,
+                data.push(match (shard, &result) {
+                    (Some(s), _) => s,
+                    (None, _) if i >= used => &[],
+                    // The restored shard is the zero-padded original, shard_len long.
+                    (None, Some(result)) => restored(result, i)?,
                     (None, None) => return Err(EcError::Internal("data shard neither present nor restored")),
-                }
+                });
             }
-            let encoded = enc.encode()?;
-            let parity = encoded
-                .recovery(want - k)
-                .ok_or(EcError::Internal("encoder returned no parity shard"))?;
-            Ok(Bytes::copy_from_slice(parity))
+            let parity = enc.parity(&data, m, shard_len)?;
+            let j = want - k;
+            Ok(parity.slice(j * shard_len..(j + 1) * shard_len))
         })
     }
 
@@ -470,17 +484,14 @@ impl EcPolicy {
             });
         }
         for (index, shard) in shards.iter().enumerate() {
-            if let Some(s) = shard
-                && Some(index) != skip
-            {
-                let expected = self.stored_shard_len(stripe_len, index);
-                if s.len() != expected {
-                    return Err(EcError::WrongShardLength {
-                        index,
-                        expected,
-                        got: s.len(),
-                    });
-                }
+            let Some(s) = shard else { continue };
+            let expected = self.stored_shard_len(stripe_len, index);
+            if s.len() != expected && Some(index) != skip {
+                return Err(EcError::WrongShardLength {
+                    index,
+                    expected,
+                    got: s.len(),
+                });
             }
         }
         Ok(())
@@ -539,11 +550,12 @@ impl EcPolicy {
             if added == k {
                 break;
             }
-            if let Some(s) = shard
-                && Some(k + j) != skip
-            {
-                dec.add_recovery_shard(j, s)?;
-                added += 1;
+            match shard {
+                Some(s) if Some(k + j) != skip => {
+                    dec.add_recovery_shard(j, s)?;
+                    added += 1;
+                }
+                _ => {}
             }
         }
         Ok(dec.decode()?)
@@ -574,9 +586,61 @@ fn restored<'r>(result: &'r DecoderResult<'_>, index: usize) -> Result<&'r [u8],
 /// Per-thread coding state, reused across calls.
 #[derive(Default)]
 struct Codec {
-    encoder: Option<ReedSolomonEncoder>,
     decoder: Option<ReedSolomonDecoder>,
+    enc: Encoding,
+}
+
+/// The encoding part of [`Codec`] (and the padding buffers, which decoding uses too).
+#[derive(Default)]
+struct Encoding {
+    /// The codec's encoder, for shard lengths [`direct`] does not handle.
+    encoder: Option<ReedSolomonEncoder>,
+    /// The engine [`direct`] runs on.
+    engine: Option<DefaultEngine>,
+    /// Work space of [`direct::encode`].
+    blocks: Vec<[u8; 64]>,
     pad: Pad,
+}
+
+/// Work space larger than this is not kept between calls.
+const KEEP_BLOCKS_BYTES: usize = 32 << 20;
+
+impl Encoding {
+    /// The parity of `data` (`k` data shards, each at most `shard_len` bytes and
+    /// zero-padded to it): one buffer of exactly `m * shard_len` bytes holding the `m`
+    /// parity shards in order.
+    fn parity(&mut self, data: &[&[u8]], m: usize, shard_len: usize) -> Result<Bytes, EcError> {
+        let parity = self.compute_parity(data, m, shard_len)?;
+        if parity.len() != m * shard_len {
+            return Err(EcError::Internal("parity has the wrong length"));
+        }
+        Ok(parity)
+    }
+
+    fn compute_parity(&mut self, data: &[&[u8]], m: usize, shard_len: usize) -> Result<Bytes, EcError> {
+        if direct::supports(shard_len) {
+            let engine = self.engine.get_or_insert_with(DefaultEngine::new);
+            let out = direct::encode(engine, &mut self.blocks, data, m, shard_len)?;
+            if self.blocks.capacity() * 64 > KEEP_BLOCKS_BYTES {
+                self.blocks = Vec::new();
+            }
+            return Ok(pool::freeze(out, m * shard_len));
+        }
+        let enc = reuse_encoder(&mut self.encoder, data.len(), m, shard_len)?;
+        for shard in data {
+            enc.add_original_shard(self.pad.padded(shard, shard_len))?;
+        }
+        let result = enc.encode()?;
+        let mut out = pool::Writer::new(m * shard_len);
+        for j in 0..m {
+            out.push(
+                result
+                    .recovery(j)
+                    .ok_or(EcError::Internal("encoder returned no parity shard"))?,
+            )?;
+        }
+        Ok(out.finish())
+    }
 }
 
 /// Buffers for zero-padding short data shards to the coding length.
@@ -622,6 +686,242 @@ impl Pad {
     }
 }
 
+/// Recycled output buffers.
+///
+/// Outputs (parity shards, decoded stripes, copies of borrowed input) are large and
+/// short-lived: they go to the network or the caller and are dropped. Allocating and
+/// freeing a few MiB per stripe makes the allocator hand memory back to the kernel and
+/// fault it in again every time, which costs as much as the coding itself. Outputs are
+/// therefore `Bytes` over pooled buffers that return here when the last `Bytes`
+/// sharing them is dropped, on any thread. The pool keeps at most [`pool::MAX_BYTES`];
+/// buffers beyond that, and ones under [`pool::MIN_BYTES`], are freed.
+///
+/// Buffers are vectors of 64-byte blocks, the unit the codec's engine works in, so that
+/// parity can be computed in place in an output buffer (see [`direct`]).
+mod pool {
+    use super::{EcError, Mutex};
+    use bytes::Bytes;
+
+    /// Smaller buffers are not kept.
+    pub(super) const MIN_BYTES: usize = 64 << 10;
+    /// Most bytes of capacity the pool keeps.
+    pub(super) const MAX_BYTES: usize = 64 << 20;
+
+    struct Pool {
+        free: Vec<Vec<[u8; 64]>>,
+        bytes: usize,
+    }
+
+    static POOL: Mutex<Pool> = Mutex::new(Pool {
+        free: Vec::new(),
+        bytes: 0,
+    });
+
+    /// A buffer of exactly `blocks` 64-byte blocks with unspecified (initialized)
+    /// contents: a pooled one of at most twice that capacity if there is one.
+    pub(super) fn take(blocks: usize) -> Vec<[u8; 64]> {
+        if blocks * 64 >= MIN_BYTES {
+            if let Ok(mut pool) = POOL.lock() {
+                let fits = pool
+                    .free
+                    .iter()
+                    .position(|b| b.capacity() >= blocks && b.capacity() / 2 <= blocks);
+                if let Some(i) = fits {
+                    let mut buf = pool.free.swap_remove(i);
+                    pool.bytes = pool.bytes.saturating_sub(buf.capacity() * 64);
+                    buf.resize(blocks, [0; 64]);
+                    return buf;
+                }
+            }
+        }
+        vec![[0; 64]; blocks]
+    }
+
+    /// The first `len` bytes of `buf` as `Bytes`; the buffer goes back to the pool when
+    /// the last `Bytes` sharing it is dropped.
+    pub(super) fn freeze(buf: Vec<[u8; 64]>, len: usize) -> Bytes {
+        let len = len.min(buf.len() * 64);
+        Bytes::from_owner(Pooled(buf)).slice(..len)
+    }
+
+    /// A copy of `data`.
+    pub(super) fn copy(data: &[u8]) -> Result<Bytes, EcError> {
+        let mut w = Writer::new(data.len());
+        w.push(data)?;
+        Ok(w.finish())
+    }
+
+    /// Fills a pooled buffer of a known length front to back.
+    pub(super) struct Writer {
+        buf: Vec<[u8; 64]>,
+        len: usize,
+    }
+
+    impl Writer {
+        /// A writer for exactly `len` bytes.
+        pub(super) fn new(len: usize) -> Self {
+            Writer {
+                buf: take(len.div_ceil(64)),
+                len: 0,
+            }
+        }
+
+        /// Appends `data`; fails if it does not fit.
+        pub(super) fn push(&mut self, data: &[u8]) -> Result<(), EcError> {
+            let end = self.len + data.len();
+            let dst = self
+                .buf
+                .as_flattened_mut()
+                .get_mut(self.len..end)
+                .ok_or(EcError::Internal("output overflow"))?;
+            dst.copy_from_slice(data);
+            self.len = end;
+            Ok(())
+        }
+
+        /// Bytes written so far.
+        pub(super) fn len(&self) -> usize {
+            self.len
+        }
+
+        /// What was written, as `Bytes`.
+        pub(super) fn finish(self) -> Bytes {
+            freeze(self.buf, self.len)
+        }
+    }
+
+    struct Pooled(Vec<[u8; 64]>);
+
+    impl AsRef<[u8]> for Pooled {
+        fn as_ref(&self) -> &[u8] {
+            self.0.as_flattened()
+        }
+    }
+
+    impl Drop for Pooled {
+        fn drop(&mut self) {
+            let buf = std::mem::take(&mut self.0);
+            let bytes = buf.capacity() * 64;
+            if bytes < MIN_BYTES {
+                return;
+            }
+            if let Ok(mut pool) = POOL.lock() {
+                if pool.bytes + bytes <= MAX_BYTES {
+                    pool.bytes += bytes;
+                    pool.free.push(buf);
+                }
+            }
+        }
+    }
+}
+
+/// Parity computed in place in an output buffer, so parity shards are handed out
+/// without a copy.
+///
+/// reed-solomon-simd's encoder computes parity in its own work area, from which it can
+/// only be copied. This module runs the same steps as its `HighRateEncoder::encode` and
+/// `LowRateEncoder::encode` (3.1), with the same engine and the same choice of rate as
+/// its `DefaultRate`, through the crate's public engine interface, on a pooled buffer.
+/// It handles shard lengths that are a multiple of 64 (every full stripe when `unit`
+/// is, as with the default); other lengths use the codec's encoder. The tests check
+/// that both give identical parity for every supported `(k, m)`.
+mod direct {
+    use super::{EcError, pool};
+    use reed_solomon_simd::engine::{DefaultEngine, Engine, ShardsRefMut, utils};
+
+    /// Whether shards of `shard_len` bytes can be coded here.
+    pub(super) fn supports(shard_len: usize) -> bool {
+        shard_len > 0 && shard_len % 64 == 0
+    }
+
+    /// The rate reed-solomon-simd's `DefaultRate` picks (its `use_high_rate`); the two
+    /// rates give different parity.
+    fn high_rate(k: usize, m: usize) -> bool {
+        let (k2, m2) = (k.next_power_of_two(), m.next_power_of_two());
+        k2 > m2 || (k2 == m2 && k <= m)
+    }
+
+    /// Copies `src` into `dst` and zero-fills the rest.
+    fn fill(dst: &mut [[u8; 64]], src: &[u8]) -> Result<(), EcError> {
+        let flat = dst.as_flattened_mut();
+        let (head, tail) = flat
+            .split_at_mut_checked(src.len())
+            .ok_or(EcError::Internal("data shard too long"))?;
+        head.copy_from_slice(src);
+        tail.fill(0);
+        Ok(())
+    }
+
+    /// Parity of the data shards `data` (each at most `shard_len` bytes, zero-padded
+    /// to it): a pooled buffer whose first `m * shard_len` bytes are the `m` parity
+    /// shards in order. `shard_len` must satisfy [`supports`].
+    pub(super) fn encode(
+        engine: &DefaultEngine,
+        scratch: &mut Vec<[u8; 64]>,
+        data: &[&[u8]],
+        m: usize,
+        shard_len: usize,
+    ) -> Result<Vec<[u8; 64]>, EcError> {
+        let k = data.len();
+        if k == 0 || m == 0 || !supports(shard_len) {
+            return Err(EcError::Internal("direct encode outside its domain"));
+        }
+        let b = shard_len / 64;
+        if high_rate(k, m) {
+            // Chunks of `chunk` data shards are IFFT-ed (skewed by their position) and
+            // summed into the output; one FFT of the sum gives the parity.
+            let chunk = m.next_power_of_two();
+            let mut out = pool::take(chunk * b);
+            let first = k.min(chunk);
+            for (i, dst) in out.chunks_exact_mut(b).enumerate() {
+                fill(dst, data.get(i).filter(|_| i < first).copied().unwrap_or(&[]))?;
+            }
+            engine.ifft(&mut ShardsRefMut::new(chunk, b, &mut out), 0, chunk, first, chunk);
+            let mut start = chunk;
+            while start < k {
+                let count = (k - start).min(chunk);
+                scratch.resize(chunk * b, [0; 64]);
+                for (i, dst) in scratch.chunks_exact_mut(b).enumerate() {
+                    fill(dst, data.get(start + i).filter(|_| i < count).copied().unwrap_or(&[]))?;
+                }
+                engine.ifft(
+                    &mut ShardsRefMut::new(chunk, b, scratch),
+                    0,
+                    chunk,
+                    count,
+                    start + chunk,
+                );
+                utils::xor(&mut out, scratch);
+                start += chunk;
+            }
+            engine.fft(&mut ShardsRefMut::new(chunk, b, &mut out), 0, chunk, m, 0);
+            Ok(out)
+        } else {
+            // One IFFT of the (padded) data, copied to every chunk of parity and FFT-ed
+            // there with that chunk's skew.
+            let chunk = k.next_power_of_two();
+            let count = m.next_multiple_of(chunk);
+            let mut out = pool::take(count * b);
+            for (i, dst) in out[..chunk * b].chunks_exact_mut(b).enumerate() {
+                fill(dst, data.get(i).copied().unwrap_or(&[]))?;
+            }
+            engine.ifft(&mut ShardsRefMut::new(count, b, &mut out), 0, chunk, k, 0);
+            let mut start = chunk;
+            while start < m {
+                out.copy_within(..chunk * b, start * b);
+                start += chunk;
+            }
+            let mut shards = ShardsRefMut::new(count, b, &mut out);
+            let mut start = 0;
+            while start < m {
+                engine.fft(&mut shards, start, chunk, (m - start).min(chunk), start + chunk);
+                start += chunk;
+            }
+            Ok(out)
+        }
+    }
+}
+
 thread_local! {
     static CODEC: Cell<Option<Box<Codec>>> = const { Cell::new(None) };
 }
@@ -632,7 +932,7 @@ thread_local! {
 fn with_codec<R>(f: impl FnOnce(&mut Codec) -> Result<R, EcError>) -> Result<R, EcError> {
     let mut codec = CODEC.try_with(Cell::take).ok().flatten().unwrap_or_default();
     let result = f(&mut codec);
-    codec.pad.trim();
+    codec.enc.pad.trim();
     let _ = CODEC.try_with(|c| c.set(Some(codec)));
     result
 }
@@ -939,11 +1239,11 @@ mod tests {
 
     /// Decodes every pattern of up to `m` lost shards, and fails for every pattern of
     /// `m + 1` lost shards of a full stripe.
-    fn exhaustive(k: u8, m: u8) {
+    fn exhaustive(k: u8, m: u8, partial_lens: &[usize]) {
         let p = EcPolicy::new(k, m, KIB4).expect("policy");
         let n = p.shard_count();
         let full = p.stripe_data_bytes() as usize;
-        for len in [full, full - KIB4 as usize - 3, KIB4 as usize + 1] {
+        for &len in [full].iter().chain(partial_lens) {
             let d = data(len, u64::from(k) * 31 + len as u64);
             let shards = encode_checked(&p, &d);
             for lost in subsets(n, usize::from(m)) {
@@ -968,12 +1268,14 @@ mod tests {
 
     #[test]
     fn every_erasure_pattern_4_2() {
-        exhaustive(4, 2);
+        let u = KIB4 as usize;
+        exhaustive(4, 2, &[4 * u - 3, 2 * u + 5, u + 1, 1]);
     }
 
     #[test]
     fn every_erasure_pattern_8_3() {
-        exhaustive(8, 3);
+        // A short shard followed by four empty ones.
+        exhaustive(8, 3, &[3 * KIB4 as usize + 1]);
     }
 
     #[test]
@@ -1090,11 +1392,13 @@ mod tests {
                     let mut corrupt = present(&shards);
                     corrupt[want] = Some(Bytes::from_static(b"garbage"));
                     assert_eq!(p.reconstruct_shard(len, &corrupt, want).expect("rebuild"), shards[want]);
-                    // Up to m - 1 other shards missing as well.
-                    for others in subsets(n, usize::from(m) - 1) {
-                        if others.contains(&want) {
-                            continue;
-                        }
+                    // m - 1 other shards missing as well: the ones after it, and the
+                    // ones before it (every pattern is decoded in `every_erasure_pattern`).
+                    let extra = usize::from(m) - 1;
+                    for others in [
+                        (1..=extra).map(|d| (want + d) % n).collect::<Vec<_>>(),
+                        (1..=extra).map(|d| (want + n - d) % n).collect(),
+                    ] {
                         let mut lost = others.clone();
                         lost.push(want);
                         let got = p
@@ -1145,6 +1449,38 @@ mod tests {
         }
     }
 
+    /// The in-place encoder gives exactly the codec's parity, for every supported
+    /// `(k, m)` (both rates, one and several chunks), with full and short shards.
+    #[test]
+    fn direct_parity_matches_the_codec_for_every_policy() {
+        let engine = DefaultEngine::new();
+        let mut scratch = Vec::new();
+        let max = usize::from(MAX_SHARDS);
+        for k in 1..max {
+            for m in 1..=max - k {
+                for (shard_len, last_len) in [(64, 64), (192, 77), (128, 0)] {
+                    let d = data(k * shard_len, (k * 100 + m) as u64);
+                    let mut shards: Vec<&[u8]> = d.chunks(shard_len).collect();
+                    if let Some(last) = shards.last_mut() {
+                        *last = &last[..last_len];
+                    }
+                    let padded: Vec<Vec<u8>> = shards
+                        .iter()
+                        .map(|s| {
+                            let mut v = s.to_vec();
+                            v.resize(shard_len, 0);
+                            v
+                        })
+                        .collect();
+                    let want = reed_solomon_simd::encode(k, m, &padded).expect("codec");
+                    let got = direct::encode(&engine, &mut scratch, &shards, m, shard_len).expect("direct");
+                    let got: Vec<&[u8]> = got.as_flattened().chunks(shard_len).take(m).collect();
+                    assert_eq!(got, want, "k {k} m {m} shard_len {shard_len}");
+                }
+            }
+        }
+    }
+
     /// Parity is part of the on-disk format: if this fails, a codec change would make
     /// stored stripes undecodable.
     #[test]
@@ -1184,8 +1520,10 @@ mod tests {
     }
 
     fn arb_case() -> impl Strategy<Value = (EcPolicy, usize, Vec<usize>, u64)> {
-        (1u8..=10, 1u8..=4, 1u32..=300)
-            .prop_map(|(k, m, half)| EcPolicy { k, m, unit: 2 * half })
+        // Units that are multiples of 64 take the in-place encoder, others the codec's.
+        let unit = prop_oneof![(1u32..=300).prop_map(|half| 2 * half), (1u32..=12).prop_map(|b| 64 * b)];
+        (1u8..=10, 1u8..=4, unit)
+            .prop_map(|(k, m, unit)| EcPolicy { k, m, unit })
             .prop_flat_map(|p| {
                 let n = p.shard_count();
                 (

@@ -7,11 +7,14 @@
 //! - [`map`]: the cluster map state machine (nodes, roles, failure domains, states,
 //!   epoch) and the [`map::Placement`] derived from it.
 //! - [`placement`]: rendezvous hashing with failure domains; the dentry → partition hash.
+//! - [`manager`]: the manager role: the cluster map replicated by Raft (openraft), stored
+//!   in redb, spoken over the transport; `GetMap`/`Propose` for everyone else.
 //!
 //! This crate knows nothing of FUSE or of chunk bytes. Its protocol cores are pure
 //! state machines; the I/O shells around them are thin.
 
 pub mod ids;
+pub mod manager;
 pub mod map;
 pub mod namespace;
 pub mod placement;

@@ -44,12 +44,16 @@ enum BenchCommand {
     Transport(bench::transport::TransportBenchArgs),
     /// Zoned-store append throughput vs a plain file on the same disk; GC write amplification.
     Store(bench::store::StoreBenchArgs),
+    /// Erasure-coding encode/decode throughput vs reed-solomon-simd alone.
+    Ec(bench::ec::EcBenchArgs),
 }
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SHINGLE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -59,6 +63,7 @@ fn main() -> Result<()> {
             Command::Keygen { out } => keygen(&out),
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
+            Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
         }
     })
 }

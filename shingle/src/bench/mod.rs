@@ -1,4 +1,5 @@
 //! Benchmarks, each runnable with one command (`shingle bench <what>`).
 
+pub mod ec;
 pub mod store;
 pub mod transport;

@@ -1,0 +1,98 @@
+//! Wire messages of the manager role. All kinds live in `0x0300..=0x03FF`.
+//!
+//! | kind     | name              | payload                                             |
+//! |----------|-------------------|-----------------------------------------------------|
+//! | `0x0300` | AppendEntries     | JSON of openraft's request / `Result<resp, error>`  |
+//! | `0x0301` | Vote              | same                                                |
+//! | `0x0302` | InstallSnapshot   | same (one chunk)                                    |
+//! | `0x0310` | [`GetMap`]        | protobuf [`GetMapRequest`] / [`GetMapResponse`]     |
+//! | `0x0311` | [`Propose`]       | protobuf [`ProposeRequest`] / [`ProposeResponse`]   |
+//!
+//! The Raft messages are openraft's own types in JSON: they are only exchanged between
+//! managers of one build, and their shape is openraft's to evolve. The client-facing
+//! messages are protobuf like every other Shingle service, carrying the map and commands
+//! as JSON text (the map's serde form is its only stable encoding).
+
+use shingle_transport::{MsgKind, Rpc};
+
+/// Message kinds of the Raft RPCs between managers (raw JSON payloads).
+pub mod kinds {
+    use shingle_transport::MsgKind;
+
+    /// openraft `AppendEntries` (replication and heartbeats).
+    pub const APPEND_ENTRIES: MsgKind = MsgKind(0x0300);
+    /// openraft `Vote` (elections).
+    pub const VOTE: MsgKind = MsgKind(0x0301);
+    /// openraft `InstallSnapshot` (one chunk of a snapshot).
+    pub const INSTALL_SNAPSHOT: MsgKind = MsgKind(0x0302);
+}
+
+/// Application codes of the manager's error replies (`Code::Application`).
+pub mod app_code {
+    /// A forwarded proposal reached a manager that is not the leader (any more).
+    pub const NOT_LEADER: u32 = 1;
+    /// No leader could be reached before the proposal deadline.
+    pub const NO_LEADER: u32 = 2;
+    /// The proposal was sent to the leader but not seen committed in time; it may still be.
+    pub const UNCERTAIN: u32 = 3;
+}
+
+/// Asks a manager for its copy of the cluster map.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetMapRequest {
+    /// The epoch the caller already holds; absent to always receive the map.
+    #[prost(uint64, optional, tag = "1")]
+    pub known_epoch: Option<u64>,
+}
+
+/// A manager's copy of the cluster map (the one it has applied; a follower's may trail
+/// the leader's by a heartbeat).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct GetMapResponse {
+    /// The manager's epoch.
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+    /// False when the caller's `known_epoch` is at least `epoch`; `map_json` is then empty.
+    #[prost(bool, tag = "2")]
+    pub newer: bool,
+    /// serde_json of the [`crate::map::ClusterMap`].
+    #[prost(string, tag = "3")]
+    pub map_json: String,
+}
+
+/// Proposes a [`crate::map::MapCommand`].
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProposeRequest {
+    /// serde_json of the command.
+    #[prost(string, tag = "1")]
+    pub command_json: String,
+    /// Set by a manager forwarding to the leader: the receiver must not forward again,
+    /// and answers `NOT_LEADER` when it is not the leader.
+    #[prost(bool, tag = "2")]
+    pub forwarded: bool,
+}
+
+/// The outcome of a committed proposal.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ProposeResponse {
+    /// The map's epoch after the command (when it was applied).
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+    /// serde_json of a [`super::MapRefusal`] when the map refused the command, else empty.
+    #[prost(string, tag = "2")]
+    pub refusal_json: String,
+}
+
+macro_rules! rpc {
+    ($name:ident, $kind:expr, $req:ty, $resp:ty) => {
+        #[doc = concat!("The `", stringify!($name), "` call.")]
+        pub struct $name;
+        impl Rpc for $name {
+            const KIND: MsgKind = MsgKind($kind);
+            type Request = $req;
+            type Response = $resp;
+        }
+    };
+}
+rpc!(GetMap, 0x0310, GetMapRequest, GetMapResponse);
+rpc!(Propose, 0x0311, ProposeRequest, ProposeResponse);
