@@ -21,7 +21,7 @@
 //! - Records appended but never committed are unreferenced garbage; GC reclaims them.
 //!
 //! ## Rebuilding the index
-//! [`ChunkStore::rebuild_index`] scans every zone, keeps the newest record (highest
+//! [`ChunkStore::rebuild_index`] scans every zone, keeps the newest record (highest version, then highest
 //! sequence number) per key, and writes a fresh index. There are no delete tombstones,
 //! so a rebuild can bring back chunks that were deleted while an older copy still sat
 //! in an unreset zone: they are unreferenced by metadata and readers check versions
@@ -34,6 +34,7 @@ use bytes::{Bytes, BytesMut};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, RwLock};
 use tracing::{debug, info, warn};
 
@@ -224,7 +225,6 @@ struct Writer {
     pending: Vec<Op>,
     pending_zones: BTreeSet<ZoneId>,
     open_batch: u64,
-    next_seq: u64,
     seq_leased: u64,
 }
 
@@ -305,6 +305,7 @@ pub struct ChunkStore<D: ZonedDevice> {
     synced: Condvar,
     stats: Mutex<StoreStats>,
     gc_lock: Mutex<()>,
+    next_seq: AtomicU64,
 }
 
 impl<D: ZonedDevice> ChunkStore<D> {
@@ -389,7 +390,6 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 pending: Vec::new(),
                 pending_zones: BTreeSet::new(),
                 open_batch: 1,
-                next_seq,
                 seq_leased: next_seq,
             }),
             sync: Mutex::new(SyncState {
@@ -400,6 +400,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             synced: Condvar::new(),
             stats: Mutex::new(StoreStats::default()),
             gc_lock: Mutex::new(()),
+            next_seq: AtomicU64::new(next_seq),
         };
         Ok(store)
     }
@@ -447,10 +448,9 @@ impl<D: ZonedDevice> ChunkStore<D> {
         for_gc: bool,
     ) -> StoreResult<(Location, u64)> {
         let rec_len = chunk::record_len(payload.len(), self.block_size);
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
-        let seq = w.next_seq;
-        w.next_seq += 1;
+        // Number and encode the record before taking the writer lock, so concurrent
+        // writers copy and checksum in parallel; only the append itself is serialised.
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
         let header = ChunkHeader {
             key,
             version,
@@ -459,6 +459,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
             payload_crc: crc,
         };
         let record = chunk::encode_record(&header, payload, self.block_size);
+        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
         let offset = w.write_pointer;
         if let Err(e) = self.device.write(zone, offset, &record) {
             // The device's write pointer is the truth after a failed write (a torn
@@ -555,8 +557,9 @@ impl<D: ZonedDevice> ChunkStore<D> {
             let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             let closed = w.open_batch;
             w.open_batch += 1;
-            let lease = if w.next_seq + SEQ_LEASE / 2 > w.seq_leased {
-                w.seq_leased = w.next_seq + SEQ_LEASE;
+            let next_seq = self.next_seq.load(Ordering::Relaxed);
+            let lease = if next_seq + SEQ_LEASE / 2 > w.seq_leased {
+                w.seq_leased = next_seq + SEQ_LEASE;
                 Some(w.seq_leased)
             } else {
                 None
@@ -838,7 +841,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
     }
 
     /// Rebuilds the index at `index_path` from the records on `device` (the index is
-    /// lost or damaged). Keeps the newest record (highest sequence number) per key.
+    /// lost or damaged). Keeps the newest record per key: highest version, then highest
+    /// sequence number (the same order the index applies concurrent writes in).
     pub fn rebuild_index(device: &D, index_path: &Path) -> StoreResult<usize> {
         let g = device.geometry();
         let bs = u64::from(g.block_size);
@@ -874,7 +878,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
                     };
                     max_seq = max_seq.max(h.seq);
                     match newest.get(&h.key) {
-                        Some(cur) if cur.seq >= h.seq => {}
+                        Some(cur) if (cur.version, cur.seq) >= (h.version, h.seq) => {}
                         _ => {
                             newest.insert(h.key, e);
                         }
