@@ -17,9 +17,7 @@ use crate::ec::EcPolicy;
 use crate::store::{ChunkStore, StoreError};
 use crate::zone::ZonedDevice;
 use bytes::{Bytes, BytesMut};
-use shingle_transport::{
-    CallContext, MsgKind, RegionKey, RegionTable, RemoteRead, Router, Rpc, RpcChannel, Status, TransportError,
-};
+use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status, TransportError};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -237,17 +235,7 @@ pub struct StatResponse {
     pub write_amplification: f64,
 }
 
-macro_rules! rpc {
-    ($name:ident, $kind:expr, $req:ty, $resp:ty) => {
-        #[doc = concat!("The `", stringify!($name), "` call.")]
-        pub struct $name;
-        impl Rpc for $name {
-            const KIND: MsgKind = MsgKind($kind);
-            type Request = $req;
-            type Response = $resp;
-        }
-    };
-}
+use shingle_transport::rpc;
 rpc!(WriteShard, 0x0200, WriteShardRequest, WriteShardResponse);
 rpc!(Resolve, 0x0201, ResolveRequest, ResolveResponse);
 rpc!(DeleteShard, 0x0202, DeleteShardRequest, DeleteShardResponse);

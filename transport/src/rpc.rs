@@ -114,3 +114,18 @@ impl RemoteReadRequest {
         }
     }
 }
+
+/// Declares a unit struct implementing [`Rpc`]: `rpc!(Name, 0x0200, Request, Response);`.
+/// Used by every service so that message kinds and types are declared one way.
+#[macro_export]
+macro_rules! rpc {
+    ($name:ident, $kind:expr, $req:ty, $resp:ty) => {
+        #[doc = concat!("The `", stringify!($name), "` call.")]
+        pub struct $name;
+        impl $crate::Rpc for $name {
+            const KIND: $crate::MsgKind = $crate::MsgKind($kind);
+            type Request = $req;
+            type Response = $resp;
+        }
+    };
+}

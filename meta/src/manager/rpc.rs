@@ -13,8 +13,6 @@
 //! messages are protobuf like every other Shingle service, carrying the map and commands
 //! as JSON text (the map's serde form is its only stable encoding).
 
-use shingle_transport::{MsgKind, Rpc};
-
 /// Message kinds of the Raft RPCs between managers (raw JSON payloads).
 pub mod kinds {
     use shingle_transport::MsgKind;
@@ -83,16 +81,6 @@ pub struct ProposeResponse {
     pub refusal_json: String,
 }
 
-macro_rules! rpc {
-    ($name:ident, $kind:expr, $req:ty, $resp:ty) => {
-        #[doc = concat!("The `", stringify!($name), "` call.")]
-        pub struct $name;
-        impl Rpc for $name {
-            const KIND: MsgKind = MsgKind($kind);
-            type Request = $req;
-            type Response = $resp;
-        }
-    };
-}
+use shingle_transport::rpc;
 rpc!(GetMap, 0x0310, GetMapRequest, GetMapResponse);
 rpc!(Propose, 0x0311, ProposeRequest, ProposeResponse);

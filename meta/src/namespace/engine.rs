@@ -23,6 +23,25 @@ use crate::ids::{Ino, PartitionId};
 use crate::placement::dentry_partition;
 use std::collections::BTreeMap;
 
+/// The step that records a moved entry's inode change: a directory gets its new
+/// parent, anything else a new ctime.
+fn moved_step(src: DentryVal, newparent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
+    let m = if src.kind == FileKind::Dir {
+        Mutation::SetParent {
+            dir: src.ino,
+            parent: newparent,
+            time: now,
+        }
+    } else {
+        Mutation::AdjustLinks {
+            ino: src.ino,
+            delta: 0,
+            time: now,
+        }
+    };
+    (src.ino.partition(), m)
+}
+
 /// `rename` flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -626,25 +645,7 @@ impl Namespace {
                         },
                     ));
                 }
-                if src_is_dir {
-                    steps.push((
-                        src.ino.partition(),
-                        Mutation::SetParent {
-                            dir: src.ino,
-                            parent: newparent,
-                            time: now,
-                        },
-                    ));
-                } else {
-                    steps.push((
-                        src.ino.partition(),
-                        Mutation::AdjustLinks {
-                            ino: src.ino,
-                            delta: 0,
-                            time: now,
-                        },
-                    ));
-                }
+                steps.push(moved_step(src, newparent, now));
                 let sub = i64::from(src_is_dir);
                 let dst_sub = i64::from(d.kind == FileKind::Dir);
                 steps.push((
@@ -685,25 +686,7 @@ impl Namespace {
                         name: name.to_vec(),
                     },
                 ));
-                if src_is_dir {
-                    steps.push((
-                        src.ino.partition(),
-                        Mutation::SetParent {
-                            dir: src.ino,
-                            parent: newparent,
-                            time: now,
-                        },
-                    ));
-                } else {
-                    steps.push((
-                        src.ino.partition(),
-                        Mutation::AdjustLinks {
-                            ino: src.ino,
-                            delta: 0,
-                            time: now,
-                        },
-                    ));
-                }
+                steps.push(moved_step(src, newparent, now));
                 let sub = i64::from(src_is_dir);
                 steps.push((
                     parent.partition(),

@@ -175,9 +175,9 @@ fn measure(
     }
     let row = Row {
         op,
-        ours_gb_s: median(&mut o) / 1e9,
-        codec_gb_s: median(&mut c) / 1e9,
-        ratio: median(&mut ratios),
+        ours_gb_s: super::median(&mut o) / 1e9,
+        codec_gb_s: super::median(&mut c) / 1e9,
+        ratio: super::median(&mut ratios),
     };
     println!(
         "{:>22} {:>10.2} {:>10.2} {:>7.2}",
@@ -225,9 +225,4 @@ fn codec_decode(decoder: &mut ReedSolomonDecoder, data: &[Bytes], parity: &[Byte
         black_box(restored);
     }
     Ok(())
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }

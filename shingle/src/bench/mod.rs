@@ -3,3 +3,9 @@
 pub mod ec;
 pub mod store;
 pub mod transport;
+
+/// The median of a set of measurements (the upper one for an even count).
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}

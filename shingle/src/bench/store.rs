@@ -98,9 +98,9 @@ fn run_blocking(args: StoreBenchArgs) -> Result<()> {
         total_mib: args.total_mib,
         chunk_kib: args.chunk_kib,
         writers: args.writers,
-        store_mb_s: median(&mut stores) / 1e6,
-        plain_file_mb_s: median(&mut plains) / 1e6,
-        ratio: median(&mut ratios),
+        store_mb_s: super::median(&mut stores) / 1e6,
+        plain_file_mb_s: super::median(&mut plains) / 1e6,
+        ratio: super::median(&mut ratios),
         gc,
     };
     println!(
@@ -240,11 +240,6 @@ fn gc_figures(dir: &Path, chunk: usize) -> Result<GcFigures> {
     drop(store);
     let _ = std::fs::remove_dir_all(dir);
     Ok(figures)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn tempdir_in(base: &Path) -> Result<PathBuf> {

@@ -134,15 +134,15 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
             }
             client.close();
             if args.profile_remote_read {
-                println!("{size_kib:>6} KiB {streams:>8} {:>16.0}", median(&mut rrs) / 1e6);
+                println!("{size_kib:>6} KiB {streams:>8} {:>16.0}", super::median(&mut rrs) / 1e6);
                 continue;
             }
             let row = ThroughputRow {
                 size_kib,
                 streams,
-                remote_read_mb_s: median(&mut rrs) / 1e6,
-                plain_tcp_mb_s: median(&mut bases) / 1e6,
-                ratio: median(&mut ratios),
+                remote_read_mb_s: super::median(&mut rrs) / 1e6,
+                plain_tcp_mb_s: super::median(&mut bases) / 1e6,
+                ratio: super::median(&mut ratios),
             };
             println!(
                 "{:>6} KiB {:>8} {:>16.0} {:>16.0} {:>7.2}",
@@ -321,11 +321,6 @@ async fn rpc_latency(client: &TcpClient, addr: SocketAddr, callers: usize, dur: 
         p99_us: all.value_at_quantile(0.99),
         p999_us: all.value_at_quantile(0.999),
     })
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 /// A one-line description of the machine, for the report.
