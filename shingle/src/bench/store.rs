@@ -194,29 +194,16 @@ fn gc_figures(dir: &Path, chunk: usize) -> Result<GcFigures> {
     let n = per_zone * 8;
     let data = payload(chunk, 3);
     let crc = crc32c::crc32c(&data);
+    let key = |i: usize| ChunkKey {
+        ino: 1,
+        stripe: i as u64,
+        shard: 0,
+    };
     for i in 0..n {
-        store.put(
-            ChunkKey {
-                ino: 1,
-                stripe: i as u64,
-                shard: 0,
-            },
-            1,
-            &data,
-            crc,
-        )?;
+        store.put(key(i), 1, &data, crc)?;
     }
     for i in (0..n).step_by(2) {
-        store.put(
-            ChunkKey {
-                ino: 1,
-                stripe: i as u64,
-                shard: 0,
-            },
-            2,
-            &data,
-            crc,
-        )?;
+        store.put(key(i), 2, &data, crc)?;
     }
     let before = store.stats();
     let mut moved = 0;

@@ -212,6 +212,17 @@ async fn remote_read_rate(
             anyhow::Ok(())
         }));
     }
+    bytes_per_second(dur, &stop, &total, tasks).await
+}
+
+/// Lets `tasks` run for `dur`, then stops them and returns the bytes per second they
+/// counted in `total` up to the stop.
+async fn bytes_per_second(
+    dur: Duration,
+    stop: &AtomicBool,
+    total: &AtomicU64,
+    tasks: Vec<tokio::task::JoinHandle<Result<()>>>,
+) -> Result<f64> {
     let t = Instant::now();
     tokio::time::sleep(dur).await;
     stop.store(true, Ordering::Relaxed);
@@ -270,15 +281,7 @@ async fn plain_rate(addr: SocketAddr, size: usize, streams: usize, dur: Duration
             anyhow::Ok(())
         }));
     }
-    let t = Instant::now();
-    tokio::time::sleep(dur).await;
-    stop.store(true, Ordering::Relaxed);
-    let bytes_at_stop = total.load(Ordering::Relaxed);
-    let elapsed = t.elapsed().as_secs_f64();
-    for t in tasks {
-        t.await??;
-    }
-    Ok(bytes_at_stop as f64 / elapsed)
+    bytes_per_second(dur, &stop, &total, tasks).await
 }
 
 async fn rpc_latency(client: &TcpClient, addr: SocketAddr, callers: usize, dur: Duration) -> Result<LatencyRow> {
