@@ -56,10 +56,14 @@ if [ "${GUEST_TESTS:-1}" = 1 ]; then
       | sed -n 's/.*"executable":"\([^"]*zbd_real[^"]*\)".*/\1/p' | tail -n 1)
     [ -n "$bin" ] || { echo "cannot find the zbd_real test binary" >&2; exit 1; }
     out=$(SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --zoned -- "$bin" --test-threads=1 2>&1) || { echo "$out"; exit 1; }
-    echo "$out" | grep -E 'SKIP|zoned:|test result' || true
-    if ! echo "$out" | grep -q '^SKIP'; then
-      echo "$out" | grep -q 'SKIP zbd_real' && { echo "zbd_real skipped inside the guest: no zoned device" >&2; exit 1; }
-      echo "$out" | grep -q 'test result: ok' || { echo "$out"; exit 1; }
+    # Here-strings, not pipes: with pipefail, `echo | grep -q` fails when grep stops early.
+    grep -E 'SKIP|zoned:|test result' <<<"$out" || true
+    if ! grep -q '^SKIP' <<<"$out"; then
+      if grep -q 'SKIP zbd_real' <<<"$out"; then
+        echo "zbd_real skipped inside the guest: no zoned device" >&2
+        exit 1
+      fi
+      grep -q 'test result: ok' <<<"$out" || { echo "$out"; exit 1; }
     fi
   fi
 fi
