@@ -13,8 +13,11 @@
 //! This crate knows nothing of FUSE or of chunk bytes. Its protocol cores are pure
 //! state machines; the I/O shells around them are thin.
 
+pub mod agent;
+pub mod client;
 pub mod ids;
 pub mod manager;
 pub mod map;
 pub mod namespace;
 pub mod placement;
+pub mod service;

@@ -81,6 +81,7 @@ async fn boot(id: u64, addr: SocketAddr, dir: &Path, snapshot_every_logs: u64) -
         election_timeout_max_ms: 300,
         snapshot_every_logs,
         propose_timeout_ms: 5_000,
+        down_after_ms: 3_600_000,
         ..ManagerConfig::new(id, addr, dir.to_path_buf())
     };
     let client = TcpClient::new(transport(), secret());

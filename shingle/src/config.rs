@@ -52,6 +52,112 @@ pub struct NodeConfig {
     pub node: NodeSection,
     /// The data role (omit for a node without data).
     pub data: Option<DataSection>,
+    /// The manager role (a member of the Raft group holding the cluster map).
+    pub manager: Option<ManagerSection>,
+    /// The meta role (holds namespace partitions).
+    pub meta: Option<MetaSection>,
+}
+
+/// `[manager]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerSection {
+    /// Directory of the Raft log and map.
+    pub dir: PathBuf,
+    /// Mark a node Down after this long without heartbeats.
+    #[serde(default = "default_down_after")]
+    pub down_after_ms: u64,
+}
+
+fn default_down_after() -> u64 {
+    4000
+}
+
+/// `[meta]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetaSection {
+    /// Directory of the partition store.
+    pub dir: PathBuf,
+}
+
+/// The cluster file written by `shingle format`: what every node of a cluster shares.
+#[derive(Clone, Debug, serde::Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterFile {
+    /// Random id; nodes refuse maps of another cluster.
+    pub cluster_id: String,
+    /// Metadata partitions (fixed).
+    pub partitions: u32,
+    /// Data placement groups (fixed).
+    pub pgs: u32,
+    /// Metadata replicas.
+    pub replication: u8,
+    /// Nodes per placement group (widest stripe k+m).
+    pub pg_width: u8,
+    /// Default erasure coding of new files: data shards.
+    pub ec_k: u8,
+    /// Default erasure coding of new files: parity shards.
+    pub ec_m: u8,
+    /// The managers (Raft members): id and address.
+    pub managers: Vec<ManagerEntry>,
+}
+
+/// A manager in the cluster file.
+#[derive(Clone, Debug, serde::Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ManagerEntry {
+    /// Node id.
+    pub id: u64,
+    /// Address.
+    pub addr: SocketAddr,
+}
+
+impl ClusterFile {
+    /// Reads and checks a cluster file.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("read cluster file {}", path.display()))?;
+        let c: ClusterFile = toml::from_str(&text).with_context(|| format!("parse cluster file {}", path.display()))?;
+        c.validate()
+            .with_context(|| format!("invalid cluster file {}", path.display()))?;
+        Ok(c)
+    }
+
+    /// Checks the numbers.
+    pub fn validate(&self) -> Result<()> {
+        if self.partitions == 0 || self.partitions > 1 << 20 {
+            bail!("partitions must be between 1 and 1048576, got {}", self.partitions);
+        }
+        if self.pgs == 0 {
+            bail!("pgs must be at least 1");
+        }
+        if self.replication == 0 {
+            bail!("replication must be at least 1");
+        }
+        if self.ec_k == 0 || self.ec_m == 0 || u32::from(self.ec_k) + u32::from(self.ec_m) > 32 {
+            bail!(
+                "ec(k,m) needs k >= 1, m >= 1, k + m <= 32, got ec({},{})",
+                self.ec_k,
+                self.ec_m
+            );
+        }
+        if u32::from(self.pg_width) < u32::from(self.ec_k) + u32::from(self.ec_m) {
+            bail!(
+                "pg_width ({}) must be at least k + m ({})",
+                self.pg_width,
+                self.ec_k + self.ec_m
+            );
+        }
+        if self.managers.is_empty() {
+            bail!("at least one manager is needed");
+        }
+        Ok(())
+    }
+
+    /// The manager addresses.
+    pub fn manager_addrs(&self) -> Vec<SocketAddr> {
+        self.managers.iter().map(|m| m.addr).collect()
+    }
 }
 
 /// `[node]`
@@ -65,6 +171,15 @@ pub struct NodeSection {
     /// Largest frame payload.
     #[serde(default = "default_frame")]
     pub max_frame_bytes: ByteSize,
+    /// Node id, unique in the cluster (required with a cluster file).
+    pub id: Option<u64>,
+    /// The cluster this node belongs to (written by `shingle format`); without it the node
+    /// runs standalone (data role only, for tests and tools).
+    pub cluster_file: Option<PathBuf>,
+    /// Failure domain (host, rack); replicas go to distinct domains. Default: the node id.
+    pub domain: Option<String>,
+    /// Address other nodes use to reach this one (default: `listen`).
+    pub advertise: Option<SocketAddr>,
 }
 
 fn default_frame() -> ByteSize {
@@ -133,6 +248,13 @@ impl NodeConfig {
         let f = self.node.max_frame_bytes.0;
         if !(4096..=1 << 30).contains(&f) {
             bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
+        }
+        let clustered = self.node.cluster_file.is_some();
+        if clustered && self.node.id.is_none_or(|i| i == 0) {
+            bail!("node.id (a positive integer) is required with node.cluster_file");
+        }
+        if !clustered && (self.manager.is_some() || self.meta.is_some()) {
+            bail!("[manager] and [meta] need node.cluster_file (run `shingle format` first)");
         }
         if let Some(d) = &self.data {
             let bs = d.block_size.0;

@@ -28,6 +28,8 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Create a new cluster: write the cluster file every node of it shares.
+    Format(FormatArgs),
     /// Create a new random cluster secret file (mode 0600).
     Keygen {
         /// Where to write it; refuses to overwrite.
@@ -36,6 +38,28 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
+}
+
+#[derive(Debug, clap::Args)]
+struct FormatArgs {
+    /// Where to write the cluster file; refuses to overwrite.
+    #[arg(long)]
+    cluster_file: std::path::PathBuf,
+    /// The managers, as ID=ADDR,... (1 or 3 of them, e.g. 1=10.0.0.1:7000).
+    #[arg(long, value_delimiter = ',', required = true)]
+    managers: Vec<String>,
+    /// Metadata partitions (fixed for the life of the cluster).
+    #[arg(long, default_value_t = 64)]
+    partitions: u32,
+    /// Data placement groups (fixed for the life of the cluster).
+    #[arg(long, default_value_t = 128)]
+    pgs: u32,
+    /// Metadata replicas.
+    #[arg(long, default_value_t = 3)]
+    replication: u8,
+    /// Default erasure coding of new files, K,M (data, parity).
+    #[arg(long, default_value = "4,2")]
+    ec: String,
 }
 
 #[derive(Debug, Subcommand)]
@@ -61,11 +85,58 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Serve { config } => serve::run(&config).await,
             Command::Keygen { out } => keygen(&out),
+            Command::Format(a) => format(a),
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
         }
     })
+}
+
+fn format(a: FormatArgs) -> Result<()> {
+    use anyhow::{Context, bail};
+    let mut managers = Vec::new();
+    for m in &a.managers {
+        let (id, addr) = m
+            .split_once('=')
+            .with_context(|| format!("manager '{m}' must be ID=ADDR, e.g. 1=127.0.0.1:7000"))?;
+        managers.push(config::ManagerEntry {
+            id: id
+                .parse()
+                .with_context(|| format!("manager id '{id}' is not a number"))?,
+            addr: addr
+                .parse()
+                .with_context(|| format!("manager address '{addr}' is not IP:PORT"))?,
+        });
+    }
+    let (k, m) =
+        a.ec.split_once(',')
+            .and_then(|(k, m)| Some((k.trim().parse::<u8>().ok()?, m.trim().parse::<u8>().ok()?)))
+            .with_context(|| format!("--ec '{}' must be K,M, e.g. 4,2", a.ec))?;
+    let mut id = [0u8; 8];
+    getrandom::fill(&mut id).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let cluster = config::ClusterFile {
+        cluster_id: id.iter().map(|b| format!("{b:02x}")).collect(),
+        partitions: a.partitions,
+        pgs: a.pgs,
+        replication: a.replication,
+        pg_width: k.saturating_add(m),
+        ec_k: k,
+        ec_m: m,
+        managers,
+    };
+    cluster.validate()?;
+    if a.cluster_file.exists() {
+        bail!("{} exists; a cluster is formatted once", a.cluster_file.display());
+    }
+    let text = toml::to_string(&cluster)?;
+    std::fs::write(&a.cluster_file, text).with_context(|| format!("write {}", a.cluster_file.display()))?;
+    println!(
+        "formatted cluster {} in {}",
+        cluster.cluster_id,
+        a.cluster_file.display()
+    );
+    Ok(())
 }
 
 fn keygen(out: &std::path::Path) -> Result<()> {

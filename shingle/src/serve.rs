@@ -1,6 +1,6 @@
 //! `shingle serve`: runs one node with the roles its config gives it.
 
-use crate::config::NodeConfig;
+use crate::config::{ClusterFile, NodeConfig};
 use anyhow::{Context, Result};
 use shingle_data::service::ChunkService;
 use shingle_data::store::{ChunkStore, StoreOptions};
@@ -8,6 +8,11 @@ use shingle_data::zone::Geometry;
 use shingle_data::zone::ZonedDevice;
 use shingle_data::zone::blockdev::BlockZonedDevice;
 use shingle_data::zone::file::FileZonedDevice;
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::ids::NodeId;
+use shingle_meta::manager::{Manager, ManagerConfig, ManagerSlot};
+use shingle_meta::map::{ClusterMap, NodeInfo, NodeState, Roles};
+use shingle_meta::service::{MetaConfig, MetaNode};
 use shingle_transport::{ClusterSecret, RegionTable, Router, Server, TcpClient, TransportConfig};
 use std::path::Path;
 use std::sync::Arc;
@@ -61,18 +66,116 @@ pub async fn run(config_path: &Path) -> Result<()> {
         router = router.merge(service.router());
         gc_task = Some(tokio::spawn(gc_loop(store, d.gc_when_free_below)));
     }
+    let cluster = match &cfg.node.cluster_file {
+        Some(f) => Some(ClusterFile::load(f)?),
+        None => None,
+    };
+    let initial_map = cluster
+        .as_ref()
+        .map(|c| ClusterMap::new(c.cluster_id.clone(), c.partitions, c.pgs, c.replication, c.pg_width));
+    // The meta service is opened before the server binds, so that its handlers are there
+    // from the first request; it learns maps through this channel.
+    let (map_tx, map_rx) = tokio::sync::watch::channel(Arc::new(
+        initial_map
+            .clone()
+            .unwrap_or_else(|| ClusterMap::new("standalone", 1, 1, 1, 1)),
+    ));
+    let node_id = NodeId(cfg.node.id.unwrap_or(0));
+    let meta = match &cfg.meta {
+        Some(m) => {
+            let mc = MetaConfig::new(node_id, m.dir.clone());
+            let node = MetaNode::open(mc, peers.clone(), map_rx.clone())
+                .await
+                .with_context(|| format!("open metadata store in {}", m.dir.display()))?;
+            router = router.merge(node.router());
+            Some(node)
+        }
+        None => None,
+    };
+    let slot = ManagerSlot::new();
+    if cfg.manager.is_some() {
+        router = router.merge(slot.router());
+    }
     let server = Server::bind(cfg.node.listen, transport, secret, router, regions)
         .await
         .with_context(|| format!("listen on {}", cfg.node.listen))?;
+    let addr = cfg.node.advertise.unwrap_or_else(|| server.local_addr());
+    let manager = match (&cfg.manager, &cluster, &initial_map) {
+        (Some(m), Some(c), Some(map)) => {
+            let mut mc = ManagerConfig::new(node_id.0, addr, m.dir.clone());
+            mc.down_after_ms = m.down_after_ms;
+            let manager = Manager::start_in(&slot, mc, peers.clone(), map.clone())
+                .await
+                .context("start the manager")?;
+            // The lowest-numbered manager forms the group on first start (a no-op later).
+            if c.managers.iter().map(|m| m.id).min() == Some(node_id.0) {
+                let members = c.managers.iter().map(|m| (m.id, m.addr)).collect();
+                manager.initialize(members).await.context("form the manager group")?;
+            }
+            Some(manager)
+        }
+        _ => None,
+    };
+    let mut forward = None;
+    if let Some(c) = &cluster {
+        let info = NodeInfo {
+            id: node_id,
+            addr,
+            roles: Roles {
+                manager: cfg.manager.is_some(),
+                meta: cfg.meta.is_some(),
+                data: cfg.data.is_some(),
+            },
+            domain: cfg.node.domain.clone().unwrap_or_else(|| format!("node-{}", node_id.0)),
+            state: NodeState::Up,
+        };
+        let wc = WatchConfig {
+            managers: c.manager_addrs(),
+            node: Some(info),
+            interval: std::time::Duration::from_millis(500),
+            touch_timeout: std::time::Duration::from_millis(1500),
+        };
+        let touch = meta.clone();
+        let watch = MapWatch::start(peers.clone(), wc, Duration::from_secs(120), move |ok| {
+            if let Some(m) = &touch {
+                m.set_in_touch(ok);
+            }
+        })
+        .await
+        .context("register with the managers")?;
+        let mut rx = watch.subscribe();
+        let _ = map_tx.send(rx.borrow_and_update().clone());
+        forward = Some(tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let m = rx.borrow_and_update().clone();
+                if map_tx.send(m).is_err() {
+                    return;
+                }
+            }
+        }));
+        if let Some(m) = &meta {
+            m.start();
+        }
+    }
     // Scripts and tests read this line to learn the port when listening on :0.
     println!("shingle: node listening on {}", server.local_addr());
-    info!(addr = %server.local_addr(), data = cfg.data.is_some(), "node started");
+    info!(addr = %server.local_addr(), id = node_id.0, data = cfg.data.is_some(), meta = meta.is_some(),
+        manager = manager.is_some(), "node started");
     wait_for_signal().await?;
     info!("shutting down");
     if let Some(t) = gc_task {
         t.abort();
     }
+    if let Some(t) = forward {
+        t.abort();
+    }
+    if let Some(m) = &meta {
+        m.stop();
+    }
     server.shutdown().await;
+    if let Some(m) = manager {
+        m.shutdown().await;
+    }
     peers.close();
     Ok(())
 }

@@ -98,6 +98,8 @@ pub struct ManagerConfig {
     pub snapshot_every_logs: u64,
     /// How long [`Manager::propose`] keeps looking for a leader before giving up.
     pub propose_timeout_ms: u64,
+    /// A node whose heartbeats stop for this long is marked Down by the leader.
+    pub down_after_ms: u64,
 }
 
 impl ManagerConfig {
@@ -113,6 +115,7 @@ impl ManagerConfig {
             election_timeout_max_ms: 800,
             snapshot_every_logs: 1000,
             propose_timeout_ms: 10_000,
+            down_after_ms: 4_000,
         }
     }
 
@@ -433,7 +436,22 @@ impl ManagerSlot {
                 }
             }
         };
+        let s = self.clone();
+        let heartbeat = move |_: CallContext, req: rpc::HeartbeatRequest| {
+            let s = s.clone();
+            async move {
+                let m = s.get()?;
+                m.last_seen
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(req.node_id, Instant::now());
+                Ok(rpc::HeartbeatResponse {
+                    epoch: m.map_rx.borrow().epoch.0,
+                })
+            }
+        };
         Router::new()
+            .rpc::<rpc::Heartbeat, _, _>(heartbeat)
             .raw(kinds::APPEND_ENTRIES, append)
             .raw(kinds::VOTE, vote)
             .raw(kinds::INSTALL_SNAPSHOT, snapshot)
@@ -474,6 +492,9 @@ struct Inner {
     retry_pause: Duration,
     /// Taken by shutdown, which waits until openraft's tasks have let go of it.
     db: Mutex<Option<Arc<redb::Database>>>,
+    /// When each node's last heartbeat arrived here.
+    last_seen: Mutex<BTreeMap<u64, Instant>>,
+    down_after: Duration,
 }
 
 /// Longest wait in [`Manager::shutdown`] for openraft's tasks to release the database.
@@ -640,12 +661,15 @@ impl Manager {
             propose_timeout: Duration::from_millis(config.propose_timeout_ms),
             retry_pause: Duration::from_millis(config.heartbeat_ms.max(10)),
             db: Mutex::new(Some(db)),
+            last_seen: Mutex::new(BTreeMap::new()),
+            down_after: Duration::from_millis(config.down_after_ms),
         });
         if let Err(e) = slot.attach(inner.clone()) {
             let _ = inner.raft.shutdown().await;
             return Err(e);
         }
         tokio::spawn(log_role_changes(inner.raft.metrics()));
+        tokio::spawn(watch_liveness(Arc::downgrade(&inner)));
         let epoch = inner.map_rx.borrow().epoch;
         info!(
             id = config.node_id,
@@ -822,6 +846,55 @@ impl Manager {
 }
 
 /// Logs each change of role or leader once, until the Raft member stops.
+/// On the leader: marks nodes Down when their heartbeats stop for `down_after`, and Up
+/// again when they resume. A new leader gives every node a full `down_after` first.
+async fn watch_liveness(inner: std::sync::Weak<Inner>) {
+    let mut leader_since: Option<Instant> = None;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let Some(m) = inner.upgrade() else { return };
+        if m.raft.metrics().borrow().state != ServerState::Leader {
+            leader_since = None;
+            continue;
+        }
+        let since = *leader_since.get_or_insert_with(Instant::now);
+        let map = m.map_rx.borrow().clone();
+        let now = Instant::now();
+        let mut changes = Vec::new();
+        {
+            let seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+            for n in map.nodes.values() {
+                let last = seen.get(&n.id.0).copied().unwrap_or(since).max(since);
+                let silent = now.saturating_duration_since(last);
+                match n.state {
+                    crate::map::NodeState::Up if silent >= m.down_after => {
+                        changes.push((n.id, crate::map::NodeState::Down, silent));
+                    }
+                    crate::map::NodeState::Down
+                        if seen
+                            .get(&n.id.0)
+                            .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_secs(1)) =>
+                    {
+                        changes.push((n.id, crate::map::NodeState::Up, silent));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        for (id, state, silent) in changes {
+            info!(
+                node = id.0,
+                ?state,
+                silent_ms = silent.as_millis() as u64,
+                "node liveness changed"
+            );
+            if let Err(e) = m.propose(MapCommand::SetState { id, state }).await {
+                debug!(node = id.0, error = %e, "cannot record liveness change");
+            }
+        }
+    }
+}
+
 async fn log_role_changes(mut rx: watch::Receiver<openraft::RaftMetrics<u64, ManagerNode>>) {
     let mut last = None;
     loop {

@@ -7,6 +7,7 @@
 //! | `0x0302` | InstallSnapshot   | same (one chunk)                                    |
 //! | `0x0310` | [`GetMap`]        | protobuf [`GetMapRequest`] / [`GetMapResponse`]     |
 //! | `0x0311` | [`Propose`]       | protobuf [`ProposeRequest`] / [`ProposeResponse`]   |
+//! | `0x0312` | [`Heartbeat`]     | protobuf [`HeartbeatRequest`] / [`HeartbeatResponse`] |
 //!
 //! The Raft messages are openraft's own types in JSON: they are only exchanged between
 //! managers of one build, and their shape is openraft's to evolve. The client-facing
@@ -81,6 +82,26 @@ pub struct ProposeResponse {
     pub refusal_json: String,
 }
 
+/// A node tells the managers it is alive (sent to every manager; the leader acts on it).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeartbeatRequest {
+    /// The node.
+    #[prost(uint64, tag = "1")]
+    pub node_id: u64,
+    /// The epoch of the node's map.
+    #[prost(uint64, tag = "2")]
+    pub epoch: u64,
+}
+
+/// The manager's epoch, so the node knows when to fetch the map.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct HeartbeatResponse {
+    /// The manager's map epoch.
+    #[prost(uint64, tag = "1")]
+    pub epoch: u64,
+}
+
 use shingle_transport::rpc;
 rpc!(GetMap, 0x0310, GetMapRequest, GetMapResponse);
 rpc!(Propose, 0x0311, ProposeRequest, ProposeResponse);
+rpc!(Heartbeat, 0x0312, HeartbeatRequest, HeartbeatResponse);

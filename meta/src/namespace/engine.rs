@@ -71,6 +71,34 @@ pub struct Namespace {
     parts: Vec<Partition>,
     /// Crash injection for tests: stop after this many more applied steps.
     crash_after_steps: Option<usize>,
+    /// Present in a sparse view (see [`Namespace::sparse`]).
+    sparse: Option<Box<Sparse>>,
+}
+
+/// A record a sparse view lacks: the coordinator fetches it and runs the operation again.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Need {
+    /// An inode (from the primary of `ino.partition()`).
+    Inode(Ino),
+    /// A directory entry (from the primary of its hashed partition).
+    Dentry(Ino, Vec<u8>),
+    /// A fresh inode counter of a partition (allocated by its primary).
+    Counter(PartitionId),
+}
+
+/// The changes one operation makes: `(coordinator, steps)`, executed like
+/// [`Namespace`] does in memory (one batch when every step is in the coordinator's
+/// partition, through an intent otherwise).
+pub type Plan = (PartitionId, Vec<(PartitionId, Mutation)>);
+
+/// What a sparse view holds and what it found missing.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Sparse {
+    inodes: std::collections::BTreeSet<Ino>,
+    dentries: std::collections::BTreeSet<(Ino, Vec<u8>)>,
+    counters: std::collections::BTreeSet<PartitionId>,
+    needs: std::cell::RefCell<std::collections::BTreeSet<Need>>,
+    plans: Vec<Plan>,
 }
 
 /// The "crashed" outcome of an injected crash.
@@ -101,11 +129,84 @@ impl Namespace {
             target: None,
             parent: Some(Ino::ROOT),
             xattrs: BTreeMap::new(),
+            layout: None,
         };
         parts[0].apply(0, 0, &Mutation::PutInode(Box::new(root)));
         Namespace {
             parts,
             crash_after_steps: None,
+            sparse: None,
+        }
+    }
+
+    /// An empty *sparse view* of a namespace of `partitions` partitions, for a coordinator
+    /// that holds only some records locally.
+    ///
+    /// The caller provides the records it has fetched ([`Namespace::provide_inode`],
+    /// [`Namespace::provide_dentry`], [`Namespace::provide_counter`]) and runs an operation.
+    /// Reading a record that was not provided records a [`Need`] and fails the operation;
+    /// the caller fetches what [`Namespace::needs`] lists and runs it again on a new view.
+    /// When nothing is missing, the operation's result is final and [`Namespace::take_plans`]
+    /// returns the mutations to execute on the real partitions (in a sparse view they are
+    /// only applied to the view itself, so a result such as the new attributes is right).
+    pub fn sparse(partitions: u32) -> Self {
+        Namespace {
+            parts: (0..partitions.max(1)).map(|p| Partition::new(PartitionId(p))).collect(),
+            crash_after_steps: None,
+            sparse: Some(Box::default()),
+        }
+    }
+
+    /// Sparse view: gives an inode's record (`None`: known absent).
+    pub fn provide_inode(&mut self, ino: Ino, rec: Option<InodeRec>) {
+        if let Some(s) = self.sparse.as_mut() {
+            s.inodes.insert(ino);
+        }
+        if let (Some(rec), Some(p)) = (rec, self.parts.get_mut(ino.partition().0 as usize)) {
+            p.inodes.insert(ino, rec);
+        }
+    }
+
+    /// Sparse view: gives a directory entry (`None`: known absent).
+    pub fn provide_dentry(&mut self, parent: Ino, name: &[u8], val: Option<DentryVal>) {
+        if let Some(s) = self.sparse.as_mut() {
+            s.dentries.insert((parent, name.to_vec()));
+        }
+        let dp = self.dpart(parent, name);
+        if let (Some(val), Some(p)) = (val, self.parts.get_mut(dp.0 as usize)) {
+            p.dentries.insert((parent, name.to_vec()), val);
+        }
+    }
+
+    /// Sparse view: gives a fresh inode counter of partition `p` (allocated by its primary).
+    pub fn provide_counter(&mut self, p: PartitionId, counter: u64) {
+        if let Some(s) = self.sparse.as_mut() {
+            s.counters.insert(p);
+        }
+        if let Some(part) = self.parts.get_mut(p.0 as usize) {
+            part.set_next_counter(counter);
+        }
+    }
+
+    /// Sparse view: the records the last operation lacked.
+    pub fn needs(&self) -> Vec<Need> {
+        self.sparse
+            .as_ref()
+            .map(|s| s.needs.borrow().iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Sparse view: the mutations of the operations run so far.
+    pub fn take_plans(&mut self) -> Vec<Plan> {
+        self.sparse
+            .as_mut()
+            .map(|s| std::mem::take(&mut s.plans))
+            .unwrap_or_default()
+    }
+
+    fn need(&self, n: Need) {
+        if let Some(s) = &self.sparse {
+            s.needs.borrow_mut().insert(n);
         }
     }
 
@@ -138,7 +239,27 @@ impl Namespace {
     }
 
     fn rec(&self, ino: Ino) -> NsResult<&InodeRec> {
+        if let Some(s) = &self.sparse
+            && !s.inodes.contains(&ino)
+        {
+            self.need(Need::Inode(ino));
+            return Err(Errno::EAGAIN);
+        }
         self.part(ino.partition())?.inodes.get(&ino).ok_or(Errno::ENOENT)
+    }
+
+    fn alloc_ino(&mut self, p: PartitionId) -> NsResult<Ino> {
+        if let Some(s) = &self.sparse
+            && !s.counters.contains(&p)
+        {
+            self.need(Need::Counter(p));
+            return Err(Errno::EAGAIN);
+        }
+        self.parts
+            .get_mut(p.0 as usize)
+            .ok_or(Errno::ESTALE)?
+            .alloc_ino()
+            .ok_or(Errno::ENOSPC)
     }
 
     /// Attributes of an inode.
@@ -156,6 +277,12 @@ impl Namespace {
     }
 
     fn entry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
+        if let Some(s) = &self.sparse
+            && !s.dentries.contains(&(parent, name.to_vec()))
+        {
+            self.need(Need::Dentry(parent, name.to_vec()));
+            return None;
+        }
         self.parts
             .get(self.dpart(parent, name).0 as usize)
             .and_then(|p| p.dentry(parent, name))
@@ -187,6 +314,18 @@ impl Namespace {
     /// Applies `steps`: directly when they touch one partition, through an intent
     /// recorded in `coord` otherwise.
     fn execute(&mut self, coord: PartitionId, steps: Vec<(PartitionId, Mutation)>) -> NsResult<()> {
+        if self.sparse.is_some() {
+            if !self.needs().is_empty() {
+                return Err(Errno::EAGAIN);
+            }
+            for (p, m) in &steps {
+                self.parts[p.0 as usize].apply(0, 0, m);
+            }
+            if let Some(s) = self.sparse.as_mut() {
+                s.plans.push((coord, steps));
+            }
+            return Ok(());
+        }
         let single = steps.iter().all(|(p, _)| *p == coord);
         if single {
             // One partition applies its steps in one transaction: all or nothing.
@@ -280,8 +419,12 @@ impl Namespace {
             kind,
             if kind == FileKind::Symlink { 0o777 } else { perm },
         );
+        let layout = match kind {
+            FileKind::File | FileKind::Dir => p.layout.as_ref().map(Layout::policy),
+            _ => None,
+        };
         let dp = self.dpart(parent, name);
-        let ino = self.parts[dp.0 as usize].alloc_ino().ok_or(Errno::ENOSPC)?;
+        let ino = self.alloc_ino(dp)?;
         let attr = Attr {
             ino,
             kind,
@@ -305,6 +448,7 @@ impl Namespace {
             target: target.map(<[u8]>::to_vec),
             parent: (kind == FileKind::Dir).then_some(parent),
             xattrs: BTreeMap::new(),
+            layout,
         };
         let subdirs = i64::from(kind == FileKind::Dir);
         self.execute(
@@ -717,7 +861,15 @@ impl Namespace {
         let mut a = perm::apply_setattr(creds, &rec.attr, set, now)?;
         a.ctime = now;
         let p = ino.partition();
-        let new = InodeRec { attr: a.clone(), ..rec };
+        let mut layout = rec.layout.clone();
+        if let (Some(size), Some(l)) = (set.size, layout.as_mut()) {
+            l.truncate(size);
+        }
+        let new = InodeRec {
+            attr: a.clone(),
+            layout,
+            ..rec
+        };
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
         Ok(a)
     }
@@ -821,6 +973,80 @@ impl Namespace {
         new.attr.ctime = now;
         let p = ino.partition();
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
+    }
+
+    /// The data layout of a file (or the policy of a directory).
+    pub fn layout(&self, ino: Ino) -> NsResult<Option<Layout>> {
+        Ok(self.rec(ino)?.layout.clone())
+    }
+
+    /// Sets the erasure-coding policy of a directory (inherited by what is created in
+    /// it) or of an empty file. Owner or root only.
+    pub fn set_layout(&mut self, creds: &Creds, ino: Ino, policy: &Layout, now: TimeNs) -> NsResult<()> {
+        let rec = self.rec(ino)?.clone();
+        if creds.uid != 0 && creds.uid != rec.attr.uid {
+            return Err(Errno::EPERM);
+        }
+        match rec.attr.kind {
+            FileKind::Dir => {}
+            FileKind::File if rec.layout.as_ref().is_none_or(|l| l.stripes.is_empty()) => {}
+            FileKind::File => return Err(Errno::EBUSY),
+            _ => return Err(Errno::EINVAL),
+        }
+        let k = usize::from(policy.k);
+        if k == 0 || policy.m == 0 || k + usize::from(policy.m) > 32 || policy.unit == 0 || policy.unit % 4096 != 0 {
+            return Err(Errno::EINVAL);
+        }
+        let mut new = rec;
+        new.layout = Some(policy.policy());
+        new.attr.ctime = now;
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
+    }
+
+    /// Commits written data: the new stripes (replacing older versions of the same
+    /// stripes) and the file size, which only grows here (truncation is `setattr`).
+    /// The writer has permission from its open; the file must still be a regular file.
+    pub fn commit_write(
+        &mut self,
+        ino: Ino,
+        policy: &Layout,
+        size: u64,
+        stripes: &[(u64, StripeRec)],
+        now: TimeNs,
+    ) -> NsResult<Attr> {
+        let rec = self.rec(ino)?.clone();
+        if rec.attr.kind != FileKind::File {
+            return Err(Errno::EISDIR);
+        }
+        let mut new = rec;
+        let layout = new.layout.get_or_insert_with(|| policy.policy());
+        if layout.stripes.is_empty() && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+            *layout = policy.policy();
+        }
+        if (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+            return Err(Errno::EINVAL);
+        }
+        for (s, r) in stripes {
+            let newer = layout.stripes.get(s).is_none_or(|old| old.version < r.version);
+            if newer {
+                layout.stripes.insert(*s, r.clone());
+            }
+        }
+        new.attr.size = new.attr.size.max(size);
+        new.attr.mtime = now;
+        new.attr.ctime = now;
+        // Writing clears set-user-id (and set-group-id when group-executable), as Linux does.
+        if new.attr.perm & (S_ISUID | S_ISGID) != 0 {
+            new.attr.perm &= !S_ISUID;
+            if new.attr.perm & 0o010 != 0 {
+                new.attr.perm &= !S_ISGID;
+            }
+        }
+        let attr = new.attr.clone();
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        Ok(attr)
     }
 
     /// Number of inodes in the namespace (for statfs).

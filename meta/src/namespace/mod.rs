@@ -12,5 +12,6 @@ pub mod partition;
 pub mod perm;
 pub mod types;
 
-pub use engine::{Namespace, RenameFlags, XattrMode};
-pub use types::{Attr, Creds, DirEntry, Errno, FileKind, NsResult, SetAttr};
+pub use engine::{Namespace, Need, Plan, RenameFlags, XattrMode};
+pub use partition::{DentryVal, InodeRec, Intent, Mutation, Partition};
+pub use types::{Attr, Creds, DirEntry, Errno, FileKind, Layout, NsResult, SetAttr, StripeRec, TimeNs};

@@ -9,7 +9,7 @@
 //! of their intent and step and are applied at most once, so an operation can be redone
 //! from its intent after a crash without double-counting.
 
-use super::types::{Attr, FileKind, TimeNs};
+use super::types::{Attr, FileKind, Layout, TimeNs};
 use crate::ids::{Ino, PartitionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +25,9 @@ pub struct InodeRec {
     pub parent: Option<Ino>,
     /// Extended attributes.
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// Data layout (files) or layout policy (directories); `None` uses the default.
+    #[serde(default)]
+    pub layout: Option<Layout>,
 }
 
 /// A directory entry's value.
@@ -140,6 +143,37 @@ impl Partition {
         let ino = Ino::new(self.id, self.next_counter)?;
         self.next_counter += 1;
         Some(ino)
+    }
+
+    /// The next inode counter this partition hands out.
+    pub fn next_counter(&self) -> u64 {
+        self.next_counter
+    }
+
+    /// Sets the next inode counter (a sparse view uses the primary's allocation; a
+    /// restarted primary resumes above its persisted high-water mark).
+    pub fn set_next_counter(&mut self, c: u64) {
+        self.next_counter = c;
+    }
+
+    /// Records an intent with a given id (a replica applying its primary's batch).
+    pub fn put_intent(&mut self, intent: Intent) {
+        self.intents.insert(intent.id, intent);
+    }
+
+    /// True when step `step` of intent `intent` has been applied here.
+    pub fn has_marker(&self, intent: u64, step: u16) -> bool {
+        self.applied.contains(&(intent, step))
+    }
+
+    /// The at-most-once markers of an intent.
+    pub fn markers_of(&self, intent: u64) -> Vec<(u64, u16)> {
+        self.applied.range((intent, 0)..=(intent, u16::MAX)).copied().collect()
+    }
+
+    /// Restores a marker (loading from disk).
+    pub fn insert_marker(&mut self, intent: u64, step: u16) {
+        self.applied.insert((intent, step));
     }
 
     /// Records a new intent; returns its id.

@@ -13,6 +13,8 @@ pub enum Errno {
     ENOENT = 2,
     /// I/O error.
     EIO = 5,
+    /// Try again (a replica is catching up, a lock is busy).
+    EAGAIN = 11,
     /// Permission denied.
     EACCES = 13,
     /// Device or resource busy.
@@ -66,6 +68,7 @@ impl Errno {
             EPERM,
             ENOENT,
             EIO,
+            EAGAIN,
             EACCES,
             EBUSY,
             EEXIST,
@@ -252,6 +255,55 @@ pub fn check_name(name: &[u8]) -> NsResult<()> {
         return Err(Errno::EINVAL);
     }
     Ok(())
+}
+
+/// How a file's data is stored: the erasure-coding policy and, per stripe, the chunk
+/// version and the nodes that held its shards when it was written (a hint: a stale hint
+/// costs the reader one resolve, and the placement group gives the current nodes).
+/// Directories hold a policy (no stripes) that new files and directories inherit.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Layout {
+    /// Data shards per stripe.
+    pub k: u8,
+    /// Parity shards per stripe.
+    pub m: u8,
+    /// Bytes per shard (a stripe holds `k * unit` bytes of file data).
+    pub unit: u32,
+    /// Written stripes by index.
+    pub stripes: std::collections::BTreeMap<u64, StripeRec>,
+}
+
+impl Layout {
+    /// Bytes of file data per stripe.
+    pub fn stripe_bytes(&self) -> u64 {
+        u64::from(self.k) * u64::from(self.unit)
+    }
+
+    /// The policy alone (no stripes), as a directory passes it on.
+    pub fn policy(&self) -> Layout {
+        Layout {
+            k: self.k,
+            m: self.m,
+            unit: self.unit,
+            stripes: Default::default(),
+        }
+    }
+
+    /// Drops stripes that lie wholly at or beyond `size`.
+    pub fn truncate(&mut self, size: u64) {
+        let sb = self.stripe_bytes().max(1);
+        let keep = size.div_ceil(sb);
+        self.stripes.retain(|s, _| *s < keep);
+    }
+}
+
+/// One written stripe of a file.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeRec {
+    /// Version of its chunks (readers refuse older ones).
+    pub version: u64,
+    /// Node ids that took shards 0..k+m (a location hint).
+    pub nodes: Vec<u64>,
 }
 
 /// A directory entry as READDIR returns it.

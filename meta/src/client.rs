@@ -1,0 +1,458 @@
+//! The namespace client: routes every operation by the map, retries through failures.
+//!
+//! Reads (lookup, getattr, readlink, xattrs) go to one member of the partition, rotating
+//! over members to spread load; a member that fails, or is still catching up, is
+//! skipped for the next. Readdir asks every partition's members in parallel, one request
+//! per node, and merges pages by name (a stable cursor). Mutations go to the primary of
+//! their anchor partition, which coordinates them; "stale map" answers trigger a map
+//! refresh. Everything is retried until `timeout`, then fails with the last errno
+//! (EIO when no server answered).
+
+use crate::agent::MapWatch;
+use crate::ids::{Ino, NodeId, PartitionId};
+use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, SetAttr, StripeRec};
+use crate::service::MapView;
+use crate::service::wire::*;
+use shingle_transport::TcpClient;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+use tracing::debug;
+
+/// A namespace client. Clones share connections and the map.
+#[derive(Clone)]
+pub struct MetaClient {
+    client: TcpClient,
+    maps: MapWatch,
+    view: Arc<RwLock<Arc<MapView>>>,
+    rr: Arc<AtomicU64>,
+    timeout: Duration,
+    rpc_timeout: Duration,
+}
+
+impl MetaClient {
+    /// A client over `client`, routing by the maps `maps` delivers.
+    pub fn new(client: TcpClient, maps: MapWatch) -> Self {
+        let view = Arc::new(RwLock::new(Arc::new(MapView::new((*maps.current()).clone()))));
+        MetaClient {
+            client,
+            maps,
+            view,
+            rr: Arc::new(AtomicU64::new(0)),
+            timeout: Duration::from_secs(20),
+            rpc_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// Sets how long an operation is retried before it fails.
+    pub fn with_timeout(mut self, t: Duration) -> Self {
+        self.timeout = t;
+        self
+    }
+
+    /// The map view in use (refreshed when the watch has a newer map).
+    pub fn view(&self) -> Arc<MapView> {
+        let cur = self.maps.current();
+        let v = self.view.read().unwrap_or_else(|p| p.into_inner()).clone();
+        if cur.epoch > v.map.epoch {
+            let nv = Arc::new(MapView::new((*cur).clone()));
+            *self.view.write().unwrap_or_else(|p| p.into_inner()) = nv.clone();
+            return nv;
+        }
+        v
+    }
+
+    /// The map watch.
+    pub fn maps(&self) -> &MapWatch {
+        &self.maps
+    }
+
+    /// The transport client.
+    pub fn transport(&self) -> &TcpClient {
+        &self.client
+    }
+
+    async fn refresh(&self, v: &MapView) {
+        self.maps.refresh(v.map.epoch, Duration::from_millis(300)).await;
+    }
+
+    /// Reads from a member of `p`.
+    async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
+        let deadline = Instant::now() + self.timeout;
+        let mut last = Errno::EIO;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let v = self.view();
+            let members = v.members(p);
+            let start = self.rr.fetch_add(1, Ordering::Relaxed) as usize;
+            for i in 0..members.len() {
+                let n = members[(start + i) % members.len()];
+                let Some(addr) = v.addr(n) else { continue };
+                let req = Read {
+                    epoch: v.map.epoch,
+                    op: op.clone(),
+                };
+                match call(&self.client, addr, &req, self.rpc_timeout).await {
+                    Ok(r) => return Ok(r),
+                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Err(e),
+                    Err(e) => {
+                        debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
+                        last = e.errno();
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            self.refresh(&v).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Runs a mutation at its coordinator.
+    pub async fn op(&self, creds: &Creds, op: NsOp) -> Result<OpReply, Errno> {
+        let deadline = Instant::now() + self.timeout;
+        let mut last = Errno::EIO;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let v = self.view();
+            let anchor = op.anchor(v.map.partitions);
+            if let Some(addr) = v.primary(anchor).and_then(|n| v.addr(n)) {
+                let req = Op {
+                    epoch: v.map.epoch,
+                    creds: creds.clone(),
+                    op: op.clone(),
+                };
+                match call(&self.client, addr, &req, self.timeout.min(Duration::from_secs(15))).await {
+                    Ok(r) => return Ok(r),
+                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Err(e),
+                    Err(e) => {
+                        debug!(partition = anchor.0, error = %e, "operation not done; retrying");
+                        last = e.errno();
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(last);
+            }
+            self.refresh(&v).await;
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
+        }
+    }
+
+    /// Looks up `name` in `parent` (one RPC unless the inode lives in another partition).
+    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        let parts = self.view().map.partitions;
+        let p = crate::placement::dentry_partition(parent, name, parts);
+        let op = ReadOp::Lookup {
+            parent,
+            name: name.to_vec(),
+        };
+        match self.read(p, op).await? {
+            ReadReply::Entry(_, Some(a)) => Ok(a),
+            ReadReply::Entry(e, None) => self.getattr(e.ino).await,
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// Attributes of an inode.
+    pub async fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        match self.read(ino.partition(), ReadOp::GetAttr(ino)).await? {
+            ReadReply::Attr(a) => Ok(a),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// The whole inode (attributes, symlink target, layout).
+    pub async fn get_inode(&self, ino: Ino) -> Result<InodeRec, Errno> {
+        match self.read(ino.partition(), ReadOp::GetInode(ino)).await? {
+            ReadReply::Inode(r) => Ok(*r),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// A symlink's target.
+    pub async fn readlink(&self, ino: Ino) -> Result<Vec<u8>, Errno> {
+        self.get_inode(ino).await?.target.ok_or(Errno::EINVAL)
+    }
+
+    /// One extended attribute.
+    pub async fn getxattr(&self, creds: &Creds, ino: Ino, name: &[u8]) -> Result<Vec<u8>, Errno> {
+        let op = ReadOp::GetXattr {
+            creds: creds.clone(),
+            ino,
+            name: name.to_vec(),
+        };
+        match self.read(ino.partition(), op).await? {
+            ReadReply::Value(v) => Ok(v),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// Extended attribute names.
+    pub async fn listxattr(&self, creds: &Creds, ino: Ino) -> Result<Vec<Vec<u8>>, Errno> {
+        let op = ReadOp::ListXattr {
+            creds: creds.clone(),
+            ino,
+        };
+        match self.read(ino.partition(), op).await? {
+            ReadReply::Names(v) => Ok(v),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// One page of `dir`: up to `limit` entries with names after `after`, in name order,
+    /// from every partition (in parallel, one request per node).
+    pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
+        let deadline = Instant::now() + self.timeout;
+        let v = self.view();
+        let mut todo: Vec<PartitionId> = (0..v.map.partitions).map(PartitionId).collect();
+        let mut out: Vec<DirEntry> = Vec::new();
+        let mut attempt = 0usize;
+        while !todo.is_empty() {
+            let v = self.view();
+            let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
+            for p in &todo {
+                let m = v.members(*p);
+                if m.is_empty() {
+                    continue;
+                }
+                by_node.entry(m[attempt % m.len()]).or_default().push(*p);
+            }
+            let calls = by_node.into_iter().map(|(n, parts)| {
+                let v = v.clone();
+                let after = after.map(<[u8]>::to_vec);
+                async move {
+                    let addr = v.addr(n)?;
+                    let req = Read {
+                        epoch: v.map.epoch,
+                        op: ReadOp::ReadDir {
+                            dir,
+                            after,
+                            limit,
+                            partitions: parts.clone(),
+                        },
+                    };
+                    match call(&self.client, addr, &req, self.rpc_timeout).await {
+                        Ok(ReadReply::Entries(e, missing)) => Some((e, missing, parts)),
+                        Ok(_) => None,
+                        Err(e) => {
+                            debug!(node = n.0, error = %e, "readdir failed at a node");
+                            None
+                        }
+                    }
+                }
+            });
+            let results = join_all(calls).await;
+            let mut done = std::collections::BTreeSet::new();
+            for (entries, missing, parts) in results.into_iter().flatten() {
+                out.extend(entries);
+                for p in parts {
+                    if !missing.contains(&p) {
+                        done.insert(p);
+                    }
+                }
+            }
+            todo.retain(|p| !done.contains(p));
+            if todo.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(Errno::EIO);
+            }
+            attempt += 1;
+            if attempt % 3 == 0 {
+                self.refresh(&v).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out.truncate(limit as usize);
+        Ok(out)
+    }
+
+    fn attr(r: OpReply) -> Result<Attr, Errno> {
+        match r {
+            OpReply::Attr(a) => Ok(a),
+            OpReply::Done => Err(Errno::EIO),
+        }
+    }
+
+    /// Creates a node of any kind (file, directory, symlink, fifo, socket, device).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn mknod(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+    ) -> Result<Attr, Errno> {
+        let op = NsOp::Mknod {
+            parent,
+            name: name.to_vec(),
+            kind,
+            perm,
+            rdev,
+            target: target.map(<[u8]>::to_vec),
+        };
+        Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Creates a hard link.
+    pub async fn link(&self, creds: &Creds, ino: Ino, newparent: Ino, newname: &[u8]) -> Result<Attr, Errno> {
+        let op = NsOp::Link {
+            ino,
+            newparent,
+            newname: newname.to_vec(),
+        };
+        Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Removes a non-directory.
+    pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        let op = NsOp::Unlink {
+            parent,
+            name: name.to_vec(),
+        };
+        self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Removes an empty directory.
+    pub async fn rmdir(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        let op = NsOp::Rmdir {
+            parent,
+            name: name.to_vec(),
+        };
+        self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Renames (renameat2 flags: NOREPLACE, EXCHANGE).
+    #[allow(clippy::too_many_arguments)]
+    pub async fn rename(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<(), Errno> {
+        let op = NsOp::Rename {
+            parent,
+            name: name.to_vec(),
+            newparent,
+            newname: newname.to_vec(),
+            noreplace,
+            exchange,
+        };
+        self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Changes attributes.
+    pub async fn setattr(&self, creds: &Creds, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
+        Self::attr(self.op(creds, NsOp::SetAttr { ino, set }).await?)
+    }
+
+    /// Sets an extended attribute (mode 0 any, 1 create, 2 replace).
+    pub async fn setxattr(&self, creds: &Creds, ino: Ino, name: &[u8], value: &[u8], mode: u8) -> Result<(), Errno> {
+        let op = NsOp::SetXattr {
+            ino,
+            name: name.to_vec(),
+            value: value.to_vec(),
+            mode,
+        };
+        self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Removes an extended attribute.
+    pub async fn removexattr(&self, creds: &Creds, ino: Ino, name: &[u8]) -> Result<(), Errno> {
+        let op = NsOp::RemoveXattr {
+            ino,
+            name: name.to_vec(),
+        };
+        self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Sets the EC policy of a directory or empty file.
+    pub async fn set_layout(&self, creds: &Creds, ino: Ino, policy: Layout) -> Result<(), Errno> {
+        self.op(creds, NsOp::SetLayout { ino, policy }).await.map(|_| ())
+    }
+
+    /// Commits written stripes and the new size.
+    pub async fn commit_write(
+        &self,
+        creds: &Creds,
+        ino: Ino,
+        policy: Layout,
+        size: u64,
+        stripes: Vec<(u64, StripeRec)>,
+    ) -> Result<Attr, Errno> {
+        let op = NsOp::CommitWrite {
+            ino,
+            policy,
+            size,
+            stripes,
+        };
+        Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Resolves a slash-separated path from the root (no symlink following).
+    pub async fn resolve(&self, path: &[u8]) -> Result<Attr, Errno> {
+        let mut cur = self.getattr(Ino::ROOT).await?;
+        for comp in path.split(|b| *b == b'/').filter(|c| !c.is_empty() && *c != b".") {
+            if cur.kind != FileKind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            cur = self.lookup(cur.ino, comp).await?;
+        }
+        Ok(cur)
+    }
+
+    /// Inode counts and health summed over the meta nodes in the map.
+    pub async fn stats(&self) -> Vec<(NodeId, Result<NodeStats, Errno>)> {
+        let v = self.view();
+        let calls = v.map.nodes.values().filter(|n| n.roles.meta).map(|n| {
+            let (id, addr) = (n.id, n.addr);
+            async move {
+                (
+                    id,
+                    call(&self.client, addr, &Stats, self.rpc_timeout)
+                        .await
+                        .map_err(|e| e.errno()),
+                )
+            }
+        });
+        join_all(calls).await
+    }
+}
+
+/// Runs futures concurrently; outputs in order.
+pub async fn join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futs.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter().flatten().collect()
+}

@@ -1,0 +1,96 @@
+//! Inode locks held by coordinators while they read and change a directory.
+//!
+//! A lock host is the primary of the inode's partition. A coordinator takes all keys at
+//! one host at once or none (waiting a little for busy ones), hosts in ascending node
+//! order; if a host refuses, the coordinator releases everything and tries again later,
+//! so there is no deadlock. Every lock has a lease, so a coordinator that dies frees its
+//! keys after the lease.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+
+/// The locks hosted by one node.
+#[derive(Default)]
+pub struct LockTable {
+    held: Mutex<HashMap<u64, (u64, Instant)>>,
+    freed: Notify,
+}
+
+impl LockTable {
+    /// Tries to take every key for `owner`, waiting up to `wait` for busy ones. True when
+    /// all are held (keys `owner` already holds count as taken; their lease is renewed).
+    pub async fn lock(&self, keys: &[u64], owner: u64, lease: Duration, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if self.try_lock(keys, owner, lease) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            // A lease may run out without a release, so look again now and then.
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(50)), freed).await;
+        }
+    }
+
+    fn try_lock(&self, keys: &[u64], owner: u64, lease: Duration) -> bool {
+        let now = Instant::now();
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let free = keys
+            .iter()
+            .all(|k| held.get(k).is_none_or(|(o, until)| *o == owner || *until <= now));
+        if free {
+            for k in keys {
+                held.insert(*k, (owner, now + lease));
+            }
+        }
+        free
+    }
+
+    /// Releases the keys `owner` holds.
+    pub fn release(&self, keys: &[u64], owner: u64) {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for k in keys {
+            if held.get(k).is_some_and(|(o, _)| *o == owner) {
+                held.remove(k);
+            }
+        }
+        drop(held);
+        self.freed.notify_waiters();
+    }
+
+    /// Forgets every lock (this node stopped being the host).
+    pub fn clear(&self) {
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.freed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn locks_exclude_wait_and_expire() {
+        let t = std::sync::Arc::new(LockTable::default());
+        let lease = Duration::from_secs(10);
+        assert!(t.lock(&[1, 2], 100, lease, Duration::ZERO).await);
+        assert!(!t.lock(&[2, 3], 200, lease, Duration::from_millis(10)).await);
+        // Nothing of a refused request is held.
+        assert!(t.lock(&[3], 300, lease, Duration::ZERO).await);
+        let t2 = t.clone();
+        let waiter = tokio::spawn(async move { t2.lock(&[1], 200, lease, Duration::from_secs(5)).await });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        t.release(&[1, 2], 100);
+        assert!(waiter.await.expect("join"));
+        // A lease runs out by itself.
+        assert!(t.lock(&[9], 1, Duration::from_millis(30), Duration::ZERO).await);
+        assert!(t.lock(&[9], 2, lease, Duration::from_secs(2)).await);
+    }
+}

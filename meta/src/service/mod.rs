@@ -1,0 +1,17 @@
+//! The namespace service: the partitions a node holds, replicated, and the operations on them.
+//!
+//! - [`wire`]: the messages (postcard over the transport) and the call helper.
+//! - [`replica`]: one copy of a partition and how batches change it (pure).
+//! - [`store`]: durable copies in redb with group commit.
+//! - [`locks`]: inode locks of coordinators, with leases.
+//! - [`node`]: the service: reads, the coordinator of mutations (sparse views over
+//!   remote records, intents for multi-partition changes), primary/replica replication
+//!   with epoch fencing, catch-up and takeover.
+
+pub mod locks;
+pub mod node;
+pub mod replica;
+pub mod store;
+pub mod wire;
+
+pub use node::{MapView, MetaConfig, MetaNode};

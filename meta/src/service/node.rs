@@ -1,0 +1,1285 @@
+//! A meta node: the partitions it holds, their replication, and the RPC handlers.
+//!
+//! **Roles per partition** come from the map: the replica list of partition `p` is
+//! `placement.partition(p)`; its *members* are the listed nodes that are Up, and the
+//! first member is the *primary*. The primary numbers every batch (`lsn`), applies and
+//! persists it, and sends it to every other member; the batch is acknowledged only when
+//! all members have persisted it. A member whose copy does not follow (gap, or a copy of
+//! another reign) answers `NeedInstall` and receives the whole partition.
+//!
+//! **Serving**: a copy serves reads (and, on the primary, writes) only when it is known
+//! to be complete for the current epoch: it stayed a member across consecutive maps
+//! while its node kept in touch with the managers, or it was installed by the primary
+//! of this epoch. A primary that is not serving first pulls the best copy of the other
+//! members, then starts a new reign (`state_epoch` = the epoch, `lsn` = 0), which makes
+//! every other member reinstall: no member can follow a diverged history.
+//!
+//! **Fencing**: a member refuses batches and installs carrying an epoch older than its
+//! map, so a partitioned old primary cannot get a write acknowledged.
+
+use super::locks::LockTable;
+use super::replica::{PartMeta, Replica};
+use super::store::{MetaStore, Write};
+use super::wire::*;
+use crate::ids::{Epoch, Ino, NodeId, PartitionId};
+use crate::map::{ClusterMap, Placement};
+use crate::namespace::{Creds, DirEntry, Errno, Intent, Namespace, Need, Plan};
+use crate::namespace::{DentryVal, InodeRec};
+use bytes::Bytes;
+use shingle_transport::{CallContext, Code, Router, Status, TcpClient};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+/// Settings of the namespace service on one node.
+#[derive(Clone, Debug)]
+pub struct MetaConfig {
+    /// This node.
+    pub node_id: NodeId,
+    /// Directory of the partition store.
+    pub dir: PathBuf,
+    /// How long a replica may take to persist a batch before the write fails.
+    pub replicate_timeout: Duration,
+    /// Lease of coordinator locks (a dead coordinator's locks free after it).
+    pub lock_lease: Duration,
+    /// How long a coordinator keeps retrying a step of an operation it has begun.
+    pub op_timeout: Duration,
+}
+
+impl MetaConfig {
+    /// Defaults: replicas get 2 s, locks 30 s, operations 10 s.
+    pub fn new(node_id: NodeId, dir: PathBuf) -> Self {
+        MetaConfig {
+            node_id,
+            dir,
+            replicate_timeout: Duration::from_secs(2),
+            lock_lease: Duration::from_secs(30),
+            op_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A map and the placement derived from it.
+pub struct MapView {
+    /// The map.
+    pub map: ClusterMap,
+    /// Its placement.
+    pub placement: Placement,
+}
+
+impl MapView {
+    /// Derives the placement.
+    pub fn new(map: ClusterMap) -> Self {
+        let placement = map.placement();
+        MapView { map, placement }
+    }
+
+    /// Up replicas of `p`, primary first.
+    pub fn members(&self, p: PartitionId) -> Vec<NodeId> {
+        self.placement
+            .partition(p)
+            .iter()
+            .copied()
+            .filter(|n| self.map.is_up(*n))
+            .collect()
+    }
+
+    /// The primary of `p`.
+    pub fn primary(&self, p: PartitionId) -> Option<NodeId> {
+        self.members(p).first().copied()
+    }
+
+    /// A node's address.
+    pub fn addr(&self, n: NodeId) -> Option<SocketAddr> {
+        self.map.addr(n)
+    }
+}
+
+struct Slot {
+    write: tokio::sync::Mutex<()>,
+    state: RwLock<Replica>,
+}
+
+impl Slot {
+    fn new(r: Replica) -> Arc<Slot> {
+        Arc::new(Slot {
+            write: tokio::sync::Mutex::new(()),
+            state: RwLock::new(r),
+        })
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Replica> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, Replica> {
+        self.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+struct Inner {
+    cfg: MetaConfig,
+    client: TcpClient,
+    store: MetaStore,
+    view: RwLock<Arc<MapView>>,
+    slots: RwLock<BTreeMap<PartitionId, Arc<Slot>>>,
+    locks: LockTable,
+    inflight: Mutex<BTreeSet<u64>>,
+    /// Healthy contact with the managers (cleared when heartbeats fail for too long).
+    in_touch: AtomicBool,
+    map_rx: watch::Receiver<Arc<ClusterMap>>,
+    stopped: AtomicBool,
+}
+
+/// The namespace service of one node. Clones share it.
+#[derive(Clone)]
+pub struct MetaNode {
+    inner: Arc<Inner>,
+}
+
+fn stale(msg: impl Into<String>) -> Status {
+    Status::new(Code::StaleEpoch, msg)
+}
+
+fn store_failed(e: impl std::fmt::Display) -> Status {
+    Status::new(Code::Internal, format!("metadata store: {e}"))
+}
+
+impl MetaNode {
+    /// Opens the store in `cfg.dir` and loads every copy (none serves until the map
+    /// says so). `maps` delivers the cluster maps the node learns (from its agent).
+    pub async fn open(
+        cfg: MetaConfig,
+        client: TcpClient,
+        maps: watch::Receiver<Arc<ClusterMap>>,
+    ) -> Result<MetaNode, super::store::StoreError> {
+        let dir = cfg.dir.clone();
+        let (store, loaded) = tokio::task::spawn_blocking(move || MetaStore::open(&dir))
+            .await
+            .map_err(|e| super::store::StoreError(e.to_string()))??;
+        let map = maps.borrow().clone();
+        let mut slots = BTreeMap::new();
+        for (p, (meta, recs)) in loaded {
+            let mut r = Replica::initial(p, map.partitions, 0);
+            r.part = crate::namespace::Partition::new(p);
+            r.meta = meta;
+            for (k, v) in recs {
+                r.restore(k, &v)
+                    .map_err(|e| super::store::StoreError(format!("partition {}: {e}", p.0)))?;
+            }
+            r.resume_counters();
+            slots.insert(p, Slot::new(r));
+        }
+        info!(node = cfg.node_id.0, partitions = slots.len(), "metadata store loaded");
+        let inner = Arc::new(Inner {
+            cfg,
+            client,
+            store,
+            view: RwLock::new(Arc::new(MapView::new((*map).clone()))),
+            slots: RwLock::new(slots),
+            locks: LockTable::default(),
+            inflight: Mutex::new(BTreeSet::new()),
+            in_touch: AtomicBool::new(true),
+            map_rx: maps,
+            stopped: AtomicBool::new(false),
+        });
+        Ok(MetaNode { inner })
+    }
+
+    /// Starts the background work: following the map (catch-up, takeover) and redoing
+    /// intents left by crashed coordinators.
+    pub fn start(&self) {
+        let node = self.clone();
+        tokio::spawn(async move { node.follow_map().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.sweep_intents().await });
+    }
+
+    /// Stops the background work.
+    pub fn stop(&self) {
+        self.inner.stopped.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells the node whether its heartbeats reach the managers. A node out of touch may
+    /// have been marked down without seeing it, so its copies stop serving until synced.
+    pub fn set_in_touch(&self, ok: bool) {
+        if !ok && self.inner.in_touch.swap(false, Ordering::Relaxed) {
+            warn!("lost touch with the managers; metadata copies stop serving until they catch up");
+            for s in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).values() {
+                s.write_state().serving = false;
+            }
+        } else if ok {
+            self.inner.in_touch.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn view(&self) -> Arc<MapView> {
+        self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn me(&self) -> NodeId {
+        self.inner.cfg.node_id
+    }
+
+    fn slot(&self, p: PartitionId) -> Option<Arc<Slot>> {
+        self.inner
+            .slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&p)
+            .cloned()
+    }
+
+    fn slot_or_create(&self, p: PartitionId, partitions: u32) -> Arc<Slot> {
+        let mut slots = self.inner.slots.write().unwrap_or_else(|p| p.into_inner());
+        slots
+            .entry(p)
+            .or_insert_with(|| Slot::new(Replica::initial(p, partitions, now_ns())))
+            .clone()
+    }
+
+    /// The serving copy of `p` here, for reads.
+    fn serving(&self, p: PartitionId) -> Result<Arc<Slot>, Status> {
+        match self.slot(p) {
+            Some(s) if s.read().serving => Ok(s),
+            _ => Err(errno_status(Errno::EAGAIN)),
+        }
+    }
+
+    /// The serving copy of `p` when this node is its primary, for writes.
+    fn primary_slot(&self, p: PartitionId) -> Result<Arc<Slot>, Status> {
+        let v = self.view();
+        if v.primary(p) != Some(self.me()) {
+            return Err(stale(format!(
+                "node {} is not the primary of partition {}",
+                self.me().0,
+                p.0
+            )));
+        }
+        self.serving(p)
+    }
+
+    async fn check_epoch(&self, theirs: Epoch) -> Result<(), Status> {
+        let mine = self.view().map.epoch;
+        if theirs < mine {
+            return Err(stale(format!(
+                "caller's map epoch {} is older than {}",
+                theirs.0, mine.0
+            )));
+        }
+        if theirs > mine {
+            // Ours is behind: wait briefly for the agent to bring the newer map.
+            let mut rx = self.inner.map_rx.clone();
+            let _ = tokio::time::timeout(Duration::from_millis(500), rx.wait_for(|m| m.epoch >= theirs)).await;
+            self.adopt(rx.borrow().clone());
+            if self.view().map.epoch < theirs {
+                return Err(stale(format!(
+                    "this node's map epoch {} is older than {}",
+                    mine.0, theirs.0
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- map changes
+
+    async fn follow_map(&self) {
+        let mut rx = self.inner.map_rx.clone();
+        loop {
+            let map = rx.borrow_and_update().clone();
+            self.adopt(map);
+            self.catch_up().await;
+            if self.inner.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            // Re-check now and then: a catch-up that failed is retried.
+            let _ = tokio::time::timeout(Duration::from_millis(300), rx.changed()).await;
+        }
+    }
+
+    /// Installs a newer map: copies that stay members across consecutive epochs keep
+    /// serving; others stop until they catch up.
+    fn adopt(&self, map: Arc<ClusterMap>) {
+        let old = self.view();
+        if map.epoch <= old.map.epoch && old.map.epoch.0 != 0 {
+            return;
+        }
+        let new = Arc::new(MapView::new((*map).clone()));
+        let consecutive = map.epoch.0 == old.map.epoch.0 + 1 && self.inner.in_touch.load(Ordering::Relaxed);
+        let me = self.me();
+        for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let was = old.members(*p).contains(&me);
+            let is = new.members(*p).contains(&me);
+            let mut st = s.write_state();
+            if st.serving && !(was && is && consecutive) {
+                debug!(partition = p.0, epoch = map.epoch.0, "copy must catch up");
+                st.serving = false;
+            }
+        }
+        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = new;
+        debug!(epoch = map.epoch.0, "map adopted");
+    }
+
+    /// Brings every copy this node should serve up to date.
+    async fn catch_up(&self) {
+        let v = self.view();
+        if v.map.epoch.0 == 0 || !v.map.is_up(self.me()) {
+            return;
+        }
+        let me = self.me();
+        for p in v.placement.partitions_of(me) {
+            let members = v.members(p);
+            if !members.contains(&me) {
+                continue;
+            }
+            let slot = self.slot_or_create(p, v.map.partitions);
+            if slot.read().serving {
+                continue;
+            }
+            let r = if members[0] == me {
+                self.take_over(p, &v, &members, &slot).await
+            } else {
+                self.ask_install(p, &v, members[0]).await
+            };
+            if let Err(e) = r {
+                debug!(partition = p.0, error = %e, "catch-up not done yet");
+            }
+        }
+    }
+
+    /// This node became primary of `p` without a serving copy: take the best copy of
+    /// the members that had one, then start a new reign.
+    async fn take_over(&self, p: PartitionId, v: &MapView, members: &[NodeId], slot: &Arc<Slot>) -> Result<(), String> {
+        let _w = slot.write.lock().await;
+        let mut best: Option<(Epoch, u64, NodeId)> = None;
+        let mut reached = 0usize;
+        let mut any_serving = false;
+        for &n in &members[1..] {
+            let Some(addr) = v.addr(n) else { continue };
+            let req = Pull {
+                epoch: v.map.epoch,
+                partition: p,
+                copy: false,
+            };
+            match call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
+                Ok(pos) => {
+                    reached += 1;
+                    any_serving |= pos.serving;
+                    if best.is_none_or(|(e, l, _)| (pos.state_epoch, pos.lsn) > (e, l)) {
+                        best = Some((pos.state_epoch, pos.lsn, n));
+                    }
+                }
+                Err(e) => debug!(partition = p.0, node = n.0, error = %e, "pull position failed"),
+            }
+        }
+        let mine = {
+            let st = slot.read();
+            (st.meta.state_epoch, st.meta.lsn)
+        };
+        // Every acknowledged batch is on every member of its epoch. The best copy is
+        // known once a member that was complete answered, or once all members did.
+        if !any_serving && reached + 1 < members.len() {
+            return Err(format!(
+                "only {reached} of {} other members answered and none has a complete copy",
+                members.len() - 1
+            ));
+        }
+        if let Some((e, l, n)) = best
+            && (e, l) > mine
+        {
+            let addr = v.addr(n).ok_or("member without address")?;
+            let req = Pull {
+                epoch: v.map.epoch,
+                partition: p,
+                copy: true,
+            };
+            let got = call(&self.inner.client, addr, &req, Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?;
+            let part = got.part.ok_or("pull returned no copy")?;
+            let mut st = slot.write_state();
+            st.part = *part;
+            st.meta = PartMeta {
+                lsn: got.lsn,
+                state_epoch: got.state_epoch,
+                counter_hwm: got.counter_hwm,
+            };
+            st.resume_counters();
+            info!(partition = p.0, from = n.0, "took the newest copy from a member");
+        }
+        let write = {
+            let mut st = slot.write_state();
+            st.meta.state_epoch = v.map.epoch;
+            st.meta.lsn = 0;
+            st.meta.counter_hwm = st.meta.counter_hwm.max(st.part.next_counter()) + super::replica::COUNTER_BLOCK;
+            Write::install(p, &st)
+        };
+        self.inner.store.commit(vec![write]).await.map_err(|e| e.to_string())?;
+        slot.write_state().serving = true;
+        debug!(partition = p.0, epoch = v.map.epoch.0, "primary serving");
+        Ok(())
+    }
+
+    async fn ask_install(&self, p: PartitionId, v: &MapView, primary: NodeId) -> Result<(), String> {
+        let addr = v.addr(primary).ok_or("primary without address")?;
+        let req = SyncMe {
+            epoch: v.map.epoch,
+            partition: p,
+            node: self.me(),
+        };
+        call(&self.inner.client, addr, &req, Duration::from_secs(30))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    // ---------------------------------------------------------------- writes
+
+    /// Applies a batch as primary: persist here and on every member, then return.
+    async fn primary_write(&self, p: PartitionId, ops: Vec<PartOp>) -> Result<(), Status> {
+        let slot = self.primary_slot(p)?;
+        let _w = slot.write.lock().await;
+        let slot = self.primary_slot(p)?; // Still primary after waiting?
+        let v = self.view();
+        let (write, req) = {
+            let mut st = slot.write_state();
+            let keys = st.apply(&ops);
+            st.meta.lsn += 1;
+            let req = Replicate {
+                epoch: v.map.epoch,
+                partition: p,
+                state_epoch: st.meta.state_epoch,
+                lsn: st.meta.lsn,
+                ops,
+            };
+            (Write::batch(p, &st, &keys), req)
+        };
+        let others: Vec<SocketAddr> = v
+            .members(p)
+            .into_iter()
+            .filter(|n| *n != self.me())
+            .filter_map(|n| v.addr(n))
+            .collect();
+        let local = self.inner.store.commit(vec![write]);
+        let remote = crate::client::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
+        let (local, remote) = tokio::join!(local, remote);
+        if let Err(e) = local {
+            // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
+            slot.write_state().serving = false;
+            warn!(partition = p.0, error = %e, "cannot persist a batch; partition stops serving here");
+            return Err(store_failed(e));
+        }
+        for r in remote {
+            r?;
+        }
+        Ok(())
+    }
+
+    async fn replicate_to(&self, addr: SocketAddr, req: &Replicate, slot: &Slot) -> Result<(), Status> {
+        let t = self.inner.cfg.replicate_timeout;
+        let fail = |e: CallError| match e {
+            CallError::Stale(_) => stale(format!("replica {addr} has a newer map")),
+            e => {
+                debug!(replica = %addr, error = %e, "replication failed");
+                errno_status(Errno::EAGAIN)
+            }
+        };
+        match call(&self.inner.client, addr, req, t).await.map_err(fail)? {
+            ReplicaAck::Done => Ok(()),
+            ReplicaAck::NeedInstall => {
+                let install = {
+                    let st = slot.read();
+                    Install {
+                        epoch: req.epoch,
+                        state_epoch: st.meta.state_epoch,
+                        lsn: st.meta.lsn,
+                        counter_hwm: st.meta.counter_hwm,
+                        part: Box::new(st.part.clone()),
+                    }
+                };
+                call(&self.inner.client, addr, &install, t * 5).await.map_err(fail)
+            }
+        }
+    }
+
+    async fn on_replicate(&self, req: Replicate) -> Result<ReplicaAck, Status> {
+        self.check_epoch(req.epoch).await?;
+        let v = self.view();
+        if !v.members(req.partition).contains(&self.me()) {
+            return Err(stale(format!("not a member of partition {}", req.partition.0)));
+        }
+        let slot = self.slot_or_create(req.partition, v.map.partitions);
+        let _w = slot.write.lock().await;
+        self.check_epoch(req.epoch).await?;
+        let write = {
+            let mut st = slot.write_state();
+            if st.meta.state_epoch == req.state_epoch && req.lsn <= st.meta.lsn {
+                return Ok(ReplicaAck::Done);
+            }
+            if st.meta.state_epoch != req.state_epoch || st.meta.lsn + 1 != req.lsn {
+                return Ok(ReplicaAck::NeedInstall);
+            }
+            let keys = st.apply(&req.ops);
+            st.meta.lsn = req.lsn;
+            Write::batch(req.partition, &st, &keys)
+        };
+        if let Err(e) = self.inner.store.commit(vec![write]).await {
+            slot.write_state().serving = false;
+            return Err(store_failed(e));
+        }
+        // Following the primary's stream in order: complete for this reign.
+        slot.write_state().serving = true;
+        Ok(ReplicaAck::Done)
+    }
+
+    async fn on_install(&self, req: Install) -> Result<(), Status> {
+        self.check_epoch(req.epoch).await?;
+        let p = req.part.id;
+        let v = self.view();
+        if !v.members(p).contains(&self.me()) {
+            return Err(stale(format!("not a member of partition {}", p.0)));
+        }
+        let slot = self.slot_or_create(p, v.map.partitions);
+        let _w = slot.write.lock().await;
+        let write = {
+            let mut st = slot.write_state();
+            st.part = *req.part;
+            st.meta = PartMeta {
+                lsn: req.lsn,
+                state_epoch: req.state_epoch,
+                counter_hwm: req.counter_hwm,
+            };
+            st.resume_counters();
+            st.serving = false;
+            Write::install(p, &st)
+        };
+        self.inner.store.commit(vec![write]).await.map_err(store_failed)?;
+        slot.write_state().serving = true;
+        debug!(partition = p.0, lsn = req.lsn, "installed a copy from the primary");
+        Ok(())
+    }
+
+    async fn on_sync_me(&self, req: SyncMe) -> Result<(), Status> {
+        self.check_epoch(req.epoch).await?;
+        let slot = self.primary_slot(req.partition)?;
+        let _w = slot.write.lock().await;
+        let v = self.view();
+        if !v.members(req.partition).contains(&req.node) {
+            return Err(stale("the caller is not a member of that partition"));
+        }
+        let addr = v.addr(req.node).ok_or_else(|| stale("the caller is not in the map"))?;
+        let install = {
+            let st = slot.read();
+            Install {
+                epoch: v.map.epoch,
+                state_epoch: st.meta.state_epoch,
+                lsn: st.meta.lsn,
+                counter_hwm: st.meta.counter_hwm,
+                part: Box::new(st.part.clone()),
+            }
+        };
+        call(&self.inner.client, addr, &install, self.inner.cfg.replicate_timeout * 5)
+            .await
+            .map_err(|e| errno_status(e.errno()))
+    }
+
+    fn on_pull(&self, req: Pull) -> Result<Pulled, Status> {
+        let parts = self.view().map.partitions;
+        let slot = self.slot_or_create(req.partition, parts);
+        let st = slot.read();
+        Ok(Pulled {
+            serving: st.serving,
+            state_epoch: st.meta.state_epoch,
+            lsn: st.meta.lsn,
+            counter_hwm: st.meta.counter_hwm,
+            part: req.copy.then(|| Box::new(st.part.clone())),
+        })
+    }
+
+    async fn on_alloc(&self, req: Alloc) -> Result<u64, Status> {
+        let slot = self.primary_slot(req.partition)?;
+        let (c, raise) = slot.write_state().next_counter();
+        if let Some(hwm) = raise {
+            self.primary_write(req.partition, vec![PartOp::Counter(hwm)]).await?;
+        }
+        Ok(c)
+    }
+
+    fn on_fetch(&self, req: &Fetch) -> Result<Fetched, Status> {
+        let n = req.inodes.len();
+        let mut out = Fetched {
+            inodes: Vec::with_capacity(n),
+            dentries: Vec::with_capacity(req.dentries.len()),
+        };
+        for ino in &req.inodes {
+            let s = self.primary_slot(ino.partition())?;
+            out.inodes.push(s.read().part.inodes.get(ino).cloned());
+        }
+        let parts = self.view().map.partitions;
+        for (parent, name) in &req.dentries {
+            let p = crate::placement::dentry_partition(*parent, name, parts);
+            let s = self.primary_slot(p)?;
+            out.dentries.push(s.read().part.dentry(*parent, name));
+        }
+        Ok(out)
+    }
+
+    // ---------------------------------------------------------------- reads
+
+    fn on_read(&self, req: &ReadOp) -> Result<ReadReply, Status> {
+        let parts = self.view().map.partitions;
+        let sparse_read = |ino: Ino, f: &dyn Fn(&Namespace) -> Result<ReadReply, Errno>| -> Result<ReadReply, Status> {
+            let s = self.serving(ino.partition())?;
+            let mut ns = Namespace::sparse(parts);
+            ns.provide_inode(ino, s.read().part.inodes.get(&ino).cloned());
+            f(&ns).map_err(errno_status)
+        };
+        match req {
+            ReadOp::Lookup { parent, name } => {
+                if name.len() > crate::namespace::types::NAME_MAX {
+                    return Err(errno_status(Errno::ENAMETOOLONG));
+                }
+                let p = crate::placement::dentry_partition(*parent, name, parts);
+                let s = self.serving(p)?;
+                let st = s.read();
+                let e = st
+                    .part
+                    .dentry(*parent, name)
+                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
+                let attr = st.part.inodes.get(&e.ino).map(|r| r.attr.clone());
+                Ok(ReadReply::Entry(e, attr))
+            }
+            ReadOp::GetAttr(ino) => {
+                let s = self.serving(ino.partition())?;
+                let st = s.read();
+                let r = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
+                Ok(ReadReply::Attr(r.attr.clone()))
+            }
+            ReadOp::GetInode(ino) => {
+                let s = self.serving(ino.partition())?;
+                let st = s.read();
+                let r = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
+                Ok(ReadReply::Inode(Box::new(r.clone())))
+            }
+            ReadOp::GetXattr { creds, ino, name } => {
+                sparse_read(*ino, &|ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))
+            }
+            ReadOp::ListXattr { creds, ino } => {
+                sparse_read(*ino, &|ns| ns.listxattr(creds, *ino).map(ReadReply::Names))
+            }
+            ReadOp::ReadDir {
+                dir,
+                after,
+                limit,
+                partitions,
+            } => {
+                let limit = (*limit).clamp(1, 4096) as usize;
+                let mut all = Vec::new();
+                let mut missing = Vec::new();
+                for p in partitions {
+                    match self.serving(*p) {
+                        Ok(s) => all.extend(
+                            s.read()
+                                .part
+                                .entries_after(*dir, after.as_deref(), limit)
+                                .into_iter()
+                                .map(|(name, v)| DirEntry {
+                                    name,
+                                    ino: v.ino,
+                                    kind: v.kind,
+                                }),
+                        ),
+                        Err(_) => missing.push(*p),
+                    }
+                }
+                all.sort_by(|a, b| a.name.cmp(&b.name));
+                all.truncate(limit);
+                Ok(ReadReply::Entries(all, missing))
+            }
+        }
+    }
+
+    fn on_stats(&self) -> NodeStats {
+        let v = self.view();
+        let me = self.me();
+        let mut s = NodeStats {
+            epoch: v.map.epoch,
+            ..NodeStats::default()
+        };
+        for (p, slot) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            let st = slot.read();
+            s.partitions += 1;
+            if st.serving {
+                s.serving += 1;
+                if v.primary(*p) == Some(me) {
+                    s.primary += 1;
+                    s.inodes += st.part.inodes.len() as u64;
+                }
+            }
+        }
+        s
+    }
+
+    // ---------------------------------------------------------------- coordinator
+
+    async fn on_op(&self, req: Op) -> Result<OpReply, Status> {
+        self.check_epoch(req.epoch).await?;
+        let v = self.view();
+        let anchor = req.op.anchor(v.map.partitions);
+        self.primary_slot(anchor)?;
+        let deadline = Instant::now() + self.inner.cfg.op_timeout;
+        let mut pause = Duration::from_millis(2);
+        loop {
+            let owner = random_u64();
+            let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
+            let r = self.coordinate(&req.creds, &req.op, owner, &mut held).await;
+            for (n, keys) in held {
+                self.unlock(n, keys, owner).await;
+            }
+            match r {
+                Err(Retry::Busy) if Instant::now() < deadline => {
+                    tokio::time::sleep(pause + Duration::from_micros(random_u64() % 2000)).await;
+                    pause = (pause * 2).min(Duration::from_millis(100));
+                }
+                Err(Retry::Busy) => return Err(errno_status(Errno::EAGAIN)),
+                Err(Retry::Fail(s)) => return Err(s),
+                Ok(r) => return Ok(r),
+            }
+        }
+    }
+
+    async fn coordinate(
+        &self,
+        creds: &Creds,
+        op: &NsOp,
+        owner: u64,
+        held: &mut Vec<(NodeId, Vec<u64>)>,
+    ) -> Result<OpReply, Retry> {
+        let v = self.view();
+        let parts = v.map.partitions;
+        self.lock(&v, base_locks(op), owner, held).await?;
+        let mut cache = Cache::default();
+        let now = now_ns();
+        for _ in 0..64 {
+            let mut ns = Namespace::sparse(parts);
+            cache.fill(&mut ns);
+            let result = run(&mut ns, creds, op, now);
+            let needs = ns.needs();
+            if !needs.is_empty() {
+                self.fetch(&v, &needs, &mut cache).await?;
+                continue;
+            }
+            let extra: Vec<u64> = extra_locks(op, &cache)
+                .into_iter()
+                .filter(|k| !held.iter().any(|(_, ks)| ks.contains(k)))
+                .collect();
+            if !extra.is_empty() {
+                self.lock(&v, extra.clone(), owner, held).await?;
+                for k in extra {
+                    cache.inodes.remove(&Ino(k));
+                }
+                continue;
+            }
+            let reply = result.map_err(|e| Retry::Fail(errno_status(e)))?;
+            for plan in ns.take_plans() {
+                self.execute_plan(plan).await.map_err(Retry::Fail)?;
+            }
+            return Ok(reply);
+        }
+        Err(Retry::Fail(errno_status(Errno::EIO)))
+    }
+
+    async fn lock(
+        &self,
+        v: &MapView,
+        keys: Vec<u64>,
+        owner: u64,
+        held: &mut Vec<(NodeId, Vec<u64>)>,
+    ) -> Result<(), Retry> {
+        let mut by_host: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+        for k in keys {
+            let host = v.primary(Ino(k).partition()).ok_or(Retry::Busy)?;
+            by_host.entry(host).or_default().push(k);
+        }
+        for (host, keys) in by_host {
+            let ok = if host == self.me() {
+                self.inner
+                    .locks
+                    .lock(&keys, owner, self.inner.cfg.lock_lease, Duration::from_millis(200))
+                    .await
+            } else {
+                let addr = v.addr(host).ok_or(Retry::Busy)?;
+                let req = Lock {
+                    keys: keys.clone(),
+                    owner,
+                    lease_ms: self.inner.cfg.lock_lease.as_millis() as u32,
+                    wait_ms: 200,
+                    release: false,
+                };
+                call(&self.inner.client, addr, &req, Duration::from_secs(2))
+                    .await
+                    .unwrap_or(false)
+            };
+            if !ok {
+                return Err(Retry::Busy);
+            }
+            held.push((host, keys));
+        }
+        Ok(())
+    }
+
+    async fn unlock(&self, host: NodeId, keys: Vec<u64>, owner: u64) {
+        if host == self.me() {
+            self.inner.locks.release(&keys, owner);
+            return;
+        }
+        let Some(addr) = self.view().addr(host) else { return };
+        let req = Lock {
+            keys,
+            owner,
+            lease_ms: 0,
+            wait_ms: 0,
+            release: true,
+        };
+        if let Err(e) = call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
+            debug!(host = host.0, error = %e, "unlock failed; the lease will free the keys");
+        }
+    }
+
+    async fn fetch(&self, v: &MapView, needs: &[Need], cache: &mut Cache) -> Result<(), Retry> {
+        let mut by_node: BTreeMap<NodeId, Fetch> = BTreeMap::new();
+        for n in needs {
+            match n {
+                Need::Inode(ino) => {
+                    let host = v.primary(ino.partition()).ok_or(Retry::Busy)?;
+                    by_node.entry(host).or_default().inodes.push(*ino);
+                }
+                Need::Dentry(parent, name) => {
+                    let p = crate::placement::dentry_partition(*parent, name, v.map.partitions);
+                    let host = v.primary(p).ok_or(Retry::Busy)?;
+                    by_node.entry(host).or_default().dentries.push((*parent, name.clone()));
+                }
+                Need::Counter(p) => {
+                    let c = self.alloc(*p).await.map_err(|_| Retry::Busy)?;
+                    cache.counters.insert(*p, c);
+                }
+            }
+        }
+        for (node, mut req) in by_node {
+            req.epoch = v.map.epoch;
+            let got = if node == self.me() {
+                self.on_fetch(&req).map_err(|_| Retry::Busy)?
+            } else {
+                let addr = v.addr(node).ok_or(Retry::Busy)?;
+                call(&self.inner.client, addr, &req, Duration::from_secs(2))
+                    .await
+                    .map_err(|_| Retry::Busy)?
+            };
+            for (ino, r) in req.inodes.iter().zip(got.inodes) {
+                cache.inodes.insert(*ino, r);
+            }
+            for (k, d) in req.dentries.into_iter().zip(got.dentries) {
+                cache.dentries.insert(k, d);
+            }
+        }
+        Ok(())
+    }
+
+    async fn alloc(&self, p: PartitionId) -> Result<u64, Status> {
+        self.retrying(p, |node, addr, epoch| async move {
+            if node == self.me() {
+                self.on_alloc(Alloc { epoch, partition: p }).await
+            } else {
+                call(
+                    &self.inner.client,
+                    addr,
+                    &Alloc { epoch, partition: p },
+                    Duration::from_secs(5),
+                )
+                .await
+                .map_err(to_status)
+            }
+        })
+        .await
+    }
+
+    /// Executes a batch at the primary of `p`, retrying through map changes.
+    async fn execute_at(&self, p: PartitionId, ops: Vec<PartOp>) -> Result<(), Status> {
+        self.retrying(p, |node, addr, epoch| {
+            let ops = ops.clone();
+            async move {
+                if node == self.me() {
+                    self.primary_write(p, ops).await
+                } else {
+                    let req = Execute {
+                        epoch,
+                        partition: p,
+                        ops,
+                    };
+                    call(&self.inner.client, addr, &req, self.inner.cfg.replicate_timeout * 3)
+                        .await
+                        .map_err(to_status)
+                }
+            }
+        })
+        .await
+    }
+
+    async fn retrying<T, F, Fut>(&self, p: PartitionId, f: F) -> Result<T, Status>
+    where
+        F: Fn(NodeId, SocketAddr, Epoch) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
+        let deadline = Instant::now() + self.inner.cfg.op_timeout;
+        let mut pause = Duration::from_millis(5);
+        loop {
+            let v = self.view();
+            let target = v.primary(p).and_then(|n| v.addr(n).map(|a| (n, a)));
+            let r = match target {
+                Some((n, a)) => f(n, a, v.map.epoch).await,
+                None => Err(errno_status(Errno::EAGAIN)),
+            };
+            match r {
+                Err(s) if retryable(&s) && Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(250));
+                }
+                r => return r,
+            }
+        }
+    }
+
+    async fn execute_plan(&self, (coord, steps): Plan) -> Result<(), Status> {
+        if steps.iter().all(|(p, _)| *p == coord) {
+            let ops = steps
+                .into_iter()
+                .enumerate()
+                .map(|(i, (_, m))| PartOp::Apply {
+                    intent: 0,
+                    step: i as u16,
+                    m,
+                })
+                .collect();
+            return self.execute_at(coord, ops).await;
+        }
+        let counter = self.alloc(coord).await?;
+        let id = Ino::new(coord, counter)
+            .map(|i| i.0)
+            .ok_or_else(|| errno_status(Errno::ENOSPC))?;
+        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        let intent = Intent { id, steps };
+        let r = self.drive_intent(coord, &intent, true).await;
+        self.inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        r
+    }
+
+    /// Records (when `begin`) and applies every step of an intent, then finishes it.
+    async fn drive_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<(), Status> {
+        let id = intent.id;
+        let mut by_part: BTreeMap<PartitionId, Vec<PartOp>> = BTreeMap::new();
+        for (i, (p, m)) in intent.steps.iter().enumerate() {
+            by_part.entry(*p).or_default().push(PartOp::Apply {
+                intent: id,
+                step: i as u16,
+                m: m.clone(),
+            });
+        }
+        let mut first = Vec::new();
+        if begin {
+            first.push(PartOp::Begin(intent.clone()));
+        }
+        first.extend(by_part.remove(&coord).unwrap_or_default());
+        self.execute_at(coord, first).await?;
+        let others: Vec<PartitionId> = by_part.keys().copied().collect();
+        let results = crate::client::join_all(by_part.into_iter().map(|(p, ops)| self.execute_at(p, ops))).await;
+        for r in results {
+            r?;
+        }
+        self.execute_at(coord, vec![PartOp::Finish(id), PartOp::Forget(id)])
+            .await?;
+        for p in others {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let _ = node.execute_at(p, vec![PartOp::Forget(id)]).await;
+            });
+        }
+        Ok(())
+    }
+
+    /// Redoes intents whose coordinator died: pending in a partition this node is
+    /// primary of, not driven here, and seen on two sweeps in a row.
+    async fn sweep_intents(&self) {
+        let mut seen: HashMap<u64, u32> = HashMap::new();
+        loop {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            if self.inner.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            let v = self.view();
+            let me = self.me();
+            let pending: Vec<(PartitionId, Intent)> = self
+                .inner
+                .slots
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter()
+                .filter(|(p, _)| v.primary(**p) == Some(me))
+                .flat_map(|(p, s)| {
+                    let st = s.read();
+                    if !st.serving {
+                        return Vec::new();
+                    }
+                    st.part.intents.values().map(|i| (*p, i.clone())).collect()
+                })
+                .collect();
+            let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut next = HashMap::new();
+            for (p, intent) in pending {
+                if inflight.contains(&intent.id) {
+                    continue;
+                }
+                let n = seen.get(&intent.id).copied().unwrap_or(0) + 1;
+                if n >= 2 {
+                    info!(
+                        partition = p.0,
+                        intent = intent.id,
+                        "redoing an operation its coordinator left unfinished"
+                    );
+                    if let Err(e) = self.drive_intent(p, &intent, false).await {
+                        warn!(intent = intent.id, error = %e, "redo failed; will retry");
+                        next.insert(intent.id, n);
+                    }
+                } else {
+                    next.insert(intent.id, n);
+                }
+            }
+            seen = next;
+        }
+    }
+
+    // ---------------------------------------------------------------- router
+
+    /// The service's handlers, to merge into the node's transport router.
+    pub fn router(&self) -> Router {
+        let mut r = Router::new();
+        r = self.route::<Read, _, _>(r, |n, _, req| async move {
+            n.check_epoch_reads(req.epoch);
+            n.on_read(&req.op)
+        });
+        r = self.route::<Op, _, _>(r, |n, _, req| async move { n.on_op(req).await });
+        r = self.route::<Fetch, _, _>(r, |n, _, req| async move {
+            n.check_epoch(req.epoch).await?;
+            n.on_fetch(&req)
+        });
+        r = self.route::<Execute, _, _>(r, |n, _, req| async move {
+            n.check_epoch(req.epoch).await?;
+            n.primary_write(req.partition, req.ops).await
+        });
+        r = self.route::<Alloc, _, _>(r, |n, _, req| async move {
+            n.check_epoch(req.epoch).await?;
+            n.on_alloc(req).await
+        });
+        r = self.route::<Lock, _, _>(r, |n, _, req| async move {
+            if req.release {
+                n.inner.locks.release(&req.keys, req.owner);
+                return Ok(true);
+            }
+            let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
+            let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
+            Ok(n.inner.locks.lock(&req.keys, req.owner, lease, wait).await)
+        });
+        r = self.route::<Replicate, _, _>(r, |n, _, req| async move { n.on_replicate(req).await });
+        r = self.route::<Install, _, _>(r, |n, _, req| async move { n.on_install(req).await });
+        r = self.route::<SyncMe, _, _>(r, |n, _, req| async move { n.on_sync_me(req).await });
+        r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req) });
+        r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
+        r
+    }
+
+    fn check_epoch_reads(&self, theirs: Epoch) {
+        // Reads are served from any caught-up copy whatever the caller's epoch; a newer
+        // caller map only hints that ours should be refreshed (the agent polls).
+        let _ = theirs;
+    }
+
+    fn route<R, F, Fut>(&self, router: Router, f: F) -> Router
+    where
+        R: MetaRpc,
+        F: Fn(MetaNode, CallContext, R) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<R::Reply, Status>> + Send + 'static,
+    {
+        let node = self.clone();
+        let f = Arc::new(f);
+        router.raw(R::KIND, move |ctx: CallContext, payload: Bytes| {
+            let node = node.clone();
+            let f = f.clone();
+            async move {
+                let req: R = decode(&payload)?;
+                let reply = f(node, ctx, req).await?;
+                encode(&reply)
+            }
+        })
+    }
+}
+
+enum Retry {
+    /// Locks busy or a host unreachable: release everything and try again.
+    Busy,
+    /// Final.
+    Fail(Status),
+}
+
+fn to_status(e: CallError) -> Status {
+    match e {
+        CallError::Errno(e) => errno_status(e),
+        CallError::Stale(a) => stale(format!("stale map at {a}")),
+        CallError::Transport(t) if t.is_peer_failure() => errno_status(Errno::EAGAIN),
+        CallError::Transport(t) => t.status().cloned().unwrap_or_else(|| errno_status(Errno::EIO)),
+    }
+}
+
+fn retryable(s: &Status) -> bool {
+    s.code == Code::StaleEpoch
+        || (s.code == Code::Application && s.app_code == Errno::EAGAIN.code() as u32)
+        || matches!(s.code, Code::ShuttingDown | Code::DeadlineExceeded)
+}
+
+/// Records a coordinator has fetched for one operation.
+#[derive(Default)]
+struct Cache {
+    inodes: BTreeMap<Ino, Option<InodeRec>>,
+    dentries: BTreeMap<(Ino, Vec<u8>), Option<DentryVal>>,
+    counters: BTreeMap<PartitionId, u64>,
+}
+
+impl Cache {
+    fn fill(&self, ns: &mut Namespace) {
+        for (ino, r) in &self.inodes {
+            ns.provide_inode(*ino, r.clone());
+        }
+        for ((parent, name), d) in &self.dentries {
+            ns.provide_dentry(*parent, name, *d);
+        }
+        for (p, c) in &self.counters {
+            ns.provide_counter(*p, *c);
+        }
+    }
+
+    fn entry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
+        self.dentries.get(&(parent, name.to_vec())).copied().flatten()
+    }
+}
+
+/// The cross-directory rename lock (like the kernel's `s_vfs_rename_mutex`).
+const RENAME_LOCK: u64 = 0;
+
+/// Locks taken before reading: the directories whose entries change, or the inode.
+fn base_locks(op: &NsOp) -> Vec<u64> {
+    let mut k = match op {
+        NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![parent.0],
+        NsOp::Link { ino, newparent, .. } => vec![newparent.0, ino.0],
+        NsOp::Rename { parent, newparent, .. } if parent == newparent => vec![parent.0],
+        NsOp::Rename { parent, newparent, .. } => vec![RENAME_LOCK, parent.0, newparent.0],
+        NsOp::SetAttr { ino, .. }
+        | NsOp::SetXattr { ino, .. }
+        | NsOp::RemoveXattr { ino, .. }
+        | NsOp::SetLayout { ino, .. }
+        | NsOp::CommitWrite { ino, .. } => vec![ino.0],
+    };
+    k.sort_unstable();
+    k.dedup();
+    k
+}
+
+/// Locks known only after reading entries: directories being removed or moved (their
+/// emptiness and ".." must not change underneath).
+fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
+    let dir = |e: Option<DentryVal>| e.filter(|d| d.kind == crate::namespace::FileKind::Dir).map(|d| d.ino.0);
+    match op {
+        NsOp::Rmdir { parent, name } => dir(cache.entry(*parent, name)).into_iter().collect(),
+        NsOp::Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            ..
+        } => dir(cache.entry(*parent, name))
+            .into_iter()
+            .chain(dir(cache.entry(*newparent, newname)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Runs `op` on a (sparse) namespace.
+fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+    Ok(match op {
+        NsOp::Mknod {
+            parent,
+            name,
+            kind,
+            perm,
+            rdev,
+            target,
+        } => OpReply::Attr(ns.mknod(creds, *parent, name, *kind, *perm, *rdev, target.as_deref(), now)?),
+        NsOp::Link {
+            ino,
+            newparent,
+            newname,
+        } => OpReply::Attr(ns.link(creds, *ino, *newparent, newname, now)?),
+        NsOp::Unlink { parent, name } => {
+            ns.unlink(creds, *parent, name, now)?;
+            OpReply::Done
+        }
+        NsOp::Rmdir { parent, name } => {
+            ns.rmdir(creds, *parent, name, now)?;
+            OpReply::Done
+        }
+        NsOp::Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            noreplace,
+            exchange,
+        } => {
+            let flags = NsOp::rename_flags(*noreplace, *exchange);
+            ns.rename(creds, *parent, name, *newparent, newname, flags, now)?;
+            OpReply::Done
+        }
+        NsOp::SetAttr { ino, set } => OpReply::Attr(ns.setattr(creds, *ino, set, now)?),
+        NsOp::SetXattr { ino, name, value, mode } => {
+            ns.setxattr(creds, *ino, name, value, NsOp::xattr_mode(*mode), now)?;
+            OpReply::Done
+        }
+        NsOp::RemoveXattr { ino, name } => {
+            ns.removexattr(creds, *ino, name, now)?;
+            OpReply::Done
+        }
+        NsOp::SetLayout { ino, policy } => {
+            ns.set_layout(creds, *ino, policy, now)?;
+            OpReply::Done
+        }
+        NsOp::CommitWrite {
+            ino,
+            policy,
+            size,
+            stripes,
+        } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
+    })
+}
+
+fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b)
+}

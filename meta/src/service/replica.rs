@@ -1,0 +1,331 @@
+//! One node's copy of one partition, and how batches change it.
+//!
+//! Pure: no I/O, no clock. The service persists what [`Replica::apply`] reports as
+//! touched and replicates the batches; the rules for when a copy may serve live here so
+//! they can be tested alone.
+
+use super::wire::PartOp;
+use crate::ids::{Epoch, Ino, PartitionId};
+use crate::namespace::{InodeRec, Mutation, Partition};
+use serde::{Deserialize, Serialize};
+
+/// Counters are made durable this many at a time (a restarted primary skips the rest).
+pub const COUNTER_BLOCK: u64 = 1024;
+
+/// A key of a partition's persisted records.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Key {
+    /// A directory entry.
+    Dentry(Ino, Vec<u8>),
+    /// An inode.
+    Inode(Ino),
+    /// A pending intent.
+    Intent(u64),
+    /// An at-most-once marker.
+    Marker(u64, u16),
+}
+
+const TAG_DENTRY: u8 = 1;
+const TAG_INODE: u8 = 2;
+const TAG_INTENT: u8 = 3;
+const TAG_MARKER: u8 = 4;
+
+impl Key {
+    /// The on-disk key: partition, tag, fields (big-endian, so order is preserved).
+    pub fn encode(&self, p: PartitionId) -> Vec<u8> {
+        let mut k = p.0.to_be_bytes().to_vec();
+        match self {
+            Key::Dentry(parent, name) => {
+                k.push(TAG_DENTRY);
+                k.extend_from_slice(&parent.0.to_be_bytes());
+                k.extend_from_slice(name);
+            }
+            Key::Inode(ino) => {
+                k.push(TAG_INODE);
+                k.extend_from_slice(&ino.0.to_be_bytes());
+            }
+            Key::Intent(id) => {
+                k.push(TAG_INTENT);
+                k.extend_from_slice(&id.to_be_bytes());
+            }
+            Key::Marker(id, step) => {
+                k.push(TAG_MARKER);
+                k.extend_from_slice(&id.to_be_bytes());
+                k.extend_from_slice(&step.to_be_bytes());
+            }
+        }
+        k
+    }
+
+    /// Parses an on-disk key (`None` for anything malformed).
+    pub fn decode(k: &[u8]) -> Option<(PartitionId, Key)> {
+        let p = PartitionId(u32::from_be_bytes(k.get(..4)?.try_into().ok()?));
+        let rest = k.get(5..)?;
+        let u64_at = |b: &[u8]| -> Option<u64> { Some(u64::from_be_bytes(b.get(..8)?.try_into().ok()?)) };
+        let key = match *k.get(4)? {
+            TAG_DENTRY => Key::Dentry(Ino(u64_at(rest)?), rest.get(8..)?.to_vec()),
+            TAG_INODE if rest.len() == 8 => Key::Inode(Ino(u64_at(rest)?)),
+            TAG_INTENT if rest.len() == 8 => Key::Intent(u64_at(rest)?),
+            TAG_MARKER if rest.len() == 10 => {
+                Key::Marker(u64_at(rest)?, u16::from_be_bytes(rest.get(8..10)?.try_into().ok()?))
+            }
+            _ => return None,
+        };
+        Some((p, key))
+    }
+}
+
+/// Position and counters of a copy, persisted with every batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartMeta {
+    /// Batches applied since the copy's state epoch began.
+    pub lsn: u64,
+    /// The epoch whose primary produced this copy.
+    pub state_epoch: Epoch,
+    /// Counters below this may have been handed out.
+    pub counter_hwm: u64,
+}
+
+/// A node's copy of a partition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Replica {
+    /// The state.
+    pub part: Partition,
+    /// Position and counters.
+    pub meta: PartMeta,
+    /// Caught up for the current epoch: may serve reads (and, as primary, writes).
+    pub serving: bool,
+}
+
+impl Replica {
+    /// A copy in its initial state: empty, except partition 0 which holds the root
+    /// directory (every member creates the same one, so initial copies agree).
+    pub fn initial(p: PartitionId, partitions: u32, now: i64) -> Replica {
+        let part = if p.0 == 0 {
+            let ns = crate::namespace::Namespace::format(partitions, now);
+            ns.partition(p).cloned().unwrap_or_else(|| Partition::new(p))
+        } else {
+            Partition::new(p)
+        };
+        Replica {
+            meta: PartMeta {
+                lsn: 0,
+                state_epoch: Epoch(0),
+                counter_hwm: part.next_counter(),
+            },
+            part,
+            serving: false,
+        }
+    }
+
+    /// The keys a batch touches (their values after it are what gets persisted).
+    pub fn touched(&self, ops: &[PartOp]) -> Vec<Key> {
+        let mut keys = Vec::new();
+        for op in ops {
+            match op {
+                PartOp::Apply { intent, step, m } => {
+                    if *intent != 0 && matches!(m, Mutation::AdjustDir { .. } | Mutation::AdjustLinks { .. }) {
+                        keys.push(Key::Marker(*intent, *step));
+                    }
+                    keys.push(match m {
+                        Mutation::PutDentry { parent, name, .. } | Mutation::DelDentry { parent, name } => {
+                            Key::Dentry(*parent, name.clone())
+                        }
+                        Mutation::PutInode(rec) => Key::Inode(rec.attr.ino),
+                        Mutation::DelInode(ino) => Key::Inode(*ino),
+                        Mutation::AdjustDir { dir, .. } | Mutation::SetParent { dir, .. } => Key::Inode(*dir),
+                        Mutation::AdjustLinks { ino, .. } => Key::Inode(*ino),
+                    });
+                }
+                PartOp::Begin(i) => keys.push(Key::Intent(i.id)),
+                PartOp::Finish(id) => keys.push(Key::Intent(*id)),
+                PartOp::Forget(id) => {
+                    keys.extend(self.part.markers_of(*id).into_iter().map(|(i, s)| Key::Marker(i, s)));
+                }
+                PartOp::Counter(_) => {}
+            }
+        }
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    /// Applies a batch in memory; returns the keys to persist.
+    pub fn apply(&mut self, ops: &[PartOp]) -> Vec<Key> {
+        let keys = self.touched(ops);
+        for op in ops {
+            match op {
+                PartOp::Apply { intent, step, m } => self.part.apply(*intent, *step, m),
+                PartOp::Begin(i) => self.part.put_intent(i.clone()),
+                PartOp::Finish(id) => self.part.finish_intent(*id),
+                PartOp::Forget(id) => self.part.forget_intent(*id),
+                PartOp::Counter(hwm) => {
+                    self.meta.counter_hwm = self.meta.counter_hwm.max(*hwm);
+                }
+            }
+        }
+        keys
+    }
+
+    /// The current value of a key, encoded for disk (`None`: absent).
+    pub fn value(&self, key: &Key) -> Option<Vec<u8>> {
+        match key {
+            Key::Dentry(parent, name) => self.part.dentry(*parent, name).map(|v| enc(&v)),
+            Key::Inode(ino) => self.part.inodes.get(ino).map(enc),
+            Key::Intent(id) => self.part.intents.get(id).map(enc),
+            Key::Marker(id, step) => self.part.has_marker(*id, *step).then(Vec::new),
+        }
+    }
+
+    /// Every key with its value (an install writes the whole copy).
+    pub fn all_values(&self) -> Vec<(Key, Vec<u8>)> {
+        let mut out = Vec::new();
+        for ((parent, name), v) in &self.part.dentries {
+            out.push((Key::Dentry(*parent, name.clone()), enc(v)));
+        }
+        for (ino, r) in &self.part.inodes {
+            out.push((Key::Inode(*ino), enc(r)));
+        }
+        for (id, i) in &self.part.intents {
+            out.push((Key::Intent(*id), enc(i)));
+            for (i, s) in self.part.markers_of(*id) {
+                out.push((Key::Marker(i, s), Vec::new()));
+            }
+        }
+        out
+    }
+
+    /// Restores one persisted record (loading at start). Malformed values are errors.
+    pub fn restore(&mut self, key: Key, value: &[u8]) -> Result<(), postcard::Error> {
+        match key {
+            Key::Dentry(parent, name) => {
+                let v = postcard::from_bytes(value)?;
+                self.part.dentries.insert((parent, name), v);
+            }
+            Key::Inode(ino) => {
+                let r: InodeRec = postcard::from_bytes(value)?;
+                self.part.inodes.insert(ino, r);
+            }
+            Key::Intent(id) => {
+                let i = postcard::from_bytes(value)?;
+                self.part.intents.insert(id, i);
+            }
+            Key::Marker(id, step) => self.part.insert_marker(id, step),
+        }
+        Ok(())
+    }
+
+    /// Hands out the next counter; returns it and, when the durable high-water mark must
+    /// rise first, the new mark to persist (and replicate) before the counter is used.
+    pub fn next_counter(&mut self) -> (u64, Option<u64>) {
+        let c = self.part.next_counter().max(1);
+        self.part.set_next_counter(c + 1);
+        if c + 1 > self.meta.counter_hwm {
+            let hwm = c + COUNTER_BLOCK;
+            (c, Some(hwm))
+        } else {
+            (c, None)
+        }
+    }
+
+    /// After a restart or an install: resume counting above everything possibly handed out.
+    pub fn resume_counters(&mut self) {
+        let c = self.part.next_counter().max(self.meta.counter_hwm);
+        self.part.set_next_counter(c);
+    }
+}
+
+/// Encodes a record for disk. Serialising these plain structs into a `Vec` cannot fail.
+fn enc<T: Serialize>(v: &T) -> Vec<u8> {
+    postcard::to_stdvec(v).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::{DentryVal, FileKind};
+
+    #[test]
+    fn keys_round_trip_and_keep_order() {
+        let p = PartitionId(7);
+        let keys = [
+            Key::Dentry(Ino(5), b"a".to_vec()),
+            Key::Dentry(Ino(5), b"b".to_vec()),
+            Key::Inode(Ino(9)),
+            Key::Intent(3),
+            Key::Marker(3, 2),
+        ];
+        let enc: Vec<_> = keys.iter().map(|k| k.encode(p)).collect();
+        for (k, e) in keys.iter().zip(&enc) {
+            assert_eq!(Key::decode(e), Some((p, k.clone())));
+        }
+        assert!(enc.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(Key::decode(&[0, 0, 0, 1, 9]), None);
+        assert_eq!(Key::decode(&[0, 0, 0, 1, TAG_INODE, 1]), None);
+    }
+
+    #[test]
+    fn apply_reports_touched_keys_and_restore_rebuilds_the_copy() {
+        let mut r = Replica::initial(PartitionId(0), 4, 1);
+        let ops = vec![
+            PartOp::Apply {
+                intent: 0,
+                step: 0,
+                m: Mutation::PutDentry {
+                    parent: Ino::ROOT,
+                    name: b"x".to_vec(),
+                    val: DentryVal {
+                        ino: Ino(77),
+                        kind: FileKind::File,
+                    },
+                },
+            },
+            PartOp::Apply {
+                intent: 5,
+                step: 1,
+                m: Mutation::AdjustDir {
+                    dir: Ino::ROOT,
+                    entries: 1,
+                    subdirs: 0,
+                    time: 2,
+                },
+            },
+        ];
+        let keys = r.apply(&ops);
+        assert_eq!(
+            keys,
+            vec![
+                Key::Dentry(Ino::ROOT, b"x".to_vec()),
+                Key::Inode(Ino::ROOT),
+                Key::Marker(5, 1)
+            ]
+        );
+        // Applying the relative step again changes nothing (at most once).
+        r.apply(&ops[1..]);
+        assert_eq!(r.part.inodes[&Ino::ROOT].attr.size, 1);
+        let mut back = Replica::initial(PartitionId(0), 4, 1);
+        back.part.inodes.clear();
+        for (k, v) in r.all_values() {
+            back.restore(k, &v).expect("restore");
+        }
+        assert_eq!(back.part.dentries, r.part.dentries);
+        assert_eq!(back.part.inodes, r.part.inodes);
+    }
+
+    #[test]
+    fn counters_are_durable_in_blocks() {
+        let mut r = Replica::initial(PartitionId(3), 4, 1);
+        r.meta.counter_hwm = 1;
+        let (c, hwm) = r.next_counter();
+        assert_eq!(c, 1);
+        assert_eq!(hwm, Some(1 + COUNTER_BLOCK));
+        r.meta.counter_hwm = hwm.unwrap_or(0);
+        let (c2, hwm2) = r.next_counter();
+        assert_eq!((c2, hwm2), (2, None));
+        // A restart resumes above the mark, never reusing a counter.
+        let mut again = Replica::initial(PartitionId(3), 4, 1);
+        again.meta.counter_hwm = r.meta.counter_hwm;
+        again.resume_counters();
+        assert!(again.next_counter().0 >= r.meta.counter_hwm);
+    }
+}

@@ -1,0 +1,549 @@
+//! Wire messages of the namespace service. All kinds live in `0x0400..=0x04FF`.
+//!
+//! | kind     | name        | from → to                     | what                                   |
+//! |----------|-------------|-------------------------------|----------------------------------------|
+//! | `0x0400` | [`Read`]    | client → any serving replica  | lookup, getattr, readlink, xattrs, readdir |
+//! | `0x0401` | [`Op`]      | client → coordinator          | a mutating namespace operation         |
+//! | `0x0402` | [`Fetch`]   | coordinator → primary         | records an operation reads             |
+//! | `0x0403` | [`Execute`] | coordinator → primary         | a batch of partition changes           |
+//! | `0x0404` | [`Alloc`]   | coordinator → primary         | a fresh counter of a partition         |
+//! | `0x0405` | [`Lock`]    | coordinator → lock host       | take or release inode locks            |
+//! | `0x0406` | [`Replicate`] | primary → replica           | one numbered batch                     |
+//! | `0x0407` | [`Install`] | primary → replica             | a whole partition (catch-up)           |
+//! | `0x0408` | [`SyncMe`]  | replica → primary             | "send me an Install"                   |
+//! | `0x0409` | [`Pull`]    | new primary → old members     | their copy's position, or the copy     |
+//! | `0x040A` | [`Stats`]   | tools → node                  | counts for statfs and status           |
+//!
+//! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
+//! (decision 0007): the namespace types are already serde, and a compact, schema-checked
+//! binary encoding costs less than mirroring forty of them in protobuf. Messages only
+//! travel between nodes of one release; a decode failure is a clean `InvalidRequest`.
+//!
+//! Errors: a namespace errno travels as `Code::Application` with `app_code` = errno. A
+//! server whose map is older or newer than the caller's, or that is not the primary the
+//! caller thought, answers `Code::StaleEpoch`: the caller refreshes its map and retries.
+
+use crate::ids::{Epoch, Ino, PartitionId};
+use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeRec};
+use crate::namespace::{Partition, RenameFlags, SetAttr, TimeNs, XattrMode};
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use shingle_transport::{CallOptions, Code, MsgKind, RpcChannel, Status, TransportError};
+use std::net::SocketAddr;
+
+/// A namespace-service message: its kind and reply type.
+pub trait MetaRpc: Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// Message kind.
+    const KIND: MsgKind;
+    /// Reply type.
+    type Reply: Serialize + DeserializeOwned + Send + 'static;
+}
+
+macro_rules! meta_rpc {
+    ($t:ty, $kind:expr, $reply:ty) => {
+        impl MetaRpc for $t {
+            const KIND: MsgKind = MsgKind($kind);
+            type Reply = $reply;
+        }
+    };
+}
+
+/// Reads served by any replica that has caught up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Read {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// What to read.
+    pub op: ReadOp,
+}
+
+/// The read operations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadOp {
+    /// An entry of `parent` (at partition hash(parent, name)). Search permission on the
+    /// parent is the client's to check with the parent's attributes (it holds them).
+    Lookup {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// Attributes (at the inode's partition).
+    GetAttr(Ino),
+    /// The whole inode: attributes, symlink target, layout (at the inode's partition).
+    GetInode(Ino),
+    /// One extended attribute.
+    GetXattr {
+        /// Caller.
+        creds: Creds,
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// Extended attribute names.
+    ListXattr {
+        /// Caller.
+        creds: Creds,
+        /// Inode.
+        ino: Ino,
+    },
+    /// Entries of `dir` after `after` in name order from each of `partitions` held here.
+    ReadDir {
+        /// Directory.
+        dir: Ino,
+        /// Cursor: the last name already returned.
+        after: Option<Vec<u8>>,
+        /// At most this many entries.
+        limit: u32,
+        /// Partitions to list.
+        partitions: Vec<PartitionId>,
+    },
+}
+
+/// Replies to [`Read`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReadReply {
+    /// Lookup: the entry, with the inode's attributes when its partition is this one.
+    Entry(DentryVal, Option<Attr>),
+    /// GetAttr.
+    Attr(Attr),
+    /// GetInode.
+    Inode(Box<InodeRec>),
+    /// GetXattr.
+    Value(Vec<u8>),
+    /// ListXattr.
+    Names(Vec<Vec<u8>>),
+    /// ReadDir: entries (name order), and the partitions this node could not list.
+    Entries(Vec<DirEntry>, Vec<PartitionId>),
+}
+meta_rpc!(Read, 0x0400, ReadReply);
+
+/// A mutating operation, sent to the primary of its anchor partition, which coordinates it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Op {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// The caller.
+    pub creds: Creds,
+    /// What to do.
+    pub op: NsOp,
+}
+
+/// The mutating operations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NsOp {
+    /// mknod / mkdir / symlink / create.
+    Mknod {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+        /// Kind.
+        kind: crate::namespace::FileKind,
+        /// Permission bits (umask applied by the caller).
+        perm: u32,
+        /// Device number.
+        rdev: u64,
+        /// Symlink target.
+        target: Option<Vec<u8>>,
+    },
+    /// link.
+    Link {
+        /// Existing inode.
+        ino: Ino,
+        /// New directory.
+        newparent: Ino,
+        /// New name.
+        newname: Vec<u8>,
+    },
+    /// unlink.
+    Unlink {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// rmdir.
+    Rmdir {
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// rename / renameat2.
+    Rename {
+        /// Source directory.
+        parent: Ino,
+        /// Source name.
+        name: Vec<u8>,
+        /// Target directory.
+        newparent: Ino,
+        /// Target name.
+        newname: Vec<u8>,
+        /// RENAME_NOREPLACE.
+        noreplace: bool,
+        /// RENAME_EXCHANGE.
+        exchange: bool,
+    },
+    /// setattr.
+    SetAttr {
+        /// Inode.
+        ino: Ino,
+        /// Changes.
+        set: SetAttr,
+    },
+    /// setxattr.
+    SetXattr {
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: Vec<u8>,
+        /// Value.
+        value: Vec<u8>,
+        /// 0 any, 1 create, 2 replace.
+        mode: u8,
+    },
+    /// removexattr.
+    RemoveXattr {
+        /// Inode.
+        ino: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// Sets the EC policy of a directory or empty file.
+    SetLayout {
+        /// Inode.
+        ino: Ino,
+        /// Policy (no stripes).
+        policy: Layout,
+    },
+    /// Commits written stripes and the new size of a file.
+    CommitWrite {
+        /// File.
+        ino: Ino,
+        /// The policy the stripes were written with.
+        policy: Layout,
+        /// New size (grows only).
+        size: u64,
+        /// Stripes written.
+        stripes: Vec<(u64, StripeRec)>,
+    },
+}
+
+impl NsOp {
+    /// The partition whose primary coordinates this operation (and holds its intent).
+    pub fn anchor(&self, partitions: u32) -> PartitionId {
+        use crate::placement::dentry_partition as dp;
+        match self {
+            NsOp::Mknod { parent, name, .. } | NsOp::Unlink { parent, name } | NsOp::Rmdir { parent, name } => {
+                dp(*parent, name, partitions)
+            }
+            NsOp::Link { newparent, newname, .. } | NsOp::Rename { newparent, newname, .. } => {
+                dp(*newparent, newname, partitions)
+            }
+            NsOp::SetAttr { ino, .. }
+            | NsOp::SetXattr { ino, .. }
+            | NsOp::RemoveXattr { ino, .. }
+            | NsOp::SetLayout { ino, .. }
+            | NsOp::CommitWrite { ino, .. } => ino.partition(),
+        }
+    }
+
+    /// Rename flags of a rename.
+    pub fn rename_flags(noreplace: bool, exchange: bool) -> RenameFlags {
+        RenameFlags { noreplace, exchange }
+    }
+
+    /// The xattr mode byte as the engine's enum.
+    pub fn xattr_mode(mode: u8) -> XattrMode {
+        match mode {
+            1 => XattrMode::Create,
+            2 => XattrMode::Replace,
+            _ => XattrMode::Any,
+        }
+    }
+}
+
+/// Replies to [`Op`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OpReply {
+    /// Done; nothing to return.
+    Done,
+    /// Done; the inode's new attributes.
+    Attr(Attr),
+}
+meta_rpc!(Op, 0x0401, OpReply);
+
+/// Records a coordinator reads, from the primary of their partitions.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetch {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Inodes.
+    pub inodes: Vec<Ino>,
+    /// Entries.
+    pub dentries: Vec<(Ino, Vec<u8>)>,
+}
+
+/// Reply to [`Fetch`], in request order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fetched {
+    /// Inodes.
+    pub inodes: Vec<Option<InodeRec>>,
+    /// Entries.
+    pub dentries: Vec<Option<DentryVal>>,
+}
+meta_rpc!(Fetch, 0x0402, Fetched);
+
+/// One change to a partition, as replicated.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PartOp {
+    /// Step `step` of `intent` (0: none).
+    Apply {
+        /// Intent id or 0.
+        intent: u64,
+        /// Step number.
+        step: u16,
+        /// The change.
+        m: Mutation,
+    },
+    /// Records an intent.
+    Begin(Intent),
+    /// Drops a finished intent.
+    Finish(u64),
+    /// Forgets an intent's at-most-once markers.
+    Forget(u64),
+    /// Raises the counter high-water mark.
+    Counter(u64),
+}
+
+/// A batch for a partition, sent to its primary, which numbers and replicates it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Execute {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+    /// Changes, applied atomically and in order.
+    pub ops: Vec<PartOp>,
+}
+meta_rpc!(Execute, 0x0403, ());
+
+/// Allocates counters (inode numbers, intent ids) of a partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Alloc {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+}
+meta_rpc!(Alloc, 0x0404, u64);
+
+/// Takes (or releases) inode locks at their host (the primary of each inode's partition).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lock {
+    /// Keys (inode numbers; 0 is the cross-directory rename lock).
+    pub keys: Vec<u64>,
+    /// The operation holding them.
+    pub owner: u64,
+    /// Lease: held keys free themselves after this long.
+    pub lease_ms: u32,
+    /// How long to wait for busy keys before answering `false` (0 releases instead).
+    pub wait_ms: u32,
+    /// True to release.
+    pub release: bool,
+}
+meta_rpc!(Lock, 0x0405, bool);
+
+/// A numbered batch from the primary to a replica.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replicate {
+    /// The primary's map epoch (fencing).
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+    /// The epoch whose primary produced the copy this batch follows.
+    pub state_epoch: Epoch,
+    /// Batch number (the replica must be at `lsn - 1`).
+    pub lsn: u64,
+    /// Changes.
+    pub ops: Vec<PartOp>,
+}
+
+/// A replica's answer to [`Replicate`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ReplicaAck {
+    /// Durable here.
+    Done,
+    /// Missed batches or follows another copy: send an [`Install`] first.
+    NeedInstall,
+}
+meta_rpc!(Replicate, 0x0406, ReplicaAck);
+
+/// A whole partition, for a replica that must catch up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Install {
+    /// The sender's map epoch (fencing).
+    pub epoch: Epoch,
+    /// The copy's state epoch.
+    pub state_epoch: Epoch,
+    /// The copy's batch number.
+    pub lsn: u64,
+    /// Counter high-water mark.
+    pub counter_hwm: u64,
+    /// The partition.
+    pub part: Box<Partition>,
+}
+meta_rpc!(Install, 0x0407, ());
+
+/// A replica that has not caught up asks its primary for an [`Install`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SyncMe {
+    /// The replica's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+    /// The replica.
+    pub node: crate::ids::NodeId,
+}
+meta_rpc!(SyncMe, 0x0408, ());
+
+/// A new primary asks the other members for their copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pull {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+    /// False: only the position; true: the whole copy.
+    pub copy: bool,
+}
+
+/// A member's copy of a partition.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pulled {
+    /// The copy was complete (serving) when asked.
+    pub serving: bool,
+    /// State epoch.
+    pub state_epoch: Epoch,
+    /// Batch number.
+    pub lsn: u64,
+    /// Counter high-water mark.
+    pub counter_hwm: u64,
+    /// The copy, when asked for.
+    pub part: Option<Box<Partition>>,
+}
+meta_rpc!(Pull, 0x0409, Pulled);
+
+/// Counts of a node, for statfs and `shingle status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Stats;
+
+/// Reply to [`Stats`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStats {
+    /// Map epoch.
+    pub epoch: Epoch,
+    /// Inodes in the partitions this node is primary of.
+    pub inodes: u64,
+    /// Partitions held.
+    pub partitions: u32,
+    /// Of which serving (caught up).
+    pub serving: u32,
+    /// Of which primary.
+    pub primary: u32,
+}
+meta_rpc!(Stats, 0x040A, NodeStats);
+
+/// Encodes a message.
+pub fn encode<T: Serialize>(v: &T) -> Result<Bytes, Status> {
+    postcard::to_stdvec(v)
+        .map(Bytes::from)
+        .map_err(|e| Status::new(Code::Internal, format!("cannot encode: {e}")))
+}
+
+/// Decodes a message.
+pub fn decode<T: DeserializeOwned>(b: &[u8]) -> Result<T, Status> {
+    postcard::from_bytes(b).map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode: {e}")))
+}
+
+/// A namespace errno as an error reply.
+pub fn errno_status(e: Errno) -> Status {
+    Status::application(e.code() as u32, e.to_string())
+}
+
+/// Why a call to the namespace service failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The operation failed with a POSIX error.
+    #[error("{0}")]
+    Errno(Errno),
+    /// The peer's map differs from ours (or it is not the primary we thought).
+    #[error("stale map at {0}")]
+    Stale(SocketAddr),
+    /// Transport failure (peer down, timeout, protocol error).
+    #[error(transparent)]
+    Transport(TransportError),
+}
+
+impl CallError {
+    /// The errno a client should see if it gives up now.
+    pub fn errno(&self) -> Errno {
+        match self {
+            CallError::Errno(e) => *e,
+            CallError::Stale(_) => Errno::EAGAIN,
+            CallError::Transport(_) => Errno::EIO,
+        }
+    }
+
+    /// Worth retrying (elsewhere, or after a map refresh)?
+    pub fn retryable(&self) -> bool {
+        match self {
+            CallError::Errno(e) => *e == Errno::EAGAIN,
+            CallError::Stale(_) => true,
+            CallError::Transport(t) => {
+                t.is_peer_failure()
+                    || matches!(
+                        t.status().map(|s| s.code),
+                        Some(Code::ShuttingDown | Code::Overloaded | Code::DeadlineExceeded | Code::UnknownKind)
+                    )
+            }
+        }
+    }
+}
+
+/// Sends `req` to `peer` and decodes the reply.
+pub async fn call<C: RpcChannel, R: MetaRpc>(
+    client: &C,
+    peer: SocketAddr,
+    req: &R,
+    timeout: std::time::Duration,
+) -> Result<R::Reply, CallError> {
+    let payload = encode(req).map_err(|s| CallError::Transport(TransportError::Remote { peer, status: s }))?;
+    match client
+        .call_raw(peer, R::KIND, payload, CallOptions::timeout(timeout))
+        .await
+    {
+        Ok(b) => decode(&b).map_err(|s| {
+            CallError::Transport(TransportError::Decode {
+                peer,
+                message: s.message,
+            })
+        }),
+        Err(e) => Err(match e.status() {
+            Some(s) if s.code == Code::Application => CallError::Errno(Errno::from_code(s.app_code as i32)),
+            Some(s) if s.code == Code::StaleEpoch => CallError::Stale(peer),
+            _ => CallError::Transport(e),
+        }),
+    }
+}
+
+/// Current time in nanoseconds since the Unix epoch.
+pub fn now_ns() -> TimeNs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,231 @@
+//! A local cluster of real `shingle serve` processes for integration tests.
+#![allow(dead_code)]
+
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::client::MetaClient;
+use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One node process.
+pub struct Proc {
+    pub id: u64,
+    pub child: Option<Child>,
+    pub config: PathBuf,
+    pub addr: SocketAddr,
+}
+
+impl Proc {
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill();
+        let (child, addr) = spawn(&self.config);
+        assert_eq!(addr, self.addr);
+        self.child = Some(child);
+    }
+
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Starts `shingle serve` and waits for its "listening" line.
+pub fn spawn(config: &Path) -> (Child, SocketAddr) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_shingle"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .env(
+            "SHINGLE_LOG",
+            std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn shingle serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).expect("read startup line");
+    let addr = line
+        .trim()
+        .strip_prefix("shingle: node listening on ")
+        .unwrap_or_else(|| panic!("unexpected startup line: {line:?}"))
+        .parse()
+        .expect("address");
+    (child, addr)
+}
+
+/// Free loopback ports (bound and released; fine for tests).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
+        .collect();
+    ls.iter().map(|l| l.local_addr().expect("addr").port()).collect()
+}
+
+/// A cluster: `managers` nodes with the manager role (ids 1..), every node meta,
+/// `data` of them also data nodes.
+pub struct Cluster {
+    pub root: PathBuf,
+    pub secret: ClusterSecret,
+    pub nodes: Vec<Proc>,
+    pub managers: Vec<SocketAddr>,
+}
+
+pub struct Spec {
+    pub nodes: usize,
+    pub managers: usize,
+    pub data: bool,
+    pub partitions: u32,
+    pub down_after_ms: u64,
+}
+
+impl Cluster {
+    pub fn start(root: &Path, spec: Spec) -> Cluster {
+        let bin = env!("CARGO_BIN_EXE_shingle");
+        let secret_path = root.join("secret");
+        let out = Command::new(bin)
+            .arg("keygen")
+            .arg(&secret_path)
+            .output()
+            .expect("keygen");
+        assert!(out.status.success(), "keygen: {out:?}");
+        let secret = ClusterSecret::from_file(&secret_path).expect("secret");
+        let ports = free_ports(spec.nodes);
+        let managers: Vec<SocketAddr> = ports[..spec.managers]
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect();
+        let cluster_file = root.join("cluster.toml");
+        let mspec: Vec<String> = managers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
+        let out = Command::new(bin)
+            .args(["format", "--cluster-file"])
+            .arg(&cluster_file)
+            .args([
+                "--managers",
+                &mspec.join(","),
+                "--partitions",
+                &spec.partitions.to_string(),
+                "--pgs",
+                "32",
+            ])
+            .output()
+            .expect("format");
+        assert!(out.status.success(), "format: {out:?}");
+        let mut nodes = Vec::new();
+        for i in 0..spec.nodes {
+            let id = i as u64 + 1;
+            let dir = root.join(format!("n{id}"));
+            std::fs::create_dir_all(&dir).expect("dir");
+            let mut cfg = format!(
+                "[node]\nid = {id}\nlisten = \"127.0.0.1:{}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n",
+                ports[i],
+                secret_path.display(),
+                cluster_file.display(),
+                dir.join("meta").display()
+            );
+            if i < spec.managers {
+                cfg += &format!(
+                    "\n[manager]\ndir = \"{}\"\ndown_after_ms = {}\n",
+                    dir.join("manager").display(),
+                    spec.down_after_ms
+                );
+            }
+            if spec.data {
+                cfg += &format!(
+                    "\n[data]\ndir = \"{}\"\nzones = 16\nzone_size = \"16MiB\"\n",
+                    dir.join("data").display()
+                );
+            }
+            let config = dir.join("node.toml");
+            std::fs::write(&config, cfg).expect("config");
+            nodes.push(Proc {
+                id,
+                child: None,
+                config,
+                addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+            });
+        }
+        // Managers first (in parallel: a 3-manager group needs a majority to elect).
+        let mut handles = Vec::new();
+        for n in nodes.iter().take(spec.managers) {
+            let c = n.config.clone();
+            handles.push(std::thread::spawn(move || spawn(&c)));
+        }
+        for (n, h) in nodes.iter_mut().zip(handles) {
+            let (child, addr) = h.join().expect("spawn thread");
+            assert_eq!(addr, n.addr);
+            n.child = Some(child);
+        }
+        for n in nodes.iter_mut().skip(spec.managers) {
+            let (child, addr) = spawn(&n.config);
+            assert_eq!(addr, n.addr);
+            n.child = Some(child);
+        }
+        Cluster {
+            root: root.to_path_buf(),
+            secret,
+            nodes,
+            managers,
+        }
+    }
+
+    pub async fn client(&self) -> MetaClient {
+        let tcp = TcpClient::new(TransportConfig::default(), self.secret.clone());
+        let wc = WatchConfig {
+            managers: self.managers.clone(),
+            node: None,
+            interval: Duration::from_millis(300),
+            touch_timeout: Duration::from_secs(5),
+        };
+        let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(30), |_| {})
+            .await
+            .expect("map watch");
+        MetaClient::new(tcp, maps)
+    }
+
+    /// Waits until every partition has a serving primary and `n` nodes are Up.
+    pub async fn wait_ready(&self, c: &MetaClient, up: usize) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let v = c.view();
+            let ups = v
+                .map
+                .nodes
+                .values()
+                .filter(|n| n.state == shingle_meta::map::NodeState::Up)
+                .count();
+            if ups >= up {
+                let stats = c.stats().await;
+                let serving: u32 = stats
+                    .iter()
+                    .filter_map(|(_, s)| s.as_ref().ok())
+                    .map(|s| s.primary)
+                    .sum();
+                if serving >= v.map.partitions {
+                    return;
+                }
+            }
+            assert!(std::time::Instant::now() < deadline, "cluster not ready: {} up", ups);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
