@@ -131,13 +131,13 @@ impl Cluster {
             .expect("format");
         assert!(out.status.success(), "format: {out:?}");
         let mut nodes = Vec::new();
-        for i in 0..spec.nodes {
+        for (i, port) in ports.iter().enumerate() {
             let id = i as u64 + 1;
             let dir = root.join(format!("n{id}"));
             std::fs::create_dir_all(&dir).expect("dir");
             let mut cfg = format!(
                 "[node]\nid = {id}\nlisten = \"127.0.0.1:{}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n",
-                ports[i],
+                port,
                 secret_path.display(),
                 cluster_file.display(),
                 dir.join("meta").display()
@@ -161,7 +161,7 @@ impl Cluster {
                 id,
                 child: None,
                 config,
-                addr: SocketAddr::from(([127, 0, 0, 1], ports[i])),
+                addr: SocketAddr::from(([127, 0, 0, 1], *port)),
             });
         }
         // Managers first (in parallel: a 3-manager group needs a majority to elect).
