@@ -137,3 +137,118 @@ async fn namespace_operations_across_processes_and_partitions() {
     assert_eq!(all.len(), 38);
     let _ = Duration::ZERO;
 }
+
+/// What the workload knows about one file.
+#[derive(Clone, Debug)]
+enum Known {
+    /// Acknowledged at this place.
+    At(Ino, String),
+    /// The create was not acknowledged: absent, or at this place.
+    MaybeAt(Ino, String),
+    /// A rename was not acknowledged: at exactly one of the two places.
+    OneOf((Ino, String), (Ino, String)),
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut cluster = Cluster::start(
+        tmp.path(),
+        Spec {
+            nodes: 5,
+            managers: 3,
+            data: false,
+            partitions: 16,
+            down_after_ms: 1500,
+        },
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c, 5).await;
+    let r = root();
+    let a = c.mknod(&r, Ino::ROOT, b"a", FileKind::Dir, 0o755, 0, None).await.expect("mkdir a");
+    let b = c.mknod(&r, Ino::ROOT, b"b", FileKind::Dir, 0o755, 0, None).await.expect("mkdir b");
+    let known = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, Known>::new()));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4u64 {
+        let (c, known, stop) = (c.clone(), known.clone(), stop.clone());
+        let (a, b) = (a.ino, b.ino);
+        workers.push(tokio::spawn(async move {
+            let r = root();
+            let mut acked = 0u32;
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                i += 1;
+                let id = format!("w{w}-{i}");
+                let dir = if i % 2 == 0 { a } else { b };
+                match c.mknod(&r, dir, id.as_bytes(), FileKind::File, 0o644, 0, None).await {
+                    Ok(_) => {
+                        acked += 1;
+                        known.lock().expect("lock").insert(id.clone(), Known::At(dir, id.clone()));
+                    }
+                    Err(_) => {
+                        known.lock().expect("lock").insert(id.clone(), Known::MaybeAt(dir, id.clone()));
+                        continue;
+                    }
+                }
+                if i % 3 == 0 {
+                    // Move it to the other directory under a new name.
+                    let (to, new) = (if dir == a { b } else { a }, format!("{id}-r"));
+                    let res = c.rename(&r, dir, id.as_bytes(), to, new.as_bytes(), false, false).await;
+                    let k = match res {
+                        Ok(()) => Known::At(to, new),
+                        Err(_) => Known::OneOf((dir, id.clone()), (to, new)),
+                    };
+                    known.lock().expect("lock").insert(id, k);
+                }
+            }
+            acked
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cluster.nodes[4].kill(); // a meta node
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    cluster.nodes[1].kill(); // a manager and meta node
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    cluster.nodes[4].restart();
+    cluster.nodes[1].restart();
+    tokio::time::sleep(Duration::from_millis(2000)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = 0;
+    for w in workers {
+        acked += w.await.expect("worker");
+    }
+    eprintln!("workload: {acked} acknowledged creates");
+    assert!(acked > 20, "the workload made progress through the failures: {acked} creates");
+    cluster.wait_ready(&c, 5).await;
+    // Every name in the two directories, with the inode it points to.
+    let mut names: BTreeMap<(Ino, String), Ino> = BTreeMap::new();
+    for dir in [a.ino, b.ino] {
+        let entries = c.readdir(dir, None, 100_000).await.expect("readdir");
+        assert_eq!(
+            c.getattr(dir).await.expect("getattr").size,
+            entries.len() as u64,
+            "directory size matches its entries"
+        );
+        for e in entries {
+            names.insert((dir, String::from_utf8(e.name).expect("utf8")), e.ino);
+        }
+    }
+    let known = known.lock().expect("lock").clone();
+    let mut accounted = 0usize;
+    for (id, k) in &known {
+        let here = |p: &(Ino, String)| names.contains_key(p);
+        match k {
+            Known::At(d, n) => {
+                assert!(here(&(*d, n.clone())), "acknowledged {id} missing at {n}");
+                accounted += 1;
+            }
+            Known::MaybeAt(d, n) => accounted += usize::from(here(&(*d, n.clone()))),
+            Known::OneOf(x, y) => {
+                assert!(here(x) ^ here(y), "rename of {id} half applied: {x:?} {} / {y:?} {}", here(x), here(y));
+                accounted += 1;
+            }
+        }
+    }
+    assert_eq!(accounted, names.len(), "no entries beyond those the workload made");
+}
