@@ -27,6 +27,7 @@ pub struct MetaClient {
     maps: MapWatch,
     view: Arc<RwLock<Arc<MapView>>>,
     rr: Arc<AtomicU64>,
+    inflight: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, u32>>>,
     timeout: Duration,
     rpc_timeout: Duration,
 }
@@ -40,6 +41,7 @@ impl MetaClient {
             maps,
             view,
             rr: Arc::new(AtomicU64::new(0)),
+            inflight: Arc::default(),
             timeout: Duration::from_secs(20),
             rpc_timeout: Duration::from_secs(2),
         }
@@ -84,16 +86,17 @@ impl MetaClient {
         let mut pause = Duration::from_millis(5);
         loop {
             let v = self.view();
-            let members = v.members(p);
-            let start = self.rr.fetch_add(1, Ordering::Relaxed) as usize;
-            for i in 0..members.len() {
-                let n = members[(start + i) % members.len()];
+            for n in self.by_load(v.members(p)) {
                 let Some(addr) = v.addr(n) else { continue };
                 let req = Read {
                     epoch: v.map.epoch,
                     op: op.clone(),
                 };
-                match call(&self.client, addr, &req, self.rpc_timeout).await {
+                let r = {
+                    let _busy = Busy::new(&self.inflight, n);
+                    call(&self.client, addr, &req, self.rpc_timeout).await
+                };
+                match r {
                     Ok(r) => return Ok(r),
                     Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Err(e),
                     Err(e) => {
@@ -109,6 +112,18 @@ impl MetaClient {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(200));
         }
+    }
+
+    /// Members ordered by requests this client has outstanding at each, fewest first
+    /// (ties rotate): a slow or throttled replica gets less of the load.
+    fn by_load(&self, mut members: Vec<NodeId>) -> Vec<NodeId> {
+        if members.len() > 1 {
+            let start = self.rr.fetch_add(1, Ordering::Relaxed) as usize % members.len();
+            members.rotate_left(start);
+            let load = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            members.sort_by_key(|n| load.get(n).copied().unwrap_or(0));
+        }
+        members
     }
 
     /// Runs a mutation at its coordinator.
@@ -430,6 +445,27 @@ impl MetaClient {
             }
         });
         join_all(calls).await
+    }
+}
+
+/// Counts one outstanding request at a node while alive.
+struct Busy<'a> {
+    map: &'a std::sync::Mutex<std::collections::HashMap<NodeId, u32>>,
+    node: NodeId,
+}
+
+impl<'a> Busy<'a> {
+    fn new(map: &'a std::sync::Mutex<std::collections::HashMap<NodeId, u32>>, node: NodeId) -> Self {
+        *map.lock().unwrap_or_else(|p| p.into_inner()).entry(node).or_default() += 1;
+        Busy { map, node }
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        if let Some(c) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.node) {
+            *c = c.saturating_sub(1);
+        }
     }
 }
 

@@ -7,6 +7,7 @@
 
 mod bench;
 mod config;
+mod local;
 mod serve;
 
 use anyhow::Result;
@@ -70,6 +71,8 @@ enum BenchCommand {
     Store(bench::store::StoreBenchArgs),
     /// Erasure-coding encode/decode throughput vs reed-solomon-simd alone.
     Ec(bench::ec::EcBenchArgs),
+    /// Lookup + getattr storm against local meta-node processes; CPU-capped scale-out.
+    Meta(bench::meta::MetaBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -89,6 +92,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
+            Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
         }
     })
 }

@@ -1,0 +1,302 @@
+//! A cluster of real `shingle serve` processes on 127.0.0.1, for `shingle dev` and the
+//! benchmarks: formats a cluster, writes one config per node, starts managers first (in
+//! parallel, so a 3-manager group can elect), then the rest, and stops them all on drop.
+
+use anyhow::{Context, Result, bail};
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::client::MetaClient;
+use shingle_meta::map::NodeState;
+use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What to start.
+#[derive(Clone, Debug)]
+pub struct LocalSpec {
+    /// Folder for every node's data, configs, secret and cluster file.
+    pub dir: PathBuf,
+    /// Nodes (all hold metadata).
+    pub nodes: usize,
+    /// Of which managers (1 or 3).
+    pub managers: usize,
+    /// All nodes also hold data.
+    pub data: bool,
+    /// Metadata partitions.
+    pub partitions: u32,
+    /// Metadata replicas.
+    pub replication: u8,
+    /// Erasure coding K,M.
+    pub ec: (u8, u8),
+    /// Emulated zoned device per data node: zones and zone size.
+    pub zones: (u32, &'static str),
+    /// SHINGLE_LOG of the nodes.
+    pub log: String,
+    /// Cap each node at this share of one core (cgroup v1 cpu controller).
+    pub cpu_cap: Option<f64>,
+}
+
+/// One node process.
+pub struct LocalNode {
+    /// Node id.
+    pub id: u64,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its config file.
+    pub config: PathBuf,
+    child: Option<Child>,
+    cgroup: Option<PathBuf>,
+}
+
+/// A running local cluster.
+pub struct LocalCluster {
+    /// The nodes.
+    pub nodes: Vec<LocalNode>,
+    /// Manager addresses.
+    pub managers: Vec<SocketAddr>,
+    /// The cluster secret.
+    pub secret: ClusterSecret,
+    /// Its file.
+    pub secret_file: PathBuf,
+    /// The cluster file.
+    pub cluster_file: PathBuf,
+}
+
+fn free_ports(n: usize) -> Result<Vec<u16>> {
+    let ls: Vec<_> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<_, _>>()
+        .context("find free ports on 127.0.0.1")?;
+    ls.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+}
+
+fn spawn(config: &Path, log: &str, stderr: &Path) -> Result<(Child, SocketAddr)> {
+    let exe = std::env::current_exe().context("locate the shingle binary")?;
+    let err = std::fs::File::create(stderr).with_context(|| format!("create {}", stderr.display()))?;
+    let mut child = Command::new(exe)
+        .args(["serve", "--config"])
+        .arg(config)
+        .env("SHINGLE_LOG", log)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(err)
+        .spawn()
+        .context("start shingle serve")?;
+    let stdout = child.stdout.take().context("node stdout")?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line).context("read node startup line")?;
+    let Some(addr) = line.trim().strip_prefix("shingle: node listening on ") else {
+        let _ = child.kill();
+        let _ = child.wait();
+        let log = std::fs::read_to_string(stderr).unwrap_or_default();
+        bail!(
+            "node with config {} did not start; its log ({}):\n{}",
+            config.display(),
+            stderr.display(),
+            log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    };
+    Ok((child, addr.parse().context("node address")?))
+}
+
+impl LocalNode {
+    /// Stops the process with SIGKILL.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Stops the process with SIGTERM (SIGKILL after 10 s).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let pid = c.id().to_string();
+            let _ = Command::new("kill").args(["-TERM", &pid]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(cg) = self.cgroup.take() {
+            let _ = std::fs::remove_dir(cg);
+        }
+    }
+
+    /// True while the process runs.
+    pub fn running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+}
+
+impl Drop for LocalNode {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn cap_cpu(pid: u32, id: u64, share: f64) -> Result<PathBuf> {
+    let root = Path::new("/sys/fs/cgroup/cpu");
+    if !root.join("cpu.cfs_quota_us").exists() {
+        bail!("no cgroup v1 cpu controller at {} (needed for --cap)", root.display());
+    }
+    let cg = root.join(format!("shingle-{}-{id}", std::process::id()));
+    std::fs::create_dir_all(&cg).with_context(|| format!("create cgroup {}", cg.display()))?;
+    std::fs::write(cg.join("cpu.cfs_period_us"), "100000")?;
+    std::fs::write(cg.join("cpu.cfs_quota_us"), format!("{}", (share * 100_000.0) as u64))?;
+    std::fs::write(cg.join("cgroup.procs"), pid.to_string()).context("move the node into its cgroup")?;
+    Ok(cg)
+}
+
+impl LocalCluster {
+    /// Formats and starts a cluster.
+    pub fn start(spec: &LocalSpec) -> Result<LocalCluster> {
+        let dir = &spec.dir;
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        let secret_file = dir.join("secret");
+        if !secret_file.exists() {
+            let s = ClusterSecret::generate()?;
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&secret_file)?;
+            f.write_all(s.expose())?;
+            f.write_all(b"\n")?;
+        }
+        let secret = ClusterSecret::from_file(&secret_file)?;
+        let ports = free_ports(spec.nodes)?;
+        let managers: Vec<SocketAddr> = ports[..spec.managers]
+            .iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .collect();
+        let cluster_file = dir.join("cluster.toml");
+        let _ = std::fs::remove_file(&cluster_file);
+        let mspec: Vec<String> = managers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        let exe = std::env::current_exe()?;
+        let out = Command::new(&exe)
+            .args(["format", "--cluster-file"])
+            .arg(&cluster_file)
+            .args(["--managers", &mspec.join(",")])
+            .args(["--partitions", &spec.partitions.to_string()])
+            .args(["--replication", &spec.replication.to_string()])
+            .args(["--ec", &format!("{},{}", spec.ec.0, spec.ec.1)])
+            .output()
+            .context("run shingle format")?;
+        if !out.status.success() {
+            bail!("shingle format failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+        let mut nodes = Vec::new();
+        for (i, port) in ports.iter().enumerate() {
+            let id = i as u64 + 1;
+            let ndir = dir.join(format!("node{id}"));
+            std::fs::create_dir_all(&ndir)?;
+            let mut cfg = format!(
+                "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n",
+                secret_file.display(),
+                cluster_file.display(),
+                ndir.join("meta").display()
+            );
+            if i < spec.managers {
+                cfg += &format!("\n[manager]\ndir = \"{}\"\n", ndir.join("manager").display());
+            }
+            if spec.data {
+                cfg += &format!(
+                    "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"64MiB\"\n",
+                    ndir.join("data").display(),
+                    spec.zones.0,
+                    spec.zones.1
+                );
+            }
+            let config = ndir.join("node.toml");
+            std::fs::write(&config, cfg)?;
+            nodes.push(LocalNode {
+                id,
+                addr: SocketAddr::from(([127, 0, 0, 1], *port)),
+                config,
+                child: None,
+                cgroup: None,
+            });
+        }
+        let mut cluster = LocalCluster {
+            nodes,
+            managers,
+            secret,
+            secret_file,
+            cluster_file,
+        };
+        let starts: Vec<_> = cluster.nodes[..spec.managers]
+            .iter()
+            .map(|n| {
+                let (cfg, log, err) = (n.config.clone(), spec.log.clone(), dir.join(format!("node{}.log", n.id)));
+                std::thread::spawn(move || spawn(&cfg, &log, &err))
+            })
+            .collect();
+        for (i, h) in starts.into_iter().enumerate() {
+            let (child, _) = h.join().map_err(|_| anyhow::anyhow!("start thread panicked"))??;
+            cluster.nodes[i].child = Some(child);
+        }
+        for n in cluster.nodes.iter_mut().skip(spec.managers) {
+            let (child, _) = spawn(&n.config, &spec.log, &dir.join(format!("node{}.log", n.id)))?;
+            n.child = Some(child);
+        }
+        if let Some(share) = spec.cpu_cap {
+            for n in &mut cluster.nodes {
+                let pid = n.child.as_ref().map(Child::id).unwrap_or(0);
+                n.cgroup = Some(cap_cpu(pid, n.id, share)?);
+            }
+        }
+        Ok(cluster)
+    }
+
+    /// A namespace client of this cluster.
+    pub async fn meta_client(&self) -> Result<MetaClient> {
+        let tcp = TcpClient::new(TransportConfig::default(), self.secret.clone());
+        let wc = WatchConfig {
+            managers: self.managers.clone(),
+            node: None,
+            interval: Duration::from_millis(500),
+            touch_timeout: Duration::from_secs(5),
+        };
+        let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(60), |_| {})
+            .await
+            .context("reach the managers")?;
+        Ok(MetaClient::new(tcp, maps))
+    }
+
+    /// Waits until all nodes are Up and every partition has a serving primary.
+    pub async fn wait_ready(&self, c: &MetaClient, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let v = c.view();
+            let up = v.map.nodes.values().filter(|n| n.state == NodeState::Up).count();
+            if up >= self.nodes.len() {
+                let stats = c.stats().await;
+                let primaries: u32 = stats.iter().filter_map(|(_, s)| s.as_ref().ok()).map(|s| s.primary).sum();
+                if primaries >= v.map.partitions && c.getattr(shingle_meta::ids::Ino::ROOT).await.is_ok() {
+                    return Ok(());
+                }
+            }
+            if Instant::now() >= deadline {
+                bail!("cluster not ready after {timeout:?}: {up} of {} nodes up", self.nodes.len());
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Stops every node (SIGTERM).
+    pub fn stop(&mut self) {
+        for n in &mut self.nodes {
+            n.stop();
+        }
+    }
+}
