@@ -86,7 +86,9 @@ fn spawn(config: &Path, log: &str, stderr: &Path) -> Result<(Child, SocketAddr)>
         .context("start shingle serve")?;
     let stdout = child.stdout.take().context("node stdout")?;
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).context("read node startup line")?;
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .context("read node startup line")?;
     let Some(addr) = line.trim().strip_prefix("shingle: node listening on ") else {
         let _ = child.kill();
         let _ = child.wait();
@@ -95,21 +97,20 @@ fn spawn(config: &Path, log: &str, stderr: &Path) -> Result<(Child, SocketAddr)>
             "node with config {} did not start; its log ({}):\n{}",
             config.display(),
             stderr.display(),
-            log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n")
+            log.lines()
+                .rev()
+                .take(20)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
         );
     };
     Ok((child, addr.parse().context("node address")?))
 }
 
 impl LocalNode {
-    /// Stops the process with SIGKILL.
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
     /// Stops the process with SIGTERM (SIGKILL after 10 s).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -128,11 +129,6 @@ impl LocalNode {
         if let Some(cg) = self.cgroup.take() {
             let _ = std::fs::remove_dir(cg);
         }
-    }
-
-    /// True while the process runs.
-    pub fn running(&mut self) -> bool {
-        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 }
 
@@ -156,6 +152,75 @@ fn cap_cpu(pid: u32, id: u64, share: f64) -> Result<PathBuf> {
 }
 
 impl LocalCluster {
+    /// Starts the cluster kept in `spec.dir` again when one is there (same node configs,
+    /// same ports, same data), or formats and starts a new one.
+    pub fn start_or_resume(spec: &LocalSpec) -> Result<LocalCluster> {
+        let cluster_file = spec.dir.join("cluster.toml");
+        if !cluster_file.exists() {
+            return Self::start(spec);
+        }
+        let secret_file = spec.dir.join("secret");
+        let secret = ClusterSecret::from_file(&secret_file)?;
+        let cf = crate::config::ClusterFile::load(&cluster_file)?;
+        let mut nodes = Vec::new();
+        for id in 1.. {
+            let config = spec.dir.join(format!("node{id}")).join("node.toml");
+            if !config.exists() {
+                break;
+            }
+            let nc = crate::config::NodeConfig::load(&config)?;
+            nodes.push(LocalNode {
+                id,
+                addr: nc.node.listen,
+                config,
+                child: None,
+                cgroup: None,
+            });
+        }
+        if nodes.is_empty() {
+            bail!("{} has a cluster file but no node configs", spec.dir.display());
+        }
+        let mut cluster = LocalCluster {
+            nodes,
+            managers: cf.manager_addrs(),
+            secret,
+            secret_file,
+            cluster_file,
+        };
+        cluster.spawn_all(spec, cf.managers.len())?;
+        Ok(cluster)
+    }
+
+    fn spawn_all(&mut self, spec: &LocalSpec, managers: usize) -> Result<()> {
+        let dir = &spec.dir;
+        let starts: Vec<_> = self.nodes[..managers]
+            .iter()
+            .map(|n| {
+                let (cfg, log, err) = (
+                    n.config.clone(),
+                    spec.log.clone(),
+                    dir.join(format!("node{}.log", n.id)),
+                );
+                std::thread::spawn(move || spawn(&cfg, &log, &err))
+            })
+            .collect();
+        for (i, h) in starts.into_iter().enumerate() {
+            let (child, _) = h.join().map_err(|_| anyhow::anyhow!("start thread panicked"))??;
+            self.nodes[i].child = Some(child);
+        }
+        for n in self.nodes.iter_mut().skip(managers) {
+            let (child, _) = spawn(&n.config, &spec.log, &dir.join(format!("node{}.log", n.id)))?;
+            n.child = Some(child);
+        }
+        if let Some(share) = spec.cpu_cap {
+            for n in &mut self.nodes {
+                let pid = n.child.as_ref().map(Child::id).unwrap_or(0);
+                n.cgroup = Some(cap_cpu(pid, n.id, share)?);
+            }
+        }
+        Ok(())
+    }
+
     /// Formats and starts a cluster.
     pub fn start(spec: &LocalSpec) -> Result<LocalCluster> {
         let dir = &spec.dir;
@@ -181,7 +246,11 @@ impl LocalCluster {
             .collect();
         let cluster_file = dir.join("cluster.toml");
         let _ = std::fs::remove_file(&cluster_file);
-        let mspec: Vec<String> = managers.iter().enumerate().map(|(i, a)| format!("{}={a}", i + 1)).collect();
+        let mspec: Vec<String> = managers
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect();
         let exe = std::env::current_exe()?;
         let out = Command::new(&exe)
             .args(["format", "--cluster-file"])
@@ -234,27 +303,7 @@ impl LocalCluster {
             secret_file,
             cluster_file,
         };
-        let starts: Vec<_> = cluster.nodes[..spec.managers]
-            .iter()
-            .map(|n| {
-                let (cfg, log, err) = (n.config.clone(), spec.log.clone(), dir.join(format!("node{}.log", n.id)));
-                std::thread::spawn(move || spawn(&cfg, &log, &err))
-            })
-            .collect();
-        for (i, h) in starts.into_iter().enumerate() {
-            let (child, _) = h.join().map_err(|_| anyhow::anyhow!("start thread panicked"))??;
-            cluster.nodes[i].child = Some(child);
-        }
-        for n in cluster.nodes.iter_mut().skip(spec.managers) {
-            let (child, _) = spawn(&n.config, &spec.log, &dir.join(format!("node{}.log", n.id)))?;
-            n.child = Some(child);
-        }
-        if let Some(share) = spec.cpu_cap {
-            for n in &mut cluster.nodes {
-                let pid = n.child.as_ref().map(Child::id).unwrap_or(0);
-                n.cgroup = Some(cap_cpu(pid, n.id, share)?);
-            }
-        }
+        cluster.spawn_all(spec, spec.managers)?;
         Ok(cluster)
     }
 
@@ -281,13 +330,20 @@ impl LocalCluster {
             let up = v.map.nodes.values().filter(|n| n.state == NodeState::Up).count();
             if up >= self.nodes.len() {
                 let stats = c.stats().await;
-                let primaries: u32 = stats.iter().filter_map(|(_, s)| s.as_ref().ok()).map(|s| s.primary).sum();
+                let primaries: u32 = stats
+                    .iter()
+                    .filter_map(|(_, s)| s.as_ref().ok())
+                    .map(|s| s.primary)
+                    .sum();
                 if primaries >= v.map.partitions && c.getattr(shingle_meta::ids::Ino::ROOT).await.is_ok() {
                     return Ok(());
                 }
             }
             if Instant::now() >= deadline {
-                bail!("cluster not ready after {timeout:?}: {up} of {} nodes up", self.nodes.len());
+                bail!(
+                    "cluster not ready after {timeout:?}: {up} of {} nodes up",
+                    self.nodes.len()
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }

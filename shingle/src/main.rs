@@ -7,6 +7,7 @@
 
 mod bench;
 mod config;
+mod dev;
 mod local;
 mod serve;
 
@@ -29,6 +30,10 @@ enum Command {
         #[arg(long)]
         config: std::path::PathBuf,
     },
+    /// Start a local cluster of real processes (6 nodes) and mount it: the way to try Shingle.
+    Dev(dev::DevArgs),
+    /// Mount a cluster with FUSE (runs until SIGINT/SIGTERM, then unmounts).
+    Mount(dev::MountArgs),
     /// Create a new cluster: write the cluster file every node of it shares.
     Format(FormatArgs),
     /// Create a new random cluster secret file (mode 0600).
@@ -89,6 +94,8 @@ fn main() -> Result<()> {
             Command::Serve { config } => serve::run(&config).await,
             Command::Keygen { out } => keygen(&out),
             Command::Format(a) => format(a),
+            Command::Dev(a) => dev::dev(a).await,
+            Command::Mount(a) => dev::mount(a).await,
             Command::Bench(BenchCommand::Transport(a)) => bench::transport::run(a).await,
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,

@@ -206,7 +206,7 @@ async fn gc_loop(store: Arc<ChunkStore<Arc<dyn ZonedDevice>>>, free_below: u32) 
     }
 }
 
-async fn wait_for_signal() -> Result<()> {
+pub async fn wait_for_signal() -> Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     tokio::select! {

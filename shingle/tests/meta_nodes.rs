@@ -165,8 +165,14 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
     let c = cluster.client().await;
     cluster.wait_ready(&c, 5).await;
     let r = root();
-    let a = c.mknod(&r, Ino::ROOT, b"a", FileKind::Dir, 0o755, 0, None).await.expect("mkdir a");
-    let b = c.mknod(&r, Ino::ROOT, b"b", FileKind::Dir, 0o755, 0, None).await.expect("mkdir b");
+    let a = c
+        .mknod(&r, Ino::ROOT, b"a", FileKind::Dir, 0o755, 0, None)
+        .await
+        .expect("mkdir a");
+    let b = c
+        .mknod(&r, Ino::ROOT, b"b", FileKind::Dir, 0o755, 0, None)
+        .await
+        .expect("mkdir b");
     let known = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, Known>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -184,10 +190,16 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                 match c.mknod(&r, dir, id.as_bytes(), FileKind::File, 0o644, 0, None).await {
                     Ok(_) => {
                         acked += 1;
-                        known.lock().expect("lock").insert(id.clone(), Known::At(dir, id.clone()));
+                        known
+                            .lock()
+                            .expect("lock")
+                            .insert(id.clone(), Known::At(dir, id.clone()));
                     }
                     Err(_) => {
-                        known.lock().expect("lock").insert(id.clone(), Known::MaybeAt(dir, id.clone()));
+                        known
+                            .lock()
+                            .expect("lock")
+                            .insert(id.clone(), Known::MaybeAt(dir, id.clone()));
                         continue;
                     }
                 }
@@ -219,7 +231,10 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         acked += w.await.expect("worker");
     }
     eprintln!("workload: {acked} acknowledged creates");
-    assert!(acked > 20, "the workload made progress through the failures: {acked} creates");
+    assert!(
+        acked > 20,
+        "the workload made progress through the failures: {acked} creates"
+    );
     cluster.wait_ready(&c, 5).await;
     // Every name in the two directories, with the inode it points to.
     let mut names: BTreeMap<(Ino, String), Ino> = BTreeMap::new();
@@ -245,7 +260,12 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
             }
             Known::MaybeAt(d, n) => accounted += usize::from(here(&(*d, n.clone()))),
             Known::OneOf(x, y) => {
-                assert!(here(x) ^ here(y), "rename of {id} half applied: {x:?} {} / {y:?} {}", here(x), here(y));
+                assert!(
+                    here(x) ^ here(y),
+                    "rename of {id} half applied: {x:?} {} / {y:?} {}",
+                    here(x),
+                    here(y)
+                );
                 accounted += 1;
             }
         }

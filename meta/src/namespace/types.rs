@@ -302,6 +302,8 @@ impl Layout {
 pub struct StripeRec {
     /// Version of its chunks (readers refuse older ones).
     pub version: u64,
+    /// Bytes of file data the stripe was encoded with (the rest of it reads as zeros).
+    pub len: u64,
     /// Node ids that took shards 0..k+m (a location hint).
     pub nodes: Vec<u64>,
 }

@@ -79,7 +79,10 @@ pub async fn run(a: MetaBenchArgs) -> Result<()> {
         drop(cluster);
     }
     if let Some(share) = a.cap {
-        println!("# scale-out: each node capped at {share} core, {} callers", a.cap_callers);
+        println!(
+            "# scale-out: each node capped at {share} core, {} callers",
+            a.cap_callers
+        );
         println!("nodes callers      ops/s   lookup p50/p99/p999 us   getattr p50/p99/p999 us   speedup");
         let mut base = None;
         for &n in &a.cap_nodes {
@@ -120,7 +123,12 @@ fn report(n: usize, c: usize, p: &Point, speedup: Option<f64>) {
     );
 }
 
-type Setup = (LocalCluster, MetaClient, Arc<Vec<(Ino, Vec<u8>)>>, Option<tempfile::TempDir>);
+type Setup = (
+    LocalCluster,
+    MetaClient,
+    Arc<Vec<(Ino, Vec<u8>)>>,
+    Option<tempfile::TempDir>,
+);
 
 async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setup> {
     let (tmp, dir) = match &a.dir {
@@ -151,7 +159,15 @@ async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setu
     let mut dirs = Vec::new();
     for d in 0..a.dirs.max(1) {
         let attr = client
-            .mknod(&root, Ino::ROOT, format!("d{d}").as_bytes(), FileKind::Dir, 0o755, 0, None)
+            .mknod(
+                &root,
+                Ino::ROOT,
+                format!("d{d}").as_bytes(),
+                FileKind::Dir,
+                0o755,
+                0,
+                None,
+            )
             .await
             .map_err(|e| anyhow::anyhow!("mkdir: {e}"))?;
         dirs.push(attr.ino);

@@ -1,0 +1,675 @@
+//! The FUSE adapter: kernel requests become [`Client`] calls.
+//!
+//! Every request is handed to the tokio runtime with its reply, so a slow request (a
+//! degraded read, a busy partition) never blocks the others. The kernel checks
+//! permissions with the attributes it caches (`default_permissions`); the metadata
+//! service checks them again for every change, with the caller's uid, gid and groups.
+//! Entries and attributes are cached by the kernel for `ttl`; files are opened without
+//! `keep_cache`, so an open sees what other clients closed (close-to-open).
+
+use crate::fs::{Client, OpenFile};
+use fuser::{
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
+    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+};
+use shingle_meta::ids::Ino;
+use shingle_meta::namespace::{Attr, Creds, DirEntry, Errno, FileKind, SetAttr};
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::runtime::Handle;
+
+/// Mount settings.
+#[derive(Clone, Debug)]
+pub struct MountConfig {
+    /// How long the kernel may cache entries and attributes.
+    pub ttl: Duration,
+    /// Let every user use the mount (`allow_other`; needs root or user_allow_other).
+    pub allow_other: bool,
+    /// Threads reading requests from /dev/fuse.
+    pub threads: usize,
+}
+
+impl Default for MountConfig {
+    /// 1 s caches, open to all users, 2 threads.
+    fn default() -> Self {
+        MountConfig {
+            ttl: Duration::from_secs(1),
+            allow_other: true,
+            threads: 2,
+        }
+    }
+}
+
+struct DirHandle {
+    dir: Ino,
+    parent: Ino,
+    entries: Vec<DirEntry>,
+    done: bool,
+}
+
+/// The filesystem served to the kernel.
+pub struct ShingleFs {
+    client: Client,
+    rt: Handle,
+    ttl: Duration,
+    files: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
+    dirs: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>>,
+    next_fh: AtomicU64,
+}
+
+fn errno(e: Errno) -> fuser::Errno {
+    fuser::Errno::from_i32(e.code())
+}
+
+fn time(ns: i64) -> SystemTime {
+    if ns >= 0 {
+        UNIX_EPOCH + Duration::from_nanos(ns as u64)
+    } else {
+        UNIX_EPOCH - Duration::from_nanos(ns.unsigned_abs())
+    }
+}
+
+fn kind(k: FileKind) -> FileType {
+    match k {
+        FileKind::File => FileType::RegularFile,
+        FileKind::Dir => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::Socket => FileType::Socket,
+        FileKind::CharDev => FileType::CharDevice,
+        FileKind::BlockDev => FileType::BlockDevice,
+    }
+}
+
+/// Kernel attributes of an inode.
+pub fn file_attr(a: &Attr) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(a.ino.0),
+        size: a.size,
+        blocks: a.size.div_ceil(512),
+        atime: time(a.atime),
+        mtime: time(a.mtime),
+        ctime: time(a.ctime),
+        crtime: time(a.crtime),
+        kind: kind(a.kind),
+        perm: (a.perm & 0o7777) as u16,
+        nlink: a.nlink,
+        uid: a.uid,
+        gid: a.gid,
+        rdev: a.rdev as u32,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
+/// The caller's credentials, with supplementary groups from /proc.
+fn creds(req: &Request) -> Creds {
+    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Groups:"))
+                .map(|l| l[7..].split_whitespace().filter_map(|g| g.parse().ok()).collect())
+        })
+        .unwrap_or_default();
+    Creds {
+        uid: req.uid(),
+        gid: req.gid(),
+        groups,
+    }
+}
+
+fn now_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
+}
+
+fn when(t: Option<TimeOrNow>) -> Option<i64> {
+    t.map(|t| match t {
+        TimeOrNow::Now => now_ns(),
+        TimeOrNow::SpecificTime(s) => match s.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_nanos() as i64,
+            Err(e) => -(e.duration().as_nanos() as i64),
+        },
+    })
+}
+
+impl ShingleFs {
+    /// A filesystem over `client`, running requests on `rt`.
+    pub fn new(client: Client, rt: Handle, cfg: &MountConfig) -> Self {
+        ShingleFs {
+            client,
+            rt,
+            ttl: cfg.ttl,
+            files: Arc::default(),
+            dirs: Arc::default(),
+            next_fh: AtomicU64::new(1),
+        }
+    }
+
+    fn fh(&self) -> u64 {
+        self.next_fh.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn file(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
+        self.files.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned()
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn make(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        k: FileKind,
+        perm: u32,
+        rdev: u64,
+        target: Option<Vec<u8>>,
+        reply: ReplyEntry,
+    ) {
+        let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
+        self.rt.spawn(async move {
+            let r = c
+                .meta()
+                .mknod(&cr, Ino(parent.0), &name, k, perm, rdev, target.as_deref())
+                .await;
+            match r {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+}
+
+impl Filesystem for ShingleFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        let _ = config.set_max_write(1 << 20);
+        let _ = config.set_max_readahead(4 << 20);
+        let _ = config.set_max_background(64);
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let (c, name, ttl) = (self.client.clone(), name.as_bytes().to_vec(), self.ttl);
+        self.rt.spawn(async move {
+            match c.lookup(Ino(parent.0), &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let (c, ttl) = (self.client.clone(), self.ttl);
+        self.rt.spawn(async move {
+            match c.getattr(Ino(ino.0)).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let (c, cr, ttl) = (self.client.clone(), creds(req), self.ttl);
+        let set = SetAttr {
+            perm: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: when(atime),
+            mtime: when(mtime),
+        };
+        self.rt.spawn(async move {
+            match c.setattr(&cr, Ino(ino.0), set).await {
+                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            match c.meta().readlink(Ino(ino.0)).await {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn mknod(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, rdev: u32, reply: ReplyEntry) {
+        let Some(k) = FileKind::from_mode(mode) else {
+            reply.error(fuser::Errno::EINVAL);
+            return;
+        };
+        if k == FileKind::Dir || k == FileKind::Symlink {
+            reply.error(fuser::Errno::EINVAL);
+            return;
+        }
+        self.make(
+            req,
+            parent,
+            name,
+            k,
+            mode & !umask & 0o7777,
+            u64::from(rdev),
+            None,
+            reply,
+        );
+    }
+
+    fn mkdir(&self, req: &Request, parent: INodeNo, name: &OsStr, mode: u32, umask: u32, reply: ReplyEntry) {
+        self.make(req, parent, name, FileKind::Dir, mode & !umask & 0o7777, 0, None, reply);
+    }
+
+    fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            match c.meta().unlink(&cr, Ino(parent.0), &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            match c.meta().rmdir(&cr, Ino(parent.0), &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn symlink(&self, req: &Request, parent: INodeNo, link_name: &OsStr, target: &Path, reply: ReplyEntry) {
+        let t = target.as_os_str().as_bytes().to_vec();
+        self.make(req, parent, link_name, FileKind::Symlink, 0o777, 0, Some(t), reply);
+    }
+
+    fn rename(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        if flags.contains(RenameFlags::RENAME_WHITEOUT) {
+            reply.error(fuser::Errno::EINVAL);
+            return;
+        }
+        let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
+        let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
+        let (c, cr) = (self.client.clone(), creds(req));
+        let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            let r = c
+                .meta()
+                .rename(
+                    &cr,
+                    Ino(parent.0),
+                    &name,
+                    Ino(newparent.0),
+                    &newname,
+                    noreplace,
+                    exchange,
+                )
+                .await;
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let (c, cr, name, ttl) = (self.client.clone(), creds(req), newname.as_bytes().to_vec(), self.ttl);
+        self.rt.spawn(async move {
+            match c.meta().link(&cr, Ino(ino.0), Ino(newparent.0), &name).await {
+                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
+        self.rt.spawn(async move {
+            match c.open(&cr, Ino(ino.0)).await {
+                Ok(f) => {
+                    files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let Some(f) = self.file(fh) else {
+            reply.error(fuser::Errno::EBADF);
+            return;
+        };
+        self.rt.spawn(async move {
+            let mut r = f.read(offset, size).await;
+            if r == Err(Errno::EAGAIN) {
+                r = f.read(offset, size).await;
+            }
+            match r {
+                Ok(b) => reply.data(&b),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        let Some(f) = self.file(fh) else {
+            reply.error(fuser::Errno::EBADF);
+            return;
+        };
+        let data = data.to_vec();
+        self.rt.spawn(async move {
+            match f.write(offset, &data).await {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
+        let Some(f) = self.file(fh) else {
+            reply.error(fuser::Errno::EBADF);
+            return;
+        };
+        self.rt.spawn(async move {
+            match f.flush().await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let f = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        self.rt.spawn(async move {
+            let r = match f {
+                Some(f) => f.flush().await,
+                None => Ok(()),
+            };
+            match r {
+                // An unlinked file has nothing left to commit to.
+                Ok(()) | Err(Errno::ENOENT) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        self.flush(_req, _ino, fh, LockOwner(0), reply);
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let (c, dirs, fh) = (self.client.clone(), self.dirs.clone(), self.fh());
+        self.rt.spawn(async move {
+            match c.meta().get_inode(Ino(ino.0)).await {
+                Ok(rec) if rec.attr.kind != FileKind::Dir => reply.error(fuser::Errno::ENOTDIR),
+                Ok(rec) => {
+                    let h = DirHandle {
+                        dir: Ino(ino.0),
+                        parent: rec.parent.unwrap_or(Ino::ROOT),
+                        entries: Vec::new(),
+                        done: false,
+                    };
+                    dirs.lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
+                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+        let Some(h) = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned() else {
+            reply.error(fuser::Errno::EBADF);
+            return;
+        };
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            let mut h = h.lock().await;
+            // Offsets: 1 is ".", 2 is "..", 2 + i + 1 is entry i.
+            let mut off = offset;
+            if off == 0 {
+                if reply.add(INodeNo(h.dir.0), 1, FileType::Directory, ".") {
+                    return reply.ok();
+                }
+                off = 1;
+            }
+            if off == 1 {
+                if reply.add(INodeNo(h.parent.0), 2, FileType::Directory, "..") {
+                    return reply.ok();
+                }
+                off = 2;
+            }
+            let mut i = (off - 2) as usize;
+            loop {
+                while i >= h.entries.len() && !h.done {
+                    let after = h.entries.last().map(|e| e.name.clone());
+                    match c.meta().readdir(h.dir, after.as_deref(), 1024).await {
+                        Ok(page) if page.is_empty() => h.done = true,
+                        Ok(page) => h.entries.extend(page),
+                        Err(e) => return reply.error(errno(e)),
+                    }
+                }
+                let Some(e) = h.entries.get(i) else { break };
+                if reply.add(
+                    INodeNo(e.ino.0),
+                    (i + 3) as u64,
+                    kind(e.kind),
+                    OsStr::from_bytes(&e.name),
+                ) {
+                    break;
+                }
+                i += 1;
+            }
+            reply.ok();
+        });
+    }
+
+    fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
+        self.dirs.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsyncdir(&self, _req: &Request, _ino: INodeNo, _fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
+        // Every namespace change is durable on all replicas before it is acknowledged.
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let c = self.client.clone();
+        self.rt.spawn(async move {
+            let s = c.statfs().await;
+            let bs = 4096u64;
+            reply.statfs(
+                s.total / bs,
+                s.free / bs,
+                s.free / bs,
+                s.files + s.files_free,
+                s.files_free,
+                bs as u32,
+                255,
+                bs as u32,
+            );
+        });
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        _position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => 0,
+            libc::XATTR_CREATE => 1,
+            libc::XATTR_REPLACE => 2,
+            _ => {
+                reply.error(fuser::Errno::EINVAL);
+                return;
+            }
+        };
+        let (c, cr, name, value) = (
+            self.client.clone(),
+            creds(req),
+            name.as_bytes().to_vec(),
+            value.to_vec(),
+        );
+        self.rt.spawn(async move {
+            match c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            match c.meta().getxattr(&cr, Ino(ino.0), &name).await {
+                Ok(v) if size == 0 => reply.size(v.len() as u32),
+                Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
+                Ok(v) => reply.data(&v),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let (c, cr) = (self.client.clone(), creds(req));
+        self.rt.spawn(async move {
+            match c.meta().listxattr(&cr, Ino(ino.0)).await {
+                Ok(names) => {
+                    let mut buf = Vec::new();
+                    for n in names {
+                        buf.extend_from_slice(&n);
+                        buf.push(0);
+                    }
+                    if size == 0 {
+                        reply.size(buf.len() as u32);
+                    } else if buf.len() > size as usize {
+                        reply.error(fuser::Errno::ERANGE);
+                    } else {
+                        reply.data(&buf);
+                    }
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        self.rt.spawn(async move {
+            match c.meta().removexattr(&cr, Ino(ino.0), &name).await {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        _flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
+        let (files, fh) = (self.files.clone(), self.fh());
+        let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
+        self.rt.spawn(async move {
+            let a = match c
+                .meta()
+                .mknod(&cr, Ino(parent.0), &name, k, mode & !umask & 0o7777, 0, None)
+                .await
+            {
+                Ok(a) => a,
+                Err(e) => return reply.error(errno(e)),
+            };
+            match c.open(&cr, a.ino).await {
+                Ok(f) => {
+                    files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
+                }
+                Err(e) => reply.error(errno(e)),
+            }
+        });
+    }
+}

@@ -1,0 +1,194 @@
+//! `shingle dev` and `shingle mount`: a FUSE mount of a cluster, and a whole local
+//! cluster of real processes with a mount, for trying Shingle on one machine.
+
+use crate::local::{LocalCluster, LocalSpec};
+use anyhow::{Context, Result, bail};
+use shingle_client::{Client, ClientConfig, MountConfig};
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::client::MetaClient;
+use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Options of `shingle dev`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct DevArgs {
+    /// Folder for the cluster's data (kept: running again resumes the same cluster).
+    #[arg(long)]
+    pub data: PathBuf,
+    /// Where to mount the filesystem (created if missing; must be empty).
+    #[arg(long)]
+    pub mount: PathBuf,
+    /// Nodes to start (each holds metadata and data; at least k+m).
+    #[arg(long, default_value_t = 6)]
+    pub nodes: usize,
+    /// Managers among them (1 or 3).
+    #[arg(long, default_value_t = 1)]
+    pub managers: usize,
+    /// Default erasure coding, K,M.
+    #[arg(long, default_value = "4,2")]
+    pub ec: String,
+    /// Zones per node's emulated zoned device (64 MiB each).
+    #[arg(long, default_value_t = 64)]
+    pub zones: u32,
+}
+
+/// Options of `shingle mount`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MountArgs {
+    /// The cluster file (from `shingle format`).
+    #[arg(long)]
+    pub cluster_file: PathBuf,
+    /// The cluster secret file.
+    #[arg(long)]
+    pub secret_file: PathBuf,
+    /// Where to mount.
+    pub mountpoint: PathBuf,
+    /// Seconds the kernel caches entries and attributes.
+    #[arg(long, default_value_t = 1.0)]
+    pub ttl: f64,
+    /// Only the mounting user may use the mount (default: everyone, `allow_other`).
+    #[arg(long)]
+    pub private: bool,
+}
+
+fn parse_ec(s: &str) -> Result<(u8, u8)> {
+    s.split_once(',')
+        .and_then(|(k, m)| Some((k.trim().parse().ok()?, m.trim().parse().ok()?)))
+        .filter(|(k, m): &(u8, u8)| *k >= 1 && *m >= 1 && u32::from(*k) + u32::from(*m) <= 32)
+        .with_context(|| format!("'{s}' is not K,M with K,M >= 1 and K+M <= 32 (e.g. 4,2)"))
+}
+
+/// Checks what a FUSE mount needs, with messages that say what to do.
+fn preflight(mountpoint: &Path) -> Result<()> {
+    if !Path::new("/dev/fuse").exists() {
+        bail!("/dev/fuse is missing: load the fuse module (modprobe fuse) or, in a container, pass --device /dev/fuse");
+    }
+    if let Err(e) = std::fs::OpenOptions::new().read(true).write(true).open("/dev/fuse") {
+        bail!("cannot open /dev/fuse ({e}): run as root, or add your user to the group that owns /dev/fuse");
+    }
+    let is_root = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    if !is_root && which("fusermount3").is_none() && which("fusermount").is_none() {
+        bail!("mounting as a normal user needs fusermount3 (apt install fuse3), or run as root");
+    }
+    std::fs::create_dir_all(mountpoint).with_context(|| format!("create mount point {}", mountpoint.display()))?;
+    let busy = std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == mountpoint.canonicalize().ok().as_deref().and_then(Path::to_str));
+    if busy {
+        bail!(
+            "{} is already a mount point (a previous run still mounted?): fusermount3 -u {0}",
+            mountpoint.display()
+        );
+    }
+    if std::fs::read_dir(mountpoint)?.next().is_some() {
+        bail!("mount point {} is not empty", mountpoint.display());
+    }
+    Ok(())
+}
+
+fn which(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(cmd))
+        .find(|p| p.exists())
+}
+
+async fn serve_mount(meta: MetaClient, ec: (u8, u8), mountpoint: &Path, mc: MountConfig) -> Result<()> {
+    let cfg = ClientConfig {
+        ec,
+        ..ClientConfig::default()
+    };
+    let client = Client::new(meta, cfg);
+    let rt = tokio::runtime::Handle::current();
+    let mp = mountpoint.to_path_buf();
+    let session = tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &mp, &mc))
+        .await?
+        .with_context(|| format!("mount at {}", mountpoint.display()))?;
+    println!("shingle: mounted at {}", mountpoint.display());
+    crate::serve::wait_for_signal().await?;
+    println!("shingle: unmounting {}", mountpoint.display());
+    tokio::task::spawn_blocking(move || session.umount_and_join())
+        .await?
+        .context("unmount")?;
+    Ok(())
+}
+
+/// `shingle mount`.
+pub async fn mount(a: MountArgs) -> Result<()> {
+    preflight(&a.mountpoint)?;
+    let cf = crate::config::ClusterFile::load(&a.cluster_file)?;
+    let secret = ClusterSecret::from_file(&a.secret_file)
+        .with_context(|| format!("load cluster secret {}", a.secret_file.display()))?;
+    let tcp = TcpClient::new(TransportConfig::default(), secret);
+    let wc = WatchConfig {
+        managers: cf.manager_addrs(),
+        node: None,
+        interval: Duration::from_millis(500),
+        touch_timeout: Duration::from_secs(5),
+    };
+    let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(30), |_| {})
+        .await
+        .context("reach the managers")?;
+    let mc = MountConfig {
+        ttl: Duration::from_secs_f64(a.ttl.max(0.0)),
+        allow_other: !a.private,
+        ..MountConfig::default()
+    };
+    serve_mount(MetaClient::new(tcp, maps), (cf.ec_k, cf.ec_m), &a.mountpoint, mc).await
+}
+
+/// `shingle dev`.
+pub async fn dev(a: DevArgs) -> Result<()> {
+    let ec = parse_ec(&a.ec)?;
+    if a.nodes < usize::from(ec.0 + ec.1) {
+        bail!(
+            "ec({},{}) needs at least {} nodes, --nodes is {}",
+            ec.0,
+            ec.1,
+            ec.0 + ec.1,
+            a.nodes
+        );
+    }
+    if a.managers != 1 && a.managers != 3 {
+        bail!("--managers must be 1 or 3");
+    }
+    preflight(&a.mount)?;
+    let spec = LocalSpec {
+        dir: a.data.clone(),
+        nodes: a.nodes,
+        managers: a.managers,
+        data: true,
+        partitions: 64,
+        replication: a.nodes.min(3) as u8,
+        ec,
+        zones: (a.zones, "64MiB"),
+        log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        cpu_cap: None,
+    };
+    println!("shingle: starting {} nodes in {}", a.nodes, a.data.display());
+    let mut cluster = LocalCluster::start_or_resume(&spec)?;
+    let meta = cluster.meta_client().await?;
+    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
+    let nodes: Vec<String> = cluster.nodes.iter().map(|n| format!("{}={}", n.id, n.addr)).collect();
+    println!(
+        "shingle: cluster ready: nodes {}; logs in {}; `shingle mount --cluster-file {} --secret-file {} DIR` mounts it elsewhere",
+        nodes.join(" "),
+        a.data.display(),
+        cluster.cluster_file.display(),
+        cluster.secret_file.display()
+    );
+    let r = serve_mount(meta, ec, &a.mount, MountConfig::default()).await;
+    println!("shingle: stopping the cluster");
+    cluster.stop();
+    r
+}
