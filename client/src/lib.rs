@@ -16,6 +16,7 @@ pub mod fuse;
 
 pub use fs::{Client, ClientConfig, OpenFile, StatFs};
 pub use fuse::{MountConfig, ShingleFs};
+pub use fuser::BackgroundSession;
 
 use std::path::Path;
 

@@ -117,9 +117,42 @@ async fn serve_mount(meta: MetaClient, ec: (u8, u8), mountpoint: &Path, mc: Moun
     println!("shingle: mounted at {}", mountpoint.display());
     crate::serve::wait_for_signal().await?;
     println!("shingle: unmounting {}", mountpoint.display());
-    tokio::task::spawn_blocking(move || session.umount_and_join())
-        .await?
-        .context("unmount")?;
+    unmount(session, mountpoint).await
+}
+
+/// Unmounts; while files are still open there, retries for a few seconds and then
+/// detaches the mount (it disappears from the namespace now and is released when the
+/// last file closes), so no stale mount is left behind.
+async fn unmount(session: shingle_client::BackgroundSession, mountpoint: &Path) -> Result<()> {
+    for _ in 0..6 {
+        let mp = mountpoint.to_path_buf();
+        let busy = tokio::task::spawn_blocking(move || {
+            std::process::Command::new("umount")
+                .arg(&mp)
+                .stderr(std::process::Stdio::null())
+                .status()
+        })
+        .await?;
+        if busy.is_ok_and(|s| s.success()) {
+            tokio::task::spawn_blocking(move || session.join())
+                .await?
+                .context("finish the FUSE session")?;
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    eprintln!(
+        "shingle: {} is still in use; detaching it (it is released when the last open file closes)",
+        mountpoint.display()
+    );
+    let status = std::process::Command::new("umount").arg("-l").arg(mountpoint).status();
+    if !status.is_ok_and(|s| s.success()) {
+        bail!(
+            "cannot unmount {}: unmount it with `umount -l {0}`",
+            mountpoint.display()
+        );
+    }
+    drop(session);
     Ok(())
 }
 

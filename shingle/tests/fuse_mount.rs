@@ -1,0 +1,301 @@
+//! Real-mount tests: `shingle dev` (six real node processes and a FUSE mount) driven
+//! through the kernel with ordinary file calls and shell processes.
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Dev {
+    child: Option<Child>,
+    mount: PathBuf,
+}
+
+impl Dev {
+    fn start(data: &Path, mount: &Path) -> Dev {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_shingle"))
+            .args(["dev", "--data"])
+            .arg(data)
+            .arg("--mount")
+            .arg(mount)
+            .args(["--zones", "48"])
+            .env("SHINGLE_LOG", "warn,openraft=error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shingle dev");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let line = lines.next().expect("dev exited before mounting").expect("read");
+            if line.contains("mounted at") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no mount in time");
+        }
+        // Keep draining stdout so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Dev {
+            child: Some(child),
+            mount: mount.to_path_buf(),
+        }
+    }
+
+    fn path(&self, p: &str) -> PathBuf {
+        self.mount.join(p)
+    }
+
+    /// Ctrl-C: unmounts and stops the cluster.
+    fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if let Ok(Some(st)) = c.try_wait() {
+                    assert!(st.success(), "shingle dev exited with {st}");
+                    break;
+                }
+                assert!(Instant::now() < deadline, "shingle dev did not stop");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        assert!(
+            !mounts.contains(self.mount.to_str().unwrap_or("?")),
+            "mount left behind after Ctrl-C"
+        );
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("fusermount3").arg("-u").arg(&self.mount).status();
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
+}
+
+fn pattern(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn crc_file(p: &Path) -> (u64, u32) {
+    let mut f = std::fs::File::open(p).expect("open");
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut n, mut h) = (0u64, 0u32);
+    loop {
+        let r = f.read(&mut buf).expect("read");
+        if r == 0 {
+            return (n, h);
+        }
+        h = crc32c::crc32c_append(h, &buf[..r]);
+        n += r as u64;
+    }
+}
+
+#[test]
+fn tree_permissions_concurrency_big_files_and_remount() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    let mut dev = Dev::start(&data, &mnt);
+
+    // A tree of directories and files of many sizes (holes, partial and full stripes).
+    let sizes = [0usize, 1, 4095, 4096, 65_537, 1 << 20, (4 << 20) + 3, 9 << 20];
+    let mut expect = Vec::new();
+    for d in 0..3 {
+        let dir = dev.path(&format!("tree/d{d}/sub"));
+        std::fs::create_dir_all(&dir).expect("mkdir -p");
+        for (i, &len) in sizes.iter().enumerate() {
+            let p = dir.join(format!("f{i}"));
+            let content = pattern((d * 100 + i) as u64, len);
+            std::fs::write(&p, &content).expect("write");
+            expect.push((p, content));
+        }
+    }
+    for (p, content) in &expect {
+        assert_eq!(&std::fs::read(p).expect("read back"), content, "{}", p.display());
+        assert_eq!(std::fs::metadata(p).expect("stat").len(), content.len() as u64);
+    }
+    let mut names: Vec<String> = std::fs::read_dir(dev.path("tree/d1/sub"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
+        .collect();
+    names.sort();
+    assert_eq!(names, (0..sizes.len()).map(|i| format!("f{i}")).collect::<Vec<_>>());
+
+    // Overwrite in the middle of a stripe, then extend past the end with a hole.
+    let p = dev.path("tree/d0/sub/f6");
+    let mut f = std::fs::OpenOptions::new().write(true).open(&p).expect("open rw");
+    f.seek(SeekFrom::Start(1_000_000)).expect("seek");
+    f.write_all(b"MIDDLE").expect("write middle");
+    f.seek(SeekFrom::Start(20 << 20)).expect("seek");
+    f.write_all(b"END").expect("write end");
+    drop(f);
+    let mut want = pattern(6, (4 << 20) + 3);
+    want[1_000_000..1_000_006].copy_from_slice(b"MIDDLE");
+    want.resize(20 << 20, 0);
+    want.extend_from_slice(b"END");
+    assert_eq!(std::fs::read(&p).expect("read"), want);
+    // Truncate down into a stripe and extend again: the cut part reads as zeros.
+    let f = std::fs::OpenOptions::new().write(true).open(&p).expect("open");
+    f.set_len(500_000).expect("truncate");
+    f.set_len(600_000).expect("extend");
+    drop(f);
+    let got = std::fs::read(&p).expect("read");
+    assert_eq!(&got[..500_000], &want[..500_000]);
+    assert!(got[500_000..].iter().all(|b| *b == 0), "extension reads zeros");
+
+    // Errors as a local filesystem gives them.
+    let err = |r: std::io::Result<()>| r.expect_err("must fail").raw_os_error();
+    assert_eq!(err(std::fs::create_dir(dev.path("tree"))), Some(libc::EEXIST));
+    assert_eq!(err(std::fs::remove_dir(dev.path("tree/d0"))), Some(libc::ENOTEMPTY));
+    assert_eq!(err(std::fs::remove_file(dev.path("tree/nope"))), Some(libc::ENOENT));
+    assert_eq!(
+        err(std::fs::remove_dir(dev.path("tree/d0/sub/f1"))),
+        Some(libc::ENOTDIR)
+    );
+    let long = "x".repeat(256);
+    assert_eq!(err(std::fs::write(dev.path(&long), b"")), Some(libc::ENAMETOOLONG));
+    std::os::unix::fs::symlink("d0/sub/f1", dev.path("tree/link")).expect("symlink");
+    assert_eq!(
+        std::fs::read(dev.path("tree/link")).expect("via symlink"),
+        pattern(1, 1)
+    );
+    std::fs::hard_link(dev.path("tree/d0/sub/f2"), dev.path("tree/hard")).expect("link");
+    assert_eq!(std::fs::metadata(dev.path("tree/hard")).expect("stat").nlink(), 2);
+
+    // Permissions as a non-root user.
+    std::fs::create_dir(dev.path("open")).expect("mkdir");
+    std::fs::set_permissions(dev.path("open"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let as_user = |script: &str| {
+        Command::new("sh")
+            .arg("-c")
+            .arg(script)
+            .uid(1000)
+            .gid(1000)
+            .output()
+            .expect("run as uid 1000")
+    };
+    let o = as_user(&format!("touch {}/tree/denied", mnt.display()));
+    assert!(!o.status.success(), "uid 1000 must not create in a root 0755 dir");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Permission denied"));
+    let o = as_user(&format!(
+        "echo mine > {0}/open/mine && cat {0}/open/mine",
+        mnt.display()
+    ));
+    assert!(o.status.success(), "uid 1000 writes in a 0777 dir: {o:?}");
+    assert_eq!(std::fs::metadata(dev.path("open/mine")).expect("stat").uid(), 1000);
+    let o = as_user(&format!("cat {}/tree/d0/sub/f1 > /dev/null", mnt.display()));
+    assert!(o.status.success(), "0644 files are readable by others");
+    std::fs::set_permissions(dev.path("tree/d0/sub/f1"), std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let o = as_user(&format!("cat {}/tree/d0/sub/f1", mnt.display()));
+    assert!(!o.status.success(), "0600 root file is not readable by uid 1000");
+
+    // Rename and replace under concurrent readers (threads) and writers (processes):
+    // a reader sees a whole old or a whole new file, never a mix.
+    std::fs::create_dir(dev.path("swap")).expect("mkdir");
+    for i in 0..4 {
+        std::fs::write(dev.path(&format!("swap/f{i}")), format!("v0-{}\n", "x".repeat(3000))).expect("seed");
+    }
+    let writers: Vec<Child> = (0..2)
+        .map(|w| {
+            Command::new("sh")
+                .arg("-c")
+                .arg(format!(
+                    "for i in $(seq 1 25); do printf 'v{w}%s-%s\\n' $i $(printf '%3000s' '' | tr ' ' x) > {m}/swap/t{w}-$i && mv {m}/swap/t{w}-$i {m}/swap/f$((i % 4)) || exit 1; done",
+                    m = mnt.display()
+                ))
+                .spawn()
+                .expect("writer")
+        })
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|r| {
+            let (m, stop) = (mnt.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let p = m.join(format!("swap/f{}", (reads + r) % 4));
+                    if let Ok(s) = std::fs::read_to_string(&p) {
+                        assert!(
+                            s.ends_with(&format!("-{}\n", "x".repeat(3000))),
+                            "torn read of {}: {} bytes",
+                            p.display(),
+                            s.len()
+                        );
+                        reads += 1;
+                    }
+                }
+                reads
+            })
+        })
+        .collect();
+    for mut w in writers {
+        assert!(w.wait().expect("writer").success(), "writer failed");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for r in readers {
+        assert!(r.join().expect("reader") > 0);
+    }
+    let left = std::fs::read_dir(dev.path("swap")).expect("readdir").count();
+    assert_eq!(left, 4, "only the four targets remain");
+
+    // A dense 1 GiB file and a sparse one.
+    let big = dev.path("big-dense");
+    {
+        let mut f = std::fs::File::create(&big).expect("create");
+        let block = pattern(77, 4 << 20);
+        for i in 0..256u32 {
+            let mut b = block.clone();
+            b[..4].copy_from_slice(&i.to_le_bytes());
+            f.write_all(&b).expect("write 1 GiB");
+        }
+        f.sync_all().expect("fsync");
+    }
+    let dense = crc_file(&big);
+    assert_eq!(dense.0, 1 << 30);
+    let sparse = dev.path("big-sparse");
+    {
+        let mut f = std::fs::File::create(&sparse).expect("create");
+        f.seek(SeekFrom::Start((1 << 30) - 5)).expect("seek");
+        f.write_all(b"tail!").expect("write");
+    }
+    let mut f = std::fs::File::open(&sparse).expect("open");
+    assert_eq!(f.metadata().expect("stat").len(), 1 << 30);
+    let mut head = vec![1u8; 1 << 20];
+    f.read_exact(&mut head).expect("read head");
+    assert!(head.iter().all(|b| *b == 0), "a hole reads as zeros");
+    f.seek(SeekFrom::Start((1 << 30) - 5)).expect("seek");
+    let mut tail = Vec::new();
+    f.read_to_end(&mut tail).expect("read tail");
+    assert_eq!(tail, b"tail!");
+    drop(f);
+
+    // Unmount (Ctrl-C) and mount again: the same data.
+    let before: Vec<(PathBuf, (u64, u32))> = expect.iter().map(|(p, _)| (p.clone(), crc_file(p))).collect();
+    dev.stop();
+    let dev = Dev::start(&data, &mnt);
+    for (p, sum) in &before {
+        assert_eq!(&crc_file(p), sum, "{} changed across remount", p.display());
+    }
+    assert_eq!(crc_file(&dev.path("big-dense")), dense);
+    assert_eq!(std::fs::read_to_string(dev.path("open/mine")).expect("read"), "mine\n");
+    drop(dev);
+}
