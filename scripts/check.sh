@@ -41,6 +41,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
     fuzz transport control_messages
     fuzz data chunk_record
     fuzz data shard_messages
+    fuzz meta meta_messages
   else
     echo "SKIP fuzz: cargo-fuzz is not installed (cargo install cargo-fuzz --locked)"
   fi

@@ -77,7 +77,13 @@ struct Inner {
     tcp: TcpClient,
     cfg: ClientConfig,
     open: Mutex<HashMap<Ino, Vec<Weak<OpenFile>>>>,
+    /// (mtime, size) of each file when this client last opened or committed it: an open
+    /// that finds them unchanged may keep the kernel's cached pages.
+    seen: Mutex<HashMap<Ino, (i64, u64)>>,
 }
+
+/// Most files whose version [`Client`] remembers for page-cache reuse.
+const SEEN_MAX: usize = 200_000;
 
 type StripeCell = Arc<OnceCell<Result<Bytes, Errno>>>;
 
@@ -130,6 +136,7 @@ impl Client {
                 tcp,
                 cfg,
                 open: Mutex::new(HashMap::new()),
+                seen: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -193,12 +200,27 @@ impl Client {
         !self.open_files(ino).is_empty()
     }
 
+    fn remember(&self, ino: Ino, mtime: i64, size: u64) -> bool {
+        let mut seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if seen.len() >= SEEN_MAX {
+            seen.clear();
+        }
+        seen.insert(ino, (mtime, size)) == Some((mtime, size))
+    }
+
     /// Opens a file (fresh attributes and layout: close-to-open consistency).
     pub async fn open(&self, creds: &Creds, ino: Ino) -> Result<Arc<OpenFile>, Errno> {
+        Ok(self.open_cached(creds, ino).await?.0)
+    }
+
+    /// Like [`Client::open`]; also says whether the file is unchanged since this client
+    /// last opened or wrote it (so cached pages of it are still valid).
+    pub async fn open_cached(&self, creds: &Creds, ino: Ino) -> Result<(Arc<OpenFile>, bool), Errno> {
         let rec = self.inner.meta.get_inode(ino).await?;
         if rec.attr.kind == FileKind::Dir {
             return Err(Errno::EISDIR);
         }
+        let unchanged = self.remember(ino, rec.attr.mtime, rec.attr.size);
         let layout = rec.layout.unwrap_or_else(|| self.default_policy());
         let f = Arc::new(OpenFile {
             ino,
@@ -222,7 +244,7 @@ impl Client {
             .entry(ino)
             .or_default()
             .push(Arc::downgrade(&f));
-        Ok(f)
+        Ok((f, unchanged))
     }
 
     /// Changes attributes; a size change flushes open files first and rewrites the
@@ -642,6 +664,8 @@ impl FileState {
                     self.layout.stripes.insert(s, r);
                 }
                 self.size = self.size.max(a.size);
+                // The kernel's pages hold what was just written: a later open may keep them.
+                c.remember(ino, a.mtime, a.size);
                 Ok(())
             }
             Err(e) => {

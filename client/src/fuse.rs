@@ -33,22 +33,25 @@ pub struct MountConfig {
     pub allow_other: bool,
     /// Threads reading requests from /dev/fuse.
     pub threads: usize,
+    /// Kernel readahead window of the mount in KiB (sets the size of sequential reads).
+    pub readahead_kb: u32,
 }
 
 impl Default for MountConfig {
-    /// 1 s caches, open to all users, 2 threads.
+    /// 1 s caches, open to all users, 2 threads, 4 MiB readahead.
     fn default() -> Self {
         MountConfig {
             ttl: Duration::from_secs(1),
             allow_other: true,
             threads: 2,
+            readahead_kb: 4096,
         }
     }
 }
 
 struct DirHandle {
     dir: Ino,
-    parent: Ino,
+    parent: Option<Ino>,
     entries: Vec<DirEntry>,
     done: bool,
 }
@@ -363,10 +366,16 @@ impl Filesystem for ShingleFs {
     fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
         self.rt.spawn(async move {
-            match c.open(&cr, Ino(ino.0)).await {
-                Ok(f) => {
+            match c.open_cached(&cr, Ino(ino.0)).await {
+                Ok((f, unchanged)) => {
                     files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
-                    reply.opened(FileHandle(fh), FopenFlags::empty());
+                    // Unchanged since this client last saw it: keep the cached pages.
+                    let flags = if unchanged {
+                        FopenFlags::FOPEN_KEEP_CACHE
+                    } else {
+                        FopenFlags::empty()
+                    };
+                    reply.opened(FileHandle(fh), flags);
                 }
                 Err(e) => reply.error(errno(e)),
             }
@@ -388,6 +397,7 @@ impl Filesystem for ShingleFs {
             reply.error(fuser::Errno::EBADF);
             return;
         };
+        tracing::trace!(ino = f.ino.0, offset, size, "read");
         self.rt.spawn(async move {
             let mut r = f.read(offset, size).await;
             if r == Err(Errno::EAGAIN) {
@@ -467,25 +477,24 @@ impl Filesystem for ShingleFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        let (c, dirs, fh) = (self.client.clone(), self.dirs.clone(), self.fh());
-        self.rt.spawn(async move {
-            match c.meta().get_inode(Ino(ino.0)).await {
-                Ok(rec) if rec.attr.kind != FileKind::Dir => reply.error(fuser::Errno::ENOTDIR),
-                Ok(rec) => {
-                    let h = DirHandle {
-                        dir: Ino(ino.0),
-                        parent: rec.parent.unwrap_or(Ino::ROOT),
-                        entries: Vec::new(),
-                        done: false,
-                    };
-                    dirs.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
-                    reply.opened(FileHandle(fh), FopenFlags::empty());
-                }
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        // No round trip here: the kernel only opens directories, and ".." is resolved
+        // when a listing starts. The kernel may keep the listing in its cache; it drops it
+        // when the directory's mtime changes (seen within the attribute TTL).
+        let fh = self.fh();
+        let h = DirHandle {
+            dir: Ino(ino.0),
+            parent: None,
+            entries: Vec::new(),
+            done: false,
+        };
+        self.dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
+        reply.opened(
+            FileHandle(fh),
+            FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
+        );
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
@@ -496,6 +505,14 @@ impl Filesystem for ShingleFs {
         let c = self.client.clone();
         self.rt.spawn(async move {
             let mut h = h.lock().await;
+            if h.parent.is_none() {
+                match c.meta().get_inode(h.dir).await {
+                    Ok(rec) if rec.attr.kind != FileKind::Dir => return reply.error(fuser::Errno::ENOTDIR),
+                    Ok(rec) => h.parent = Some(rec.parent.unwrap_or(Ino::ROOT)),
+                    Err(e) => return reply.error(errno(e)),
+                }
+            }
+            let parent = h.parent.unwrap_or(Ino::ROOT);
             // Offsets: 1 is ".", 2 is "..", 2 + i + 1 is entry i.
             let mut off = offset;
             if off == 0 {
@@ -505,7 +522,7 @@ impl Filesystem for ShingleFs {
                 off = 1;
             }
             if off == 1 {
-                if reply.add(INodeNo(h.parent.0), 2, FileType::Directory, "..") {
+                if reply.add(INodeNo(parent.0), 2, FileType::Directory, "..") {
                     return reply.ok();
                 }
                 off = 2;
@@ -515,8 +532,11 @@ impl Filesystem for ShingleFs {
                 while i >= h.entries.len() && !h.done {
                     let after = h.entries.last().map(|e| e.name.clone());
                     match c.meta().readdir(h.dir, after.as_deref(), 1024).await {
-                        Ok(page) if page.is_empty() => h.done = true,
-                        Ok(page) => h.entries.extend(page),
+                        Ok(page) => {
+                            // A short page is the last one.
+                            h.done = page.len() < 1024;
+                            h.entries.extend(page);
+                        }
                         Err(e) => return reply.error(errno(e)),
                     }
                 }

@@ -42,5 +42,22 @@ pub fn mount(
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = cfg.threads > 1;
     let fs = ShingleFs::new(client, rt, cfg);
-    fuser::spawn_mount(fs, mountpoint, &config)
+    let session = fuser::spawn_mount(fs, mountpoint, &config)?;
+    raise_readahead(mountpoint, cfg.readahead_kb);
+    Ok(session)
+}
+
+/// The kernel sizes FUSE reads by the mount's readahead window (128 KiB by default);
+/// raising it lets sequential reads arrive as 1 MiB requests. Needs root; otherwise
+/// reads stay smaller and everything still works.
+fn raise_readahead(mountpoint: &Path, kb: u32) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(mountpoint) else { return };
+    let dev = md.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let path = format!("/sys/class/bdi/{major}:{minor}/read_ahead_kb");
+    if let Err(e) = std::fs::write(&path, kb.to_string()) {
+        tracing::info!(path, error = %e, "cannot raise the readahead window; reads use the kernel default size");
+    }
 }

@@ -308,7 +308,7 @@ impl EcPolicy {
     }
 
     /// Data shards that hold at least one byte of a stripe of `stripe_len` bytes.
-    fn data_shards_used(&self, stripe_len: usize) -> usize {
+    pub fn data_shards_used(&self, stripe_len: usize) -> usize {
         stripe_len.div_ceil(self.unit.max(1) as usize).min(usize::from(self.k))
     }
 

@@ -72,6 +72,10 @@ where
     let shards = policy.encode_stripe_bytes(data)?;
     let mut set = JoinSet::new();
     for (i, shard) in shards.into_iter().enumerate() {
+        if i < usize::from(policy.k) && shard.is_empty() {
+            // An empty data shard of a short stripe is not stored; readers know it is empty.
+            continue;
+        }
         let (c, node) = (client.clone(), nodes[i]);
         let id = ShardId {
             ino,
@@ -141,11 +145,17 @@ where
         set.spawn(async move { (i, read_shard(&c, node, id, version).await) });
     };
     let mut set = JoinSet::new();
-    for i in 0..k {
+    // A short stripe leaves its last data shards empty: nothing to fetch for them.
+    let used = policy.data_shards_used(stripe_len);
+    let mut have = 0;
+    for i in 0..used {
         fetch(&mut set, i);
     }
+    for s in shards.iter_mut().take(k).skip(used) {
+        *s = Some(Bytes::new());
+        have += 1;
+    }
     let mut next_parity = k;
-    let mut have = 0;
     while let Some(joined) = set.join_next().await {
         let Ok((i, r)) = joined else { continue };
         match r {

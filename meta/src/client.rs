@@ -229,14 +229,7 @@ impl MetaClient {
         let mut attempt = 0usize;
         while !todo.is_empty() {
             let v = self.view();
-            let mut by_node: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
-            for p in &todo {
-                let m = v.members(*p);
-                if m.is_empty() {
-                    continue;
-                }
-                by_node.entry(m[attempt % m.len()]).or_default().push(*p);
-            }
+            let by_node = cover(&v, &todo, attempt);
             let calls = by_node.into_iter().map(|(n, parts)| {
                 let v = v.clone();
                 let after = after.map(<[u8]>::to_vec);
@@ -446,6 +439,44 @@ impl MetaClient {
         });
         join_all(calls).await
     }
+}
+
+/// Assigns each partition to one of its members so that few nodes cover all of them
+/// (greedy set cover: the node holding most unassigned partitions first), so a readdir
+/// asks 2–3 nodes instead of every node. Later attempts rotate to other members.
+fn cover(v: &MapView, todo: &[PartitionId], attempt: usize) -> BTreeMap<NodeId, Vec<PartitionId>> {
+    let mut left: Vec<(PartitionId, Vec<NodeId>)> = todo
+        .iter()
+        .map(|p| {
+            let mut m = v.members(*p);
+            if !m.is_empty() {
+                let r = attempt % m.len();
+                m.rotate_left(r);
+            }
+            (*p, m)
+        })
+        .filter(|(_, m)| !m.is_empty())
+        .collect();
+    let mut out: BTreeMap<NodeId, Vec<PartitionId>> = BTreeMap::new();
+    while !left.is_empty() {
+        let mut count: BTreeMap<NodeId, usize> = BTreeMap::new();
+        for (_, m) in &left {
+            // After a failure, only each partition's rotated first choice counts.
+            let choices = if attempt == 0 { &m[..] } else { &m[..1] };
+            for n in choices {
+                *count.entry(*n).or_default() += 1;
+            }
+        }
+        let Some((&best, _)) = count.iter().max_by_key(|(n, c)| (**c, std::cmp::Reverse(**n))) else {
+            break;
+        };
+        let (take, keep): (Vec<_>, Vec<_>) = left
+            .into_iter()
+            .partition(|(_, m)| if attempt == 0 { m.contains(&best) } else { m[0] == best });
+        out.entry(best).or_default().extend(take.into_iter().map(|(p, _)| p));
+        left = keep;
+    }
+    out
 }
 
 /// Counts one outstanding request at a node while alive.

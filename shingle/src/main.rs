@@ -6,6 +6,7 @@
 //! and `shingle-client`.
 
 mod bench;
+mod cli;
 mod config;
 mod dev;
 mod local;
@@ -34,6 +35,9 @@ enum Command {
     Dev(dev::DevArgs),
     /// Mount a cluster with FUSE (runs until SIGINT/SIGTERM, then unmounts).
     Mount(dev::MountArgs),
+    /// Cluster tools without a mount: status, ls, stat, put, get, setlayout.
+    #[command(flatten)]
+    Tool(cli::Tool),
     /// Create a new cluster: write the cluster file every node of it shares.
     Format(FormatArgs),
     /// Create a new random cluster secret file (mode 0600).
@@ -78,6 +82,12 @@ enum BenchCommand {
     Ec(bench::ec::EcBenchArgs),
     /// Lookup + getattr storm against local meta-node processes; CPU-capped scale-out.
     Meta(bench::meta::MetaBenchArgs),
+    /// DataLoader scan and metadata storm through a FUSE mount of a local cluster, vs a
+    /// local directory.
+    Loader(bench::loader::LoaderBenchArgs),
+    /// One worker process of the loader benchmark.
+    #[command(hide = true)]
+    LoaderWorker(bench::loader::WorkerArgs),
 }
 
 fn main() -> Result<()> {
@@ -100,6 +110,9 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
+            Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
+            Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
+            Command::Tool(t) => cli::run(t).await,
         }
     })
 }

@@ -1,0 +1,373 @@
+//! Tools that talk to a cluster without a mount: `status`, `ls`, `stat`, `put`, `get`,
+//! `setlayout`.
+
+use anyhow::{Context, Result, bail};
+use shingle_client::{Client, ClientConfig};
+use shingle_data::service::{Stat, StatRequest};
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::client::MetaClient;
+use shingle_meta::ids::Ino;
+use shingle_meta::map::NodeState;
+use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout};
+use shingle_transport::{CallOptions, ClusterSecret, RpcChannel, TcpClient, TransportConfig};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to reach a cluster.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ClusterArgs {
+    /// The cluster file (or set SHINGLE_CLUSTER_FILE; for `shingle dev`: DATA/cluster.toml).
+    #[arg(long, env = "SHINGLE_CLUSTER_FILE")]
+    pub cluster_file: PathBuf,
+    /// The secret file (or set SHINGLE_SECRET_FILE; for `shingle dev`: DATA/secret).
+    #[arg(long, env = "SHINGLE_SECRET_FILE")]
+    pub secret_file: PathBuf,
+}
+
+/// The tools.
+#[derive(Debug, clap::Subcommand)]
+pub enum Tool {
+    /// Nodes, epoch, partitions, capacity (`--json` for machines).
+    Status {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List a directory.
+    Ls {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Path in the filesystem (from its root).
+        path: String,
+    },
+    /// Attributes and layout of a path.
+    Stat {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Path in the filesystem.
+        path: String,
+    },
+    /// Copy a local file (or `-` for stdin) into the filesystem.
+    Put {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Local file.
+        local: PathBuf,
+        /// Path in the filesystem.
+        path: String,
+    },
+    /// Copy a file out of the filesystem (to `-` for stdout).
+    Get {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Path in the filesystem.
+        path: String,
+        /// Local file.
+        local: PathBuf,
+    },
+    /// Set the erasure coding of a directory (inherited by new files): ec(K,M).
+    Setlayout {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Directory.
+        path: String,
+        /// Policy, e.g. ec(8,3).
+        policy: String,
+    },
+}
+
+fn errno(e: Errno, what: &str) -> anyhow::Error {
+    anyhow::anyhow!("{what}: {}", std::io::Error::from_raw_os_error(e.code()))
+}
+
+async fn connect(c: &ClusterArgs) -> Result<(Client, crate::config::ClusterFile)> {
+    let cf = crate::config::ClusterFile::load(&c.cluster_file)?;
+    let secret = ClusterSecret::from_file(&c.secret_file)
+        .with_context(|| format!("load cluster secret {}", c.secret_file.display()))?;
+    let tcp = TcpClient::new(TransportConfig::default(), secret);
+    let wc = WatchConfig {
+        managers: cf.manager_addrs(),
+        node: None,
+        interval: Duration::from_secs(1),
+        touch_timeout: Duration::from_secs(5),
+    };
+    let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(10), |_| {})
+        .await
+        .context("reach the managers")?;
+    let meta = MetaClient::new(tcp, maps).with_timeout(Duration::from_secs(10));
+    let cfg = ClientConfig {
+        ec: (cf.ec_k, cf.ec_m),
+        ..ClientConfig::default()
+    };
+    Ok((Client::new(meta, cfg), cf))
+}
+
+fn split(path: &str) -> Result<(String, String)> {
+    let p = path.trim_end_matches('/');
+    match p.rsplit_once('/') {
+        Some((dir, name)) if !name.is_empty() => Ok((dir.to_string(), name.to_string())),
+        None if !p.is_empty() => Ok((String::new(), p.to_string())),
+        _ => bail!("'{path}' names no file"),
+    }
+}
+
+fn kind_char(k: FileKind) -> char {
+    match k {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        FileKind::Fifo => 'p',
+        FileKind::Socket => 's',
+        FileKind::CharDev => 'c',
+        FileKind::BlockDev => 'b',
+        FileKind::File => '-',
+    }
+}
+
+/// Runs a tool.
+pub async fn run(t: Tool) -> Result<()> {
+    let c = match &t {
+        Tool::Status { cluster, .. }
+        | Tool::Ls { cluster, .. }
+        | Tool::Stat { cluster, .. }
+        | Tool::Put { cluster, .. }
+        | Tool::Get { cluster, .. }
+        | Tool::Setlayout { cluster, .. } => cluster.clone(),
+    };
+    let (client, cf) = connect(&c).await?;
+    let meta = client.meta().clone();
+    let root = Creds::root();
+    match t {
+        Tool::Status { json, .. } => status(&client, &cf, json).await,
+        Tool::Ls { path, .. } => {
+            let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
+            let mut after: Option<Vec<u8>> = None;
+            loop {
+                let page = meta
+                    .readdir(d.ino, after.as_deref(), 1000)
+                    .await
+                    .map_err(|e| errno(e, &path))?;
+                let Some(last) = page.last() else { break };
+                after = Some(last.name.clone());
+                for e in &page {
+                    let a = client.getattr(e.ino).await.ok();
+                    println!(
+                        "{}{:o} {:>12} {}",
+                        kind_char(e.kind),
+                        a.as_ref().map_or(0, |a| a.perm),
+                        a.as_ref().map_or(0, |a| a.size),
+                        String::from_utf8_lossy(&e.name)
+                    );
+                }
+            }
+            Ok(())
+        }
+        Tool::Stat { path, .. } => {
+            let a = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
+            let rec = meta.get_inode(a.ino).await.map_err(|e| errno(e, &path))?;
+            print_attr(&path, &a);
+            if let Some(l) = rec.layout {
+                println!(
+                    "  layout: ec({},{}) unit {} KiB, {} stripes written",
+                    l.k,
+                    l.m,
+                    l.unit / 1024,
+                    l.stripes.len()
+                );
+            }
+            if let Some(t) = rec.target {
+                println!("  target: {}", String::from_utf8_lossy(&t));
+            }
+            Ok(())
+        }
+        Tool::Put { local, path, .. } => {
+            let (dir, name) = split(&path)?;
+            let d = meta.resolve(dir.as_bytes()).await.map_err(|e| errno(e, &dir))?;
+            let a = match meta
+                .mknod(&root, d.ino, name.as_bytes(), FileKind::File, 0o644, 0, None)
+                .await
+            {
+                Ok(a) => a,
+                Err(Errno::EEXIST) => {
+                    let a = meta.lookup(d.ino, name.as_bytes()).await.map_err(|e| errno(e, &path))?;
+                    let set = shingle_meta::namespace::SetAttr {
+                        size: Some(0),
+                        ..Default::default()
+                    };
+                    client.setattr(&root, a.ino, set).await.map_err(|e| errno(e, &path))?
+                }
+                Err(e) => return Err(errno(e, &path)),
+            };
+            let f = client.open(&root, a.ino).await.map_err(|e| errno(e, &path))?;
+            let mut input: Box<dyn Read> = if local.as_os_str() == "-" {
+                Box::new(std::io::stdin())
+            } else {
+                Box::new(std::fs::File::open(&local).with_context(|| format!("open {}", local.display()))?)
+            };
+            let mut buf = vec![0u8; 4 << 20];
+            let mut off = 0u64;
+            loop {
+                let n = input.read(&mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                f.write(off, &buf[..n]).await.map_err(|e| errno(e, &path))?;
+                off += n as u64;
+            }
+            f.flush().await.map_err(|e| errno(e, &path))?;
+            eprintln!("wrote {off} bytes to {path}");
+            Ok(())
+        }
+        Tool::Get { path, local, .. } => {
+            let a = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
+            let f = client.open(&root, a.ino).await.map_err(|e| errno(e, &path))?;
+            let mut out: Box<dyn Write> = if local.as_os_str() == "-" {
+                Box::new(std::io::stdout())
+            } else {
+                Box::new(std::fs::File::create(&local).with_context(|| format!("create {}", local.display()))?)
+            };
+            let mut off = 0u64;
+            loop {
+                let b = f.read(off, 4 << 20).await.map_err(|e| errno(e, &path))?;
+                if b.is_empty() {
+                    break;
+                }
+                out.write_all(&b)?;
+                off += b.len() as u64;
+            }
+            out.flush()?;
+            Ok(())
+        }
+        Tool::Setlayout { path, policy, .. } => {
+            let p = shingle_data::ec::EcPolicy::parse(&policy).map_err(|e| anyhow::anyhow!("{policy}: {e}"))?;
+            let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
+            let l = Layout {
+                k: p.k,
+                m: p.m,
+                unit: p.unit,
+                stripes: Default::default(),
+            };
+            meta.set_layout(&root, d.ino, l).await.map_err(|e| errno(e, &path))?;
+            println!("{path}: new files use {p}");
+            Ok(())
+        }
+    }
+}
+
+fn print_attr(path: &str, a: &Attr) {
+    println!("{path}");
+    println!(
+        "  inode {} (partition {})  {}{:o}  links {}  uid {} gid {}  size {}",
+        a.ino.0,
+        a.ino.partition().0,
+        kind_char(a.kind),
+        a.perm,
+        a.nlink,
+        a.uid,
+        a.gid,
+        a.size
+    );
+}
+
+async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) -> Result<()> {
+    let meta = client.meta();
+    let v = meta.view();
+    let stats = meta.stats().await;
+    let mut nodes = Vec::new();
+    let (mut cap, mut used) = (0u64, 0u64);
+    for n in v.map.nodes.values() {
+        let ms = stats
+            .iter()
+            .find(|(id, _)| *id == n.id)
+            .and_then(|(_, s)| s.as_ref().ok().cloned());
+        let ds = if n.roles.data {
+            meta.transport()
+                .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(2)))
+                .await
+                .ok()
+        } else {
+            None
+        };
+        if let Some(d) = &ds {
+            cap += d.capacity_bytes;
+            used += d.written_bytes;
+        }
+        nodes.push(serde_json::json!({
+            "id": n.id.0, "addr": n.addr.to_string(), "domain": n.domain,
+            "state": format!("{:?}", n.state),
+            "roles": { "manager": n.roles.manager, "meta": n.roles.meta, "data": n.roles.data },
+            "meta": ms.map(|s| serde_json::json!({"partitions": s.partitions, "serving": s.serving, "primary": s.primary, "inodes": s.inodes})),
+            "data": ds.map(|d| serde_json::json!({"zones_total": d.zones_total, "zones_free": d.zones_free, "chunks": d.chunks, "live_bytes": d.live_bytes, "capacity_bytes": d.capacity_bytes})),
+        }));
+    }
+    let primaries: u32 = stats
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .map(|s| s.primary)
+        .sum();
+    let down = v.map.nodes.values().filter(|n| n.state != NodeState::Up).count();
+    let inodes: u64 = stats
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().ok())
+        .map(|s| s.inodes)
+        .sum();
+    let health = if down == 0 && primaries >= v.map.partitions {
+        "healthy"
+    } else {
+        "degraded"
+    };
+    let root_ok = meta.getattr(Ino::ROOT).await.is_ok();
+    let out = serde_json::json!({
+        "cluster_id": v.map.cluster_id, "epoch": v.map.epoch.0, "health": health,
+        "partitions": v.map.partitions, "partitions_serving": primaries, "pgs": v.map.pgs,
+        "replication": v.map.replication, "ec": format!("ec({},{})", cf.ec_k, cf.ec_m),
+        "nodes_down": down, "inodes": inodes, "namespace_reachable": root_ok,
+        "raw_capacity_bytes": cap, "raw_used_bytes": used, "nodes": nodes,
+    });
+    if json {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    println!(
+        "cluster {}  epoch {}  {}  ({} of {} partitions serving, {} nodes not up)",
+        v.map.cluster_id, v.map.epoch.0, health, primaries, v.map.partitions, down
+    );
+    println!(
+        "capacity {:.1} GiB raw, {:.1} GiB used; {} inodes; default ec({},{})",
+        cap as f64 / (1u64 << 30) as f64,
+        used as f64 / (1u64 << 30) as f64,
+        inodes,
+        cf.ec_k,
+        cf.ec_m
+    );
+    println!("  id  address               state    roles      meta (p/s/pri) zones free");
+    for n in &nodes {
+        let roles = ["manager", "meta", "data"]
+            .iter()
+            .filter(|r| n["roles"][**r].as_bool().unwrap_or(false))
+            .map(|r| &r[..1])
+            .collect::<String>();
+        let m = &n["meta"];
+        let d = &n["data"];
+        println!(
+            "{:>4}  {:<21} {:<8} {:<10} {:<14} {}",
+            n["id"],
+            n["addr"].as_str().unwrap_or(""),
+            n["state"].as_str().unwrap_or(""),
+            roles,
+            if m.is_null() {
+                "-".to_string()
+            } else {
+                format!("{}/{}/{}", m["partitions"], m["serving"], m["primary"])
+            },
+            if d.is_null() {
+                "-".to_string()
+            } else {
+                format!("{}/{}", d["zones_free"], d["zones_total"])
+            }
+        );
+    }
+    Ok(())
+}
