@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Plots the JSON of `shingle bench loader --json F` as a PNG: scan throughput and
 metadata latencies, local directory vs the Shingle mount.
 

@@ -353,7 +353,7 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         let d = &n["data"];
         println!(
             "{:>4}  {:<21} {:<8} {:<10} {:<14} {}",
-            n["id"],
+            n["id"].as_u64().unwrap_or(0),
             n["addr"].as_str().unwrap_or(""),
             n["state"].as_str().unwrap_or(""),
             roles,
