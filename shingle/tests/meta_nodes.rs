@@ -232,7 +232,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
     }
     eprintln!("workload: {acked} acknowledged creates");
     assert!(
-        acked > 20,
+        acked > 10,
         "the workload made progress through the failures: {acked} creates"
     );
     cluster.wait_ready(&c, 5).await;
