@@ -33,7 +33,9 @@ pub struct DevArgs {
     pub zones: u32,
 }
 
-/// Options of `shingle mount`.
+/// Options of `shingle mount`. Runs in the foreground until SIGINT/SIGTERM (or an
+/// external `umount`). From /etc/fstab (needs the fuse3 package's `mount.fuse3`):
+/// `/etc/shingle/cluster.toml /mnt/shingle fuse.shingle secret=/etc/shingle/secret,_netdev 0 0`
 #[derive(Debug, Clone, clap::Args)]
 pub struct MountArgs {
     /// The cluster file (from `shingle format`).
@@ -115,9 +117,114 @@ async fn serve_mount(meta: MetaClient, ec: (u8, u8), mountpoint: &Path, mc: Moun
         .await?
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
     println!("shingle: mounted at {}", mountpoint.display());
-    crate::serve::wait_for_signal().await?;
+    tokio::select! {
+        r = crate::serve::wait_for_signal() => r?,
+        _ = unmounted_elsewhere(mountpoint) => {
+            // `umount` / `fusermount3 -u` from outside: the session has ended.
+            println!("shingle: {} was unmounted", mountpoint.display());
+            let _ = tokio::task::spawn_blocking(move || session.join()).await;
+            return Ok(());
+        }
+    }
     println!("shingle: unmounting {}", mountpoint.display());
     unmount(session, mountpoint).await
+}
+
+fn is_mounted(mountpoint: &Path) -> bool {
+    let Some(mp) = mountpoint.canonicalize().ok() else {
+        return false;
+    };
+    let Some(mp) = mp.to_str().map(str::to_owned) else {
+        return false;
+    };
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(4) == Some(mp.as_str()))
+}
+
+async fn unmounted_elsewhere(mountpoint: &Path) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if !is_mounted(mountpoint) {
+            return;
+        }
+    }
+}
+
+/// The `mount -t fuse.shingle` / `/etc/fstab` form, run by `mount.fuse3`:
+/// `shingle CLUSTER_FILE MOUNTPOINT -o opt,opt,...`. Starts `shingle mount` detached
+/// and returns once the mount is there. Options: `secret=PATH` (required), `ttl=SECS`,
+/// `private`, `log=PATH` (the mount's log; default none); the generic mount options
+/// (rw, _netdev, nofail, allow_other, ...) are accepted and ignored.
+pub fn fstab_helper(args: &[String]) -> Result<()> {
+    let (cluster, mountpoint) = (&args[1], &args[2]);
+    let mut opts = Vec::new();
+    let mut it = args[3..].iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-o" => opts.extend(
+                it.next()
+                    .map(|o| o.split(',').map(str::to_owned).collect::<Vec<_>>())
+                    .unwrap_or_default(),
+            ),
+            o if o.starts_with("-o") => opts.extend(o[2..].split(',').map(str::to_owned)),
+            _ => {}
+        }
+    }
+    let (mut secret, mut ttl, mut private, mut log) = (None, None, false, None);
+    for o in &opts {
+        match o.split_once('=') {
+            Some(("secret", v)) => secret = Some(v.to_string()),
+            Some(("ttl", v)) => ttl = Some(v.to_string()),
+            Some(("log", v)) => log = Some(v.to_string()),
+            None if o == "private" => private = true,
+            _ => {}
+        }
+    }
+    let secret = secret.context("the mount options need secret=PATH (the cluster secret file)")?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["mount", "--cluster-file", cluster, "--secret-file", &secret]);
+    if let Some(t) = ttl {
+        cmd.args(["--ttl", &t]);
+    }
+    if private {
+        cmd.arg("--private");
+    }
+    cmd.arg(mountpoint);
+    let err = match &log {
+        Some(l) => std::process::Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(l)
+                .with_context(|| format!("open log {l}"))?,
+        ),
+        None => std::process::Stdio::null(),
+    };
+    use std::os::unix::process::CommandExt;
+    let mut child = cmd
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(err)
+        .process_group(0)
+        .spawn()
+        .context("start shingle mount")?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if is_mounted(Path::new(mountpoint)) {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!(
+                "shingle mount exited ({st}) before mounting {mountpoint}{}",
+                log.map(|l| format!("; see {l}")).unwrap_or_default()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = child.kill();
+    bail!("{mountpoint} was not mounted within 60 s")
 }
 
 /// Unmounts; while files are still open there, retries for a few seconds and then

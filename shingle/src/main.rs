@@ -91,6 +91,11 @@ enum BenchCommand {
 }
 
 fn main() -> Result<()> {
+    // `mount -t fuse.shingle` (and /etc/fstab) runs `shingle SOURCE MOUNTPOINT -o OPTS`.
+    let args: Vec<String> = std::env::args().collect();
+    if args.len() >= 3 && std::path::Path::new(&args[1]).is_file() && std::path::Path::new(&args[2]).is_dir() {
+        return dev::fstab_helper(&args);
+    }
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
