@@ -84,20 +84,8 @@ fn errno(e: Errno, what: &str) -> anyhow::Error {
 }
 
 async fn connect(c: &ClusterArgs) -> Result<(Client, crate::config::ClusterFile)> {
-    let cf = crate::config::ClusterFile::load(&c.cluster_file)?;
-    let secret = ClusterSecret::from_file(&c.secret_file)
-        .with_context(|| format!("load cluster secret {}", c.secret_file.display()))?;
-    let tcp = TcpClient::new(TransportConfig::default(), secret);
-    let wc = WatchConfig {
-        managers: cf.manager_addrs(),
-        node: None,
-        interval: Duration::from_secs(1),
-        touch_timeout: Duration::from_secs(5),
-    };
-    let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(10), |_| {})
-        .await
-        .context("reach the managers")?;
-    let meta = MetaClient::new(tcp, maps).with_timeout(Duration::from_secs(10));
+    let (meta, cf) = crate::dev::connect(&c.cluster_file, &c.secret_file, Duration::from_secs(10)).await?;
+    let meta = meta.with_timeout(Duration::from_secs(10));
     let cfg = ClientConfig {
         ec: (cf.ec_k, cf.ec_m),
         ..ClientConfig::default()

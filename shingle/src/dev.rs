@@ -263,12 +263,16 @@ async fn unmount(session: shingle_client::BackgroundSession, mountpoint: &Path) 
     Ok(())
 }
 
-/// `shingle mount`.
-pub async fn mount(a: MountArgs) -> Result<()> {
-    preflight(&a.mountpoint)?;
-    let cf = crate::config::ClusterFile::load(&a.cluster_file)?;
-    let secret = ClusterSecret::from_file(&a.secret_file)
-        .with_context(|| format!("load cluster secret {}", a.secret_file.display()))?;
+/// A namespace client of the cluster named by a cluster file, waiting up to `wait` for a
+/// manager to answer.
+pub async fn connect(
+    cluster_file: &Path,
+    secret_file: &Path,
+    wait: Duration,
+) -> Result<(MetaClient, crate::config::ClusterFile)> {
+    let cf = crate::config::ClusterFile::load(cluster_file)?;
+    let secret = ClusterSecret::from_file(secret_file)
+        .with_context(|| format!("load cluster secret {}", secret_file.display()))?;
     let tcp = TcpClient::new(TransportConfig::default(), secret);
     let wc = WatchConfig {
         managers: cf.manager_addrs(),
@@ -276,15 +280,22 @@ pub async fn mount(a: MountArgs) -> Result<()> {
         interval: Duration::from_millis(500),
         touch_timeout: Duration::from_secs(5),
     };
-    let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(30), |_| {})
+    let maps = MapWatch::start(tcp.clone(), wc, wait, |_| {})
         .await
         .context("reach the managers")?;
+    Ok((MetaClient::new(tcp, maps), cf))
+}
+
+/// `shingle mount`.
+pub async fn mount(a: MountArgs) -> Result<()> {
+    preflight(&a.mountpoint)?;
+    let (meta, cf) = connect(&a.cluster_file, &a.secret_file, Duration::from_secs(30)).await?;
     let mc = MountConfig {
         ttl: Duration::from_secs_f64(a.ttl.max(0.0)),
         allow_other: !a.private,
         ..MountConfig::default()
     };
-    serve_mount(MetaClient::new(tcp, maps), (cf.ec_k, cf.ec_m), &a.mountpoint, mc).await
+    serve_mount(meta, (cf.ec_k, cf.ec_m), &a.mountpoint, mc).await
 }
 
 /// `shingle dev`.
