@@ -4,12 +4,10 @@
 use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig};
 use shingle_data::service::{Stat, StatRequest};
-use shingle_meta::agent::{MapWatch, WatchConfig};
-use shingle_meta::client::MetaClient;
 use shingle_meta::ids::Ino;
 use shingle_meta::map::NodeState;
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout};
-use shingle_transport::{CallOptions, ClusterSecret, RpcChannel, TcpClient, TransportConfig};
+use shingle_transport::{CallOptions, RpcChannel};
 use std::io::{Read, Write};
 use std::path::PathBuf;
 use std::time::Duration;
