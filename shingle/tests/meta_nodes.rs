@@ -236,19 +236,33 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         "the workload made progress through the failures: {acked} creates"
     );
     cluster.wait_ready(&c, 5).await;
-    // Every name in the two directories, with the inode it points to.
-    let mut names: BTreeMap<(Ino, String), Ino> = BTreeMap::new();
-    for dir in [a.ino, b.ino] {
-        let entries = c.readdir(dir, None, 100_000).await.expect("readdir");
-        assert_eq!(
-            c.getattr(dir).await.expect("getattr").size,
-            entries.len() as u64,
-            "directory size matches its entries"
-        );
-        for e in entries {
-            names.insert((dir, String::from_utf8(e.name).expect("utf8")), e.ino);
+    // Operations whose coordinator was killed are finished by the partition's primary
+    // from their intents (after two sweeps, a few seconds): wait until the directory
+    // counts agree with the entries, i.e. recovery has converged.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let names = loop {
+        let mut names: BTreeMap<(Ino, String), Ino> = BTreeMap::new();
+        let mut consistent = true;
+        for dir in [a.ino, b.ino] {
+            let entries = c.readdir(dir, None, 100_000).await.expect("readdir");
+            let size = c.getattr(dir).await.expect("getattr").size;
+            if size != entries.len() as u64 {
+                eprintln!("dir {dir}: size {size}, {} entries (recovery pending)", entries.len());
+                consistent = false;
+            }
+            for e in entries {
+                names.insert((dir, String::from_utf8(e.name).expect("utf8")), e.ino);
+            }
         }
-    }
+        if consistent {
+            break names;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "directory sizes never matched their entries"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
     let known = known.lock().expect("lock").clone();
     let mut accounted = 0usize;
     for (id, k) in &known {
