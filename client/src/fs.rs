@@ -119,13 +119,6 @@ fn stripe_err(e: StripeError) -> Errno {
     }
 }
 
-fn now_ns() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(1)
-}
-
 impl Client {
     /// A client over a namespace client and the transport it uses.
     pub fn new(meta: MetaClient, cfg: ClientConfig) -> Client {
@@ -390,7 +383,8 @@ impl Client {
         };
         let n = usize::from(layout.k) + usize::from(layout.m);
         let (ids, addrs) = self.stripe_nodes(ino, s, n, None)?;
-        let version = now_ns().max(old_version + 1);
+        // Versions follow the clock, and always exceed the version they replace.
+        let version = (shingle_meta::service::wire::now_ns().max(0) as u64).max(old_version + 1);
         let len = data.len() as u64;
         write_stripe(&self.inner.tcp, policy, &addrs, ino.0, s, version, data)
             .await

@@ -128,16 +128,9 @@ fn creds(req: &Request) -> Creds {
     }
 }
 
-fn now_ns() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
-}
-
 fn when(t: Option<TimeOrNow>) -> Option<i64> {
     t.map(|t| match t {
-        TimeOrNow::Now => now_ns(),
+        TimeOrNow::Now => shingle_meta::service::wire::now_ns(),
         TimeOrNow::SpecificTime(s) => match s.duration_since(UNIX_EPOCH) {
             Ok(d) => d.as_nanos() as i64,
             Err(e) => -(e.duration().as_nanos() as i64),

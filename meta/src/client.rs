@@ -79,32 +79,22 @@ impl MetaClient {
         self.maps.refresh(v.map.epoch, Duration::from_millis(300)).await;
     }
 
-    /// Reads from a member of `p`.
-    async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
+    /// Runs `attempt` against the current map until it gives a final answer (`Ok`),
+    /// refreshing the map and backing off between tries; when `timeout` has passed, the
+    /// last retryable errno (`Err`) is the answer.
+    async fn retry<T, F, Fut>(&self, mut attempt: F) -> Result<T, Errno>
+    where
+        F: FnMut(Arc<MapView>) -> Fut,
+        Fut: std::future::Future<Output = Result<Result<T, Errno>, Errno>>,
+    {
         let deadline = Instant::now() + self.timeout;
-        let mut last = Errno::EIO;
         let mut pause = Duration::from_millis(5);
         loop {
             let v = self.view();
-            for n in self.by_load(v.members(p)) {
-                let Some(addr) = v.addr(n) else { continue };
-                let req = Read {
-                    epoch: v.map.epoch,
-                    op: op.clone(),
-                };
-                let r = {
-                    let _busy = Busy::new(&self.inflight, n);
-                    call(&self.client, addr, &req, self.rpc_timeout).await
-                };
-                match r {
-                    Ok(r) => return Ok(r),
-                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Err(e),
-                    Err(e) => {
-                        debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
-                        last = e.errno();
-                    }
-                }
-            }
+            let last = match attempt(v.clone()).await {
+                Ok(answer) => return answer,
+                Err(e) => e,
+            };
             if Instant::now() >= deadline {
                 return Err(last);
             }
@@ -112,6 +102,37 @@ impl MetaClient {
             tokio::time::sleep(pause).await;
             pause = (pause * 2).min(Duration::from_millis(200));
         }
+    }
+
+    /// Reads from a member of `p`.
+    async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
+        self.retry(|v| {
+            let op = op.clone();
+            async move {
+                let mut last = Errno::EIO;
+                for n in self.by_load(v.members(p)) {
+                    let Some(addr) = v.addr(n) else { continue };
+                    let req = Read {
+                        epoch: v.map.epoch,
+                        op: op.clone(),
+                    };
+                    let r = {
+                        let _busy = Busy::new(&self.inflight, n);
+                        call(&self.client, addr, &req, self.rpc_timeout).await
+                    };
+                    match r {
+                        Ok(r) => return Ok(Ok(r)),
+                        Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Ok(Err(e)),
+                        Err(e) => {
+                            debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
+                            last = e.errno();
+                        }
+                    }
+                }
+                Err(last)
+            }
+        })
+        .await
     }
 
     /// Members ordered by requests this client has outstanding at each, fewest first
@@ -128,34 +149,28 @@ impl MetaClient {
 
     /// Runs a mutation at its coordinator.
     pub async fn op(&self, creds: &Creds, op: NsOp) -> Result<OpReply, Errno> {
-        let deadline = Instant::now() + self.timeout;
-        let mut last = Errno::EIO;
-        let mut pause = Duration::from_millis(5);
-        loop {
-            let v = self.view();
-            let anchor = op.anchor(v.map.partitions);
-            if let Some(addr) = v.primary(anchor).and_then(|n| v.addr(n)) {
-                let req = Op {
-                    epoch: v.map.epoch,
-                    creds: creds.clone(),
-                    op: op.clone(),
+        self.retry(|v| {
+            let req = Op {
+                epoch: v.map.epoch,
+                creds: creds.clone(),
+                op: op.clone(),
+            };
+            async move {
+                let anchor = req.op.anchor(v.map.partitions);
+                let Some(addr) = v.primary(anchor).and_then(|n| v.addr(n)) else {
+                    return Err(Errno::EIO);
                 };
                 match call(&self.client, addr, &req, self.timeout.min(Duration::from_secs(15))).await {
-                    Ok(r) => return Ok(r),
-                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Err(e),
+                    Ok(r) => Ok(Ok(r)),
+                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => Ok(Err(e)),
                     Err(e) => {
                         debug!(partition = anchor.0, error = %e, "operation not done; retrying");
-                        last = e.errno();
+                        Err(e.errno())
                     }
                 }
             }
-            if Instant::now() >= deadline {
-                return Err(last);
-            }
-            self.refresh(&v).await;
-            tokio::time::sleep(pause).await;
-            pause = (pause * 2).min(Duration::from_millis(200));
-        }
+        })
+        .await
     }
 
     /// Looks up `name` in `parent` (one RPC unless the inode lives in another partition).

@@ -165,9 +165,12 @@ impl MetaNode {
         let map = maps.borrow().clone();
         let mut slots = BTreeMap::new();
         for (p, (meta, recs)) in loaded {
-            let mut r = Replica::initial(p, map.partitions, 0);
-            r.part = crate::namespace::Partition::new(p);
-            r.meta = meta;
+            // The records on disk are the whole copy: start from an empty partition.
+            let mut r = Replica {
+                part: crate::namespace::Partition::new(p),
+                meta,
+                serving: false,
+            };
             for (k, v) in recs {
                 r.restore(k, &v)
                     .map_err(|e| super::store::StoreError(format!("partition {}: {e}", p.0)))?;
