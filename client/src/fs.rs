@@ -409,7 +409,7 @@ impl OpenFile {
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, Errno> {
         let c = self.client()?;
         // Plan under the lock: which stripes, from where; fetch without it.
-        let (parts, size) = {
+        let (parts, size, layout) = {
             let mut st = self.state.lock().await;
             if let Some(e) = st.error {
                 return Err(e);
@@ -425,13 +425,13 @@ impl OpenFile {
             st.next_expected = end;
             let mut parts = Vec::new();
             for s in first..=last {
-                parts.push((s, st.source(s, &c, self.ino)));
+                parts.push((s, st.source(s, &c)));
             }
             // Readahead: a sequential reader gets the next stripe started now.
             if sequential && c.inner.cfg.cache_stripes > 1 {
                 let next = last + 1;
                 if next * sb < size
-                    && let Source::Cell(cell, rec) = st.source(next, &c, self.ino)
+                    && let Source::Cell(cell, rec) = st.source(next, &c)
                 {
                     let (c2, layout, ino) = (c.clone(), st.layout.clone(), self.ino);
                     tokio::spawn(async move {
@@ -441,11 +441,10 @@ impl OpenFile {
                     });
                 }
             }
-            (parts, size)
+            (parts, size, st.layout.clone())
         };
         let end = (offset + u64::from(len)).min(size);
         let mut out = BytesMut::with_capacity((end - offset) as usize);
-        let layout = self.state.lock().await.layout.clone();
         let sb = layout.stripe_bytes();
         for (s, src) in parts {
             let start = s * sb;
@@ -592,7 +591,7 @@ enum Source {
 }
 
 impl FileState {
-    fn source(&mut self, s: u64, c: &Client, _ino: Ino) -> Source {
+    fn source(&mut self, s: u64, c: &Client) -> Source {
         if let Some((buf, valid)) = self.dirty.get(&s) {
             return Source::Bytes(Bytes::copy_from_slice(&buf[..*valid]));
         }

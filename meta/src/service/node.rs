@@ -1074,10 +1074,8 @@ impl MetaNode {
     /// The service's handlers, to merge into the node's transport router.
     pub fn router(&self) -> Router {
         let mut r = Router::new();
-        r = self.route::<Read, _, _>(r, |n, _, req| async move {
-            n.check_epoch_reads(req.epoch);
-            n.on_read(&req.op)
-        });
+        // Reads are served from any caught-up copy whatever the caller's epoch.
+        r = self.route::<Read, _, _>(r, |n, _, req| async move { n.on_read(&req.op) });
         r = self.route::<Op, _, _>(r, |n, _, req| async move { n.on_op(req).await });
         r = self.route::<Fetch, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;
@@ -1106,12 +1104,6 @@ impl MetaNode {
         r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req) });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
         r
-    }
-
-    fn check_epoch_reads(&self, theirs: Epoch) {
-        // Reads are served from any caught-up copy whatever the caller's epoch; a newer
-        // caller map only hints that ours should be refreshed (the agent polls).
-        let _ = theirs;
     }
 
     fn route<R, F, Fut>(&self, router: Router, f: F) -> Router
