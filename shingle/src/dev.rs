@@ -122,7 +122,9 @@ async fn serve_mount(meta: MetaClient, ec: (u8, u8), mountpoint: &Path, mc: Moun
         _ = unmounted_elsewhere(mountpoint) => {
             // `umount` / `fusermount3 -u` from outside: the session has ended.
             println!("shingle: {} was unmounted", mountpoint.display());
-            let _ = tokio::task::spawn_blocking(move || session.join()).await;
+            // Its unmount fails quietly (already gone) and the session ends; dropping
+            // the session instead would try again and log a spurious warning.
+            let _ = tokio::task::spawn_blocking(move || session.umount_and_join()).await;
             return Ok(());
         }
     }
@@ -231,22 +233,25 @@ pub fn fstab_helper(args: &[String]) -> Result<()> {
 /// detaches the mount (it disappears from the namespace now and is released when the
 /// last file closes), so no stale mount is left behind.
 async fn unmount(session: shingle_client::BackgroundSession, mountpoint: &Path) -> Result<()> {
+    // fuser's own unmount, which also ends and joins the session thread.
+    let first = tokio::task::spawn_blocking(move || session.umount_and_join()).await?;
+    if first.is_ok() || !is_mounted(mountpoint) {
+        return Ok(());
+    }
+    // Busy: the session keeps serving the open files while we retry.
     for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
         let mp = mountpoint.to_path_buf();
-        let busy = tokio::task::spawn_blocking(move || {
+        let done = tokio::task::spawn_blocking(move || {
             std::process::Command::new("umount")
                 .arg(&mp)
                 .stderr(std::process::Stdio::null())
                 .status()
         })
         .await?;
-        if busy.is_ok_and(|s| s.success()) {
-            tokio::task::spawn_blocking(move || session.join())
-                .await?
-                .context("finish the FUSE session")?;
+        if done.is_ok_and(|s| s.success()) {
             return Ok(());
         }
-        tokio::time::sleep(Duration::from_millis(500)).await;
     }
     eprintln!(
         "shingle: {} is still in use; detaching it (it is released when the last open file closes)",
@@ -259,7 +264,6 @@ async fn unmount(session: shingle_client::BackgroundSession, mountpoint: &Path) 
             mountpoint.display()
         );
     }
-    drop(session);
     Ok(())
 }
 
