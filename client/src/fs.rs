@@ -18,7 +18,7 @@ use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
 use shingle_meta::placement::stripe_pg;
-use shingle_transport::TcpClient;
+use shingle_transport::{Health, TcpClient};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -75,6 +75,7 @@ pub struct Client {
 struct Inner {
     meta: MetaClient,
     tcp: TcpClient,
+    health: Arc<Health>,
     cfg: ClientConfig,
     open: Mutex<HashMap<Ino, Vec<Weak<OpenFile>>>>,
     /// (mtime, size) of each file when this client last opened or committed it: an open
@@ -127,6 +128,7 @@ impl Client {
             inner: Arc::new(Inner {
                 meta,
                 tcp,
+                health: Arc::default(),
                 cfg,
                 open: Mutex::new(HashMap::new()),
                 seen: Mutex::new(HashMap::new()),
@@ -314,38 +316,23 @@ impl Client {
         s
     }
 
-    /// Nodes of stripe `s`: the hint where it was written, with nodes no longer in the
-    /// map replaced by the stripe's current placement-group node at that index.
-    fn stripe_nodes(
-        &self,
-        ino: Ino,
-        s: u64,
-        n: usize,
-        hint: Option<&[u64]>,
-    ) -> Result<(Vec<NodeId>, Vec<SocketAddr>), Errno> {
+    /// Where the shards of stripe `s` are, from the hints of its record: `None` for a
+    /// shard that was never stored (hint 0) or whose node is down or out of the cluster,
+    /// so a read goes to parity at once instead of waiting for it. A hint naming a node
+    /// no longer in the map falls back to the group's current node at that index.
+    fn shard_sources(&self, ino: Ino, s: u64, n: usize, hint: &[u64]) -> Vec<Option<SocketAddr>> {
         let v = self.inner.meta.view();
-        let pg = stripe_pg(ino, s, v.map.pgs);
-        let group = v.placement.pg(pg);
-        if group.len() < n {
-            warn!(
-                need = n,
-                have = group.len(),
-                "placement group smaller than the stripe: not enough data nodes"
-            );
-            return Err(Errno::EIO);
-        }
-        let mut ids = Vec::with_capacity(n);
-        let mut addrs = Vec::with_capacity(n);
-        for (i, fallback) in group.iter().take(n).enumerate() {
-            let id = hint
-                .and_then(|h| h.get(i))
-                .map(|x| NodeId(*x))
-                .filter(|id| v.map.nodes.contains_key(id))
-                .unwrap_or(*fallback);
-            ids.push(id);
-            addrs.push(v.addr(id).ok_or(Errno::EIO)?);
-        }
-        Ok((ids, addrs))
+        let group = v.placement.pg(stripe_pg(ino, s, v.map.pgs));
+        (0..n)
+            .map(|i| {
+                let id = match hint.get(i).copied() {
+                    Some(0) => return None,
+                    Some(h) if v.map.nodes.contains_key(&NodeId(h)) => NodeId(h),
+                    _ => *group.get(i)?,
+                };
+                v.map.is_up(id).then(|| v.addr(id)).flatten()
+            })
+            .collect()
     }
 
     async fn fetch_stripe(&self, ino: Ino, layout: &Layout, s: u64, rec: &StripeRec) -> Result<Bytes, Errno> {
@@ -355,15 +342,24 @@ impl Client {
             unit: layout.unit,
         };
         let n = usize::from(layout.k) + usize::from(layout.m);
-        let (_, addrs) = self.stripe_nodes(ino, s, n, Some(&rec.nodes))?;
-        let r = read_stripe(&self.inner.tcp, policy, &addrs, ino.0, s, rec.version, rec.len as usize)
-            .await
-            .map_err(|e| {
-                debug!(ino = ino.0, stripe = s, error = %e, "stripe read failed");
-                stripe_err(e)
-            })?;
-        if !r.failed.is_empty() {
-            debug!(ino = ino.0, stripe = s, failed = ?r.failed, "degraded stripe read (decoded from parity)");
+        let sources = self.shard_sources(ino, s, n, &rec.nodes);
+        let r = read_stripe(
+            &self.inner.tcp,
+            &self.inner.health,
+            policy,
+            &sources,
+            ino.0,
+            s,
+            rec.version,
+            rec.len as usize,
+        )
+        .await
+        .map_err(|e| {
+            warn!(ino = ino.0, stripe = s, error = %e, "stripe read failed");
+            stripe_err(e)
+        })?;
+        if !r.failed.is_empty() || r.hedged > 0 {
+            debug!(ino = ino.0, stripe = s, failed = ?r.failed, hedged = r.hedged, "degraded or hedged stripe read");
         }
         Ok(r.data)
     }
@@ -382,21 +378,60 @@ impl Client {
             unit: layout.unit,
         };
         let n = usize::from(layout.k) + usize::from(layout.m);
-        let (ids, addrs) = self.stripe_nodes(ino, s, n, None)?;
+        let v = self.inner.meta.view();
+        let g = stripe_pg(ino, s, v.map.pgs);
+        let group = v.placement.pg(g);
+        if group.len() < n {
+            warn!(
+                need = n,
+                have = group.len(),
+                "placement group smaller than the stripe: not enough data nodes"
+            );
+            return Err(Errno::EIO);
+        }
+        // Members that are down get a spare at once; the others are tried first.
+        let mut spares: VecDeque<NodeId> = v.map.pg_spares(g, group).into();
+        let mut targets = Vec::with_capacity(n);
+        for id in &group[..n] {
+            let id = if v.map.is_up(*id) {
+                *id
+            } else {
+                spares.pop_front().unwrap_or(*id)
+            };
+            targets.push(v.addr(id).ok_or(Errno::EIO)?);
+        }
+        let spare_addrs: Vec<SocketAddr> = spares.iter().filter_map(|id| v.addr(*id)).collect();
         // Versions follow the clock, and always exceed the version they replace.
         let version = (shingle_meta::service::wire::now_ns().max(0) as u64).max(old_version + 1);
         let len = data.len() as u64;
-        write_stripe(&self.inner.tcp, policy, &addrs, ino.0, s, version, data)
-            .await
-            .map_err(|e| {
-                warn!(ino = ino.0, stripe = s, error = %e, "stripe write failed");
-                stripe_err(e)
-            })?;
-        Ok(StripeRec {
+        // Durable with one shard to spare: k + 1 shards (all of them when m = 0).
+        let min_shards = usize::from(layout.k) + usize::from(layout.m.min(1));
+        let placed = write_stripe(
+            &self.inner.tcp,
+            &self.inner.health,
+            policy,
+            &targets,
+            &spare_addrs,
+            min_shards,
+            ino.0,
+            s,
             version,
-            len,
-            nodes: ids.into_iter().map(|n| n.0).collect(),
-        })
+            data,
+        )
+        .await
+        .map_err(|e| {
+            warn!(ino = ino.0, stripe = s, error = %e, "stripe write failed");
+            stripe_err(e)
+        })?;
+        let by_addr: HashMap<SocketAddr, NodeId> = v.map.nodes.values().map(|n| (n.addr, n.id)).collect();
+        let nodes: Vec<u64> = placed
+            .iter()
+            .map(|a| a.and_then(|a| by_addr.get(&a)).map_or(0, |id| id.0))
+            .collect();
+        if nodes.contains(&0) {
+            debug!(ino = ino.0, stripe = s, ?nodes, "stripe stored degraded; repair will complete it");
+        }
+        Ok(StripeRec { version, len, nodes })
     }
 }
 

@@ -1,13 +1,26 @@
 //! Client side of erasure-coded stripes: encode and write the k+m shards of a stripe
 //! to the nodes of its placement group in parallel, and read a stripe back from its
 //! data shards, decoding from parity when a shard is missing, unreachable or corrupt.
+//!
+//! Neither direction waits for the manager to notice a failure. Both consult the
+//! client's [`Health`] (phi-accrual suspicion, hedge delays):
+//! - a **read** skips shards on suspected or known-missing nodes and reads parity in
+//!   their place; a shard not answered within the hedge delay gets a parity read raced
+//!   against it, and the first k shards to arrive decode the stripe. Slow requests run
+//!   to their end in the background so a hung peer becomes suspected.
+//! - a **write** sends shard i to node i of its group, or to a spare node when that one
+//!   is suspected or fails; a shard that finds no node is left out, and the stripe is
+//!   durable once `min_shards` shards are (the repair scanner fills the gap later).
+//!   Where each shard went is returned, for the file's layout.
 
 use crate::ec::{EcError, EcPolicy};
 use crate::service::{ShardId, ShardReadError, read_shard, write_shard};
 use bytes::Bytes;
-use shingle_transport::{RemoteRead, RpcChannel, TransportError};
+use shingle_transport::{Health, RemoteRead, RpcChannel};
 use std::net::SocketAddr;
-use tokio::task::JoinSet;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
 
 /// Why a stripe operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -46,78 +59,141 @@ pub struct StripeRead {
     pub data: Bytes,
     /// Shards that failed (index and reason); non-empty means the read was degraded.
     pub failed: Vec<(usize, String)>,
+    /// Shards read from a parity race after the hedge delay.
+    pub hedged: usize,
 }
 
-/// Encodes `data` (at most one stripe) and writes shard i to `nodes[i]`, all in
-/// parallel; returns when every shard is durable on its node.
+/// How long a write waits for a slow shard once the stripe is durable without it.
+pub const WRITE_GIVE_UP: Duration = Duration::from_secs(1);
+
+/// True when the peer answered (an error reply shows it is alive).
+fn answered(r: &Result<Bytes, ShardReadError>) -> bool {
+    match r {
+        Ok(_) | Err(ShardReadError::Checksum(_)) => true,
+        Err(ShardReadError::Transport(e)) => e.status().is_some(),
+    }
+}
+
+/// Encodes `data` (at most one stripe) and writes shard i to `targets[i]`, all in
+/// parallel, moving a shard to the next of `spares` when its node is suspected or its
+/// write fails. Returns where each shard is durable (`None`: not stored; empty data
+/// shards of a short stripe are not stored either and report their target), once at
+/// least `min_shards` are.
+#[allow(clippy::too_many_arguments)]
 pub async fn write_stripe<C>(
     client: &C,
+    health: &Arc<Health>,
     policy: EcPolicy,
-    nodes: &[SocketAddr],
+    targets: &[SocketAddr],
+    spares: &[SocketAddr],
+    min_shards: usize,
     ino: u64,
     stripe: u64,
     version: u64,
     data: Bytes,
-) -> Result<(), StripeError>
+) -> Result<Vec<Option<SocketAddr>>, StripeError>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
-    let n = usize::from(policy.k) + usize::from(policy.m);
-    if nodes.len() != n {
+    let (k, n) = (usize::from(policy.k), policy.shard_count());
+    if targets.len() != n {
         return Err(StripeError::WrongGroupSize {
             need: n,
-            have: nodes.len(),
+            have: targets.len(),
         });
     }
     let shards = policy.encode_stripe_bytes(data)?;
-    let mut set = JoinSet::new();
-    for (i, shard) in shards.into_iter().enumerate() {
-        if i < usize::from(policy.k) && shard.is_empty() {
-            // An empty data shard of a short stripe is not stored; readers know it is empty.
-            continue;
-        }
-        let (c, node) = (client.clone(), nodes[i]);
+    let mut spares: std::collections::VecDeque<SocketAddr> = spares
+        .iter()
+        .copied()
+        .filter(|a| !targets.contains(a) && !health.suspected(*a))
+        .collect();
+    let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let spawn = |i: usize, node: SocketAddr, shard: Bytes| {
+        let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
         let id = ShardId {
             ino,
             stripe,
             shard: i as u32,
         };
-        set.spawn(async move { write_shard(&c, node, id, version, shard).await.map(|_| ()) });
+        tokio::spawn(async move {
+            let ticket = h.start(node);
+            let r = write_shard(&c, node, id, version, shard).await;
+            ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
+            let _ = tx.send((i, node, r.map(|_| ()).map_err(|e| e.to_string())));
+        });
+    };
+    let mut pending = 0usize;
+    let mut stored = 0usize;
+    let suspects = health.suspects(targets);
+    for (i, shard) in shards.iter().enumerate() {
+        if i < k && shard.is_empty() {
+            // An empty data shard of a short stripe is not stored; readers know it is empty.
+            placed[i] = Some(targets[i]);
+            stored += 1;
+            continue;
+        }
+        let node = if suspects[i] {
+            spares.pop_front().unwrap_or(targets[i])
+        } else {
+            targets[i]
+        };
+        spawn(i, node, shard.clone());
+        pending += 1;
     }
-    let mut errors: Vec<TransportError> = Vec::new();
-    while let Some(r) = set.join_next().await {
+    let mut errors: Vec<String> = Vec::new();
+    let mut give_up: Option<tokio::time::Instant> = None;
+    while pending > 0 {
+        let next = match give_up {
+            Some(t) => match tokio::time::timeout_at(t, rx.recv()).await {
+                Ok(x) => x,
+                Err(_) => break,
+            },
+            None => rx.recv().await,
+        };
+        let Some((i, node, r)) = next else { break };
+        pending -= 1;
         match r {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => errors.push(e),
+            Ok(()) => {
+                placed[i] = Some(node);
+                stored += 1;
+            }
             Err(e) => {
-                return Err(StripeError::WriteFailed {
-                    ino,
-                    stripe,
-                    failed: 1,
-                    total: n,
-                    first: e.to_string(),
-                });
+                tracing::debug!(ino, stripe, shard = i, %node, error = %e, "shard write failed");
+                errors.push(format!("shard {i} on {node}: {e}"));
+                if let Some(spare) = spares.pop_front() {
+                    spawn(i, spare, shards[i].clone());
+                    pending += 1;
+                }
             }
         }
+        if stored >= min_shards && give_up.is_none() {
+            give_up = Some(tokio::time::Instant::now() + WRITE_GIVE_UP);
+        }
     }
-    if let Some(first) = errors.first() {
+    if stored < min_shards.max(k) {
         return Err(StripeError::WriteFailed {
             ino,
             stripe,
-            failed: errors.len(),
+            failed: n - stored,
             total: n,
-            first: first.to_string(),
+            first: errors.first().cloned().unwrap_or_else(|| "timed out".into()),
         });
     }
-    Ok(())
+    Ok(placed)
 }
 
-/// Reads a stripe of `stripe_len` data bytes: the k data shards in parallel, and
-/// parity shards only for data shards that fail (missing, unreachable, corrupt).
+/// Reads a stripe of `stripe_len` data bytes. `nodes[i]` holds shard i (`None`: known
+/// missing). Data shards are read in parallel, parity in place of shards on suspected
+/// or missing nodes, in place of failures, and raced against shards still unanswered
+/// after the hedge delay.
+#[allow(clippy::too_many_arguments)]
 pub async fn read_stripe<C>(
     client: &C,
+    health: &Arc<Health>,
     policy: EcPolicy,
-    nodes: &[SocketAddr],
+    nodes: &[Option<SocketAddr>],
     ino: u64,
     stripe: u64,
     version: u64,
@@ -126,56 +202,91 @@ pub async fn read_stripe<C>(
 where
     C: RpcChannel + RemoteRead + Clone + Send + Sync + 'static,
 {
-    let (k, m) = (usize::from(policy.k), usize::from(policy.m));
-    if nodes.len() != k + m {
+    let (k, n) = (usize::from(policy.k), policy.shard_count());
+    if nodes.len() != n {
         return Err(StripeError::WrongGroupSize {
-            need: k + m,
+            need: n,
             have: nodes.len(),
         });
     }
-    let mut shards: Vec<Option<Bytes>> = vec![None; k + m];
+    let mut shards: Vec<Option<Bytes>> = vec![None; n];
     let mut failed = Vec::new();
-    let fetch = |set: &mut JoinSet<(usize, Result<Bytes, ShardReadError>)>, i: usize| {
-        let (c, node) = (client.clone(), nodes[i]);
+    // A short stripe leaves its last data shards empty: nothing to fetch for them.
+    let used = policy.data_shards_used(stripe_len);
+    for s in shards.iter_mut().take(k).skip(used) {
+        *s = Some(Bytes::new());
+    }
+    let mut have = k - used;
+    let addrs: Vec<SocketAddr> = nodes.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect();
+    let suspects = health.suspects(&addrs);
+    // Candidates, best first: healthy data shards, healthy parity, then suspected ones.
+    let mut order: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    for pass in 0..2 {
+        for i in (0..used).chain(k..n) {
+            match nodes[i] {
+                None if pass == 0 => failed.push((i, "no node holds this shard".to_string())),
+                Some(_) if suspects[i] == (pass == 1) => order.push_back(i),
+                _ => {}
+            }
+        }
+    }
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let mut pending = 0usize;
+    let mut hedge = Duration::ZERO;
+    let launch = |order: &mut std::collections::VecDeque<usize>, pending: &mut usize, hedge: &mut Duration| {
+        let Some(i) = order.pop_front() else { return false };
+        let Some(node) = nodes[i] else { return false };
+        *hedge = (*hedge).max(health.hedge_delay(node));
+        let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
         let id = ShardId {
             ino,
             stripe,
             shard: i as u32,
         };
-        set.spawn(async move { (i, read_shard(&c, node, id, version).await) });
+        tokio::spawn(async move {
+            let ticket = h.start(node);
+            let r = read_shard(&c, node, id, version).await;
+            ticket.finish(answered(&r));
+            let _ = tx.send((i, r));
+        });
+        *pending += 1;
+        true
     };
-    let mut set = JoinSet::new();
-    // A short stripe leaves its last data shards empty: nothing to fetch for them.
-    let used = policy.data_shards_used(stripe_len);
-    let mut have = 0;
-    for i in 0..used {
-        fetch(&mut set, i);
-    }
-    for s in shards.iter_mut().take(k).skip(used) {
-        *s = Some(Bytes::new());
-        have += 1;
-    }
-    let mut next_parity = k;
-    while let Some(joined) = set.join_next().await {
-        let Ok((i, r)) = joined else { continue };
-        match r {
-            Ok(b) => {
-                shards[i] = Some(b);
-                have += 1;
-            }
-            Err(e) => {
-                failed.push((i, e.to_string()));
-                if next_parity < k + m {
-                    fetch(&mut set, next_parity);
-                    next_parity += 1;
-                }
-            }
-        }
-        if have == k {
+    for _ in have..k {
+        if !launch(&mut order, &mut pending, &mut hedge) {
             break;
         }
     }
-    set.abort_all();
+    let mut hedged = 0;
+    let mut hedge_at = tokio::time::Instant::now() + hedge;
+    while have < k && pending > 0 {
+        match tokio::time::timeout_at(hedge_at, rx.recv()).await {
+            Ok(Some((i, r))) => {
+                pending -= 1;
+                match r {
+                    Ok(b) => {
+                        shards[i] = Some(b);
+                        have += 1;
+                    }
+                    Err(e) => {
+                        failed.push((i, e.to_string()));
+                        launch(&mut order, &mut pending, &mut hedge);
+                    }
+                }
+            }
+            Ok(None) => break,
+            Err(_) => {
+                // Hedge: race one more shard per request still out, then wait twice as long.
+                for _ in 0..pending.min(k - have) {
+                    if launch(&mut order, &mut pending, &mut hedge) {
+                        hedged += 1;
+                    }
+                }
+                hedge *= 2;
+                hedge_at = tokio::time::Instant::now() + hedge;
+            }
+        }
+    }
     let data = policy.decode_stripe(stripe_len, &shards)?;
-    Ok(StripeRead { data, failed })
+    Ok(StripeRead { data, failed, hedged })
 }

@@ -118,19 +118,27 @@ async fn follow(
         let mut newest = known;
         let mut any = false;
         let node_id = cfg.node.as_ref().map_or(0, |n| n.id.0);
-        for &m in &cfg.managers {
+        // Every manager hears the heartbeat (any of them may lead next), in parallel so a
+        // dead one delays nobody.
+        let calls = cfg.managers.iter().map(|&m| {
+            let client = &client;
             let req = HeartbeatRequest {
                 node_id,
                 epoch: known.0,
             };
-            match client
-                .call::<Heartbeat>(
-                    m,
-                    &req,
-                    CallOptions::timeout(cfg.interval.max(Duration::from_millis(500))),
-                )
-                .await
-            {
+            async move {
+                let r = client
+                    .call::<Heartbeat>(
+                        m,
+                        &req,
+                        CallOptions::timeout(cfg.interval.max(Duration::from_millis(500))),
+                    )
+                    .await;
+                (m, r)
+            }
+        });
+        for (m, r) in crate::client::join_all(calls).await {
+            match r {
                 Ok(r) => {
                     any = true;
                     newest = newest.max(Epoch(r.epoch));

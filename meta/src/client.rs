@@ -1,8 +1,10 @@
 //! The namespace client: routes every operation by the map, retries through failures.
 //!
 //! Reads (lookup, getattr, readlink, xattrs) go to one member of the partition, rotating
-//! over members to spread load; a member that fails, or is still catching up, is
-//! skipped for the next. Readdir asks every partition's members in parallel, one request
+//! over members to spread load and avoiding suspected ones (phi-accrual, see
+//! [`shingle_transport::health`]); a member that fails, or is still catching up, is
+//! skipped for the next, and one that does not answer within its hedge delay has the
+//! next raced against it — no read waits for the manager to declare a node down. Readdir asks every partition's members in parallel, one request
 //! per node, and merges pages by name (a stable cursor). Mutations go to the primary of
 //! their anchor partition, which coordinates them; "stale map" answers trigger a map
 //! refresh. Everything is retried until `timeout`, then fails with the last errno
@@ -13,7 +15,8 @@ use crate::ids::{Ino, NodeId, PartitionId};
 use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, SetAttr, StripeRec};
 use crate::service::MapView;
 use crate::service::wire::*;
-use shingle_transport::TcpClient;
+use shingle_transport::{Health, TcpClient};
+use std::net::SocketAddr;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -28,6 +31,7 @@ pub struct MetaClient {
     view: Arc<RwLock<Arc<MapView>>>,
     rr: Arc<AtomicU64>,
     inflight: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, u32>>>,
+    health: Arc<Health>,
     timeout: Duration,
     rpc_timeout: Duration,
 }
@@ -42,6 +46,7 @@ impl MetaClient {
             view,
             rr: Arc::new(AtomicU64::new(0)),
             inflight: Arc::default(),
+            health: Arc::default(),
             timeout: Duration::from_secs(20),
             rpc_timeout: Duration::from_secs(2),
         }
@@ -104,28 +109,77 @@ impl MetaClient {
         }
     }
 
-    /// Reads from a member of `p`.
+    /// Reads from a member of `p`: the least-loaded healthy member first; a member that
+    /// fails hands over to the next at once, one that has not answered within its hedge
+    /// delay gets the next raced against it. The first answer wins; slower requests run
+    /// to their end in the background, so a member that hangs becomes suspected.
     async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
         self.retry(|v| {
             let op = op.clone();
             async move {
-                let mut last = Errno::EIO;
-                for n in self.by_load(v.members(p)) {
-                    let Some(addr) = v.addr(n) else { continue };
+                let mut members: Vec<(NodeId, SocketAddr)> = self
+                    .by_load(v.members(p))
+                    .into_iter()
+                    .filter_map(|n| v.addr(n).map(|a| (n, a)))
+                    .collect();
+                // Suspected members go last (stable: load order kept otherwise).
+                let suspects = self.health.suspects(&members.iter().map(|m| m.1).collect::<Vec<_>>());
+                let mut idx: Vec<usize> = (0..members.len()).collect();
+                idx.sort_by_key(|i| suspects[*i]);
+                members = idx.into_iter().map(|i| members[i]).collect();
+                let mut next = members.into_iter();
+                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+                let launch = |next: &mut std::vec::IntoIter<(NodeId, SocketAddr)>| -> Option<Duration> {
+                    let (n, addr) = next.next()?;
+                    let (me, tx) = (self.clone(), tx.clone());
                     let req = Read {
                         epoch: v.map.epoch,
                         op: op.clone(),
                     };
-                    let r = {
-                        let _busy = Busy::new(&self.inflight, n);
-                        call(&self.client, addr, &req, self.rpc_timeout).await
+                    let delay = self.health.hedge_delay(addr);
+                    tokio::spawn(async move {
+                        let ticket = me.health.start(addr);
+                        let r = {
+                            let _busy = Busy::new(&me.inflight, n);
+                            call(&me.client, addr, &req, me.rpc_timeout).await
+                        };
+                        ticket.finish(!matches!(r, Err(CallError::Transport(ref e)) if e.status().is_none()));
+                        let _ = tx.send((n, r));
+                    });
+                    Some(delay)
+                };
+                let mut last = Errno::EIO;
+                let mut pending = 0;
+                let mut hedge_at = None;
+                if let Some(d) = launch(&mut next) {
+                    pending += 1;
+                    hedge_at = Some(tokio::time::Instant::now() + d);
+                }
+                while pending > 0 {
+                    let got = match hedge_at {
+                        Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok(),
+                        None => Some(rx.recv().await),
                     };
+                    let Some(got) = got else {
+                        // No answer within the hedge delay: race the next member.
+                        hedge_at = launch(&mut next).map(|d| {
+                            pending += 1;
+                            tokio::time::Instant::now() + d
+                        });
+                        continue;
+                    };
+                    let Some((n, r)) = got else { break };
+                    pending -= 1;
                     match r {
                         Ok(r) => return Ok(Ok(r)),
                         Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Ok(Err(e)),
                         Err(e) => {
                             debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
                             last = e.errno();
+                            if let Some(d) = launch(&mut next) {
+                                pending += 1;
+                                hedge_at = Some(tokio::time::Instant::now() + d);
+                            }
                         }
                     }
                 }

@@ -199,6 +199,22 @@ impl ClusterMap {
     }
 }
 
+impl ClusterMap {
+    /// Data nodes that can stand in for members of placement group `g` (a shard whose
+    /// node is down or failing goes to one): every Up data node outside `group`, best
+    /// rendezvous score first, so all writers of the group agree on the order.
+    pub fn pg_spares(&self, g: PgId, group: &[NodeId]) -> Vec<NodeId> {
+        let mut spares: Vec<NodeId> = self
+            .nodes
+            .values()
+            .filter(|n| n.state == NodeState::Up && n.roles.data && !group.contains(&n.id))
+            .map(|n| n.id)
+            .collect();
+        spares.sort_by_key(|id| std::cmp::Reverse(placement::score(placement::KIND_PG, u64::from(g.0), *id)));
+        spares
+    }
+}
+
 /// Replica lists derived from one epoch of the map.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Placement {

@@ -64,13 +64,34 @@ pub struct NodeConfig {
 pub struct ManagerSection {
     /// Directory of the Raft log and map.
     pub dir: PathBuf,
-    /// Mark a node Down after this long without heartbeats.
+    /// Mark a node Down after this long without heartbeats, at the latest.
     #[serde(default = "default_down_after")]
     pub down_after_ms: u64,
+    /// Phi-accrual suspicion of a node's heartbeat silence that marks it Down earlier.
+    #[serde(default = "default_down_phi")]
+    pub down_phi: f64,
+    /// Silence tolerated beyond a node's usual heartbeat interval before φ rises.
+    #[serde(default = "default_pause")]
+    pub heartbeat_pause_ms: u64,
+    /// Mark a Down node Out (rebuild its data elsewhere) after this long; 0: never.
+    #[serde(default = "default_out_after")]
+    pub out_after_ms: u64,
 }
 
 fn default_down_after() -> u64 {
     4000
+}
+
+fn default_down_phi() -> f64 {
+    8.0
+}
+
+fn default_pause() -> u64 {
+    1000
+}
+
+fn default_out_after() -> u64 {
+    600_000
 }
 
 /// `[meta]`
@@ -255,6 +276,21 @@ impl NodeConfig {
         }
         if !clustered && (self.manager.is_some() || self.meta.is_some()) {
             bail!("[manager] and [meta] need node.cluster_file (run `shingle format` first)");
+        }
+        if let Some(m) = &self.manager {
+            if !(m.down_phi > 0.0 && m.down_phi.is_finite()) {
+                bail!("manager.down_phi must be a positive number, got {}", m.down_phi);
+            }
+            if m.down_after_ms < 500 {
+                bail!("manager.down_after_ms must be at least 500, got {}", m.down_after_ms);
+            }
+            if m.out_after_ms != 0 && m.out_after_ms < m.down_after_ms {
+                bail!(
+                    "manager.out_after_ms ({}) must be 0 (never) or at least down_after_ms ({})",
+                    m.out_after_ms,
+                    m.down_after_ms
+                );
+            }
         }
         if let Some(d) = &self.data {
             let bs = d.block_size.0;

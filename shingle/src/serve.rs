@@ -104,6 +104,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         (Some(m), Some(c), Some(map)) => {
             let mut mc = ManagerConfig::new(node_id.0, addr, m.dir.clone());
             mc.down_after_ms = m.down_after_ms;
+            mc.down_phi = m.down_phi;
+            mc.heartbeat_pause_ms = m.heartbeat_pause_ms;
+            mc.out_after_ms = m.out_after_ms;
             let manager = Manager::start_in(&slot, mc, peers.clone(), map.clone())
                 .await
                 .context("start the manager")?;

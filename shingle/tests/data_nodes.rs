@@ -13,7 +13,8 @@ use shingle_data::service::{
     StatRequest, errno, read_shard, write_shard,
 };
 use shingle_data::stripe::{read_stripe, write_stripe};
-use shingle_transport::{CallOptions, ClusterSecret, RpcChannel, TcpClient, TransportConfig};
+use shingle_transport::{CallOptions, ClusterSecret, Health, RpcChannel, TcpClient, TransportConfig};
+use std::sync::Arc;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -127,17 +128,20 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     let c = client(secret);
     let policy = EcPolicy::new(4, 2, 64 * 1024).expect("policy");
     let full = policy.stripe_data_bytes() as usize;
+    let health: Arc<Health> = Arc::default();
     let lens = [full, full, 1, 3, full - 1, 65_537, 200_000, full / 2 + 7];
 
     for (s, len) in lens.iter().enumerate() {
-        write_stripe(&c, policy, &addrs, 42, s as u64, 1, content(s as u64, *len))
+        let placed = write_stripe(&c, &health, policy, &addrs, &[], 6, 42, s as u64, 1, content(s as u64, *len))
             .await
             .expect("write stripe");
+        assert!(placed.iter().all(Option::is_some));
     }
-    let read_all = |c: TcpClient, addrs: Vec<SocketAddr>| async move {
+    let read_all = |c: TcpClient, addrs: Vec<SocketAddr>, health: Arc<Health>| async move {
         let mut degraded = 0;
+        let addrs: Vec<Option<SocketAddr>> = addrs.into_iter().map(Some).collect();
         for (s, len) in lens.iter().enumerate() {
-            let r = read_stripe(&c, policy, &addrs, 42, s as u64, 1, *len)
+            let r = read_stripe(&c, &health, policy, &addrs, 42, s as u64, 1, *len)
                 .await
                 .expect("read stripe");
             assert_eq!(r.data, content(s as u64, *len), "stripe {s} differs");
@@ -146,7 +150,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         degraded
     };
     assert_eq!(
-        read_all(c.clone(), addrs.clone()).await,
+        read_all(c.clone(), addrs.clone(), health.clone()).await,
         0,
         "healthy reads were degraded"
     );
@@ -155,14 +159,15 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     nodes[1].kill();
     nodes[3].kill();
     assert!(
-        read_all(c.clone(), addrs.clone()).await > 0,
+        read_all(c.clone(), addrs.clone(), health.clone()).await > 0,
         "reads with two nodes down were not degraded"
     );
 
     // A third node down under 4+2: a clear error, promptly.
     nodes[0].kill();
     let t = std::time::Instant::now();
-    let e = read_stripe(&c, policy, &addrs, 42, 0, 1, full)
+    let some: Vec<Option<SocketAddr>> = addrs.iter().copied().map(Some).collect();
+    let e = read_stripe(&c, &health, policy, &some, 42, 0, 1, full)
         .await
         .expect_err("three shards missing");
     assert!(e.to_string().contains("need"), "{e}");
@@ -173,14 +178,15 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         nodes[i].restart();
         reachable(&c, addrs[i]).await;
     }
-    assert_eq!(read_all(c.clone(), addrs.clone()).await, 0);
+    // A client that saw them fail avoids them for a cool-down; a fresh one reads them.
+    assert_eq!(read_all(c.clone(), addrs.clone(), Arc::default()).await, 0);
 
     // Corrupt shard 2 of stripe 0 on disk (node 2, stopped), then read: served from parity.
     nodes[2].kill();
     corrupt_first_record(&nodes[2].dir.join("data").join("zones"));
     nodes[2].restart();
     reachable(&c, addrs[2]).await;
-    let r = read_stripe(&c, policy, &addrs, 42, 0, 1, full)
+    let r = read_stripe(&c, &Arc::default(), policy, &some, 42, 0, 1, full)
         .await
         .expect("degraded read");
     assert_eq!(r.data, content(0, full));
@@ -244,7 +250,8 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     .expect("shard");
     let want = content(0, full);
     assert_eq!(&shard[..], &want[2 * policy.unit as usize..3 * policy.unit as usize]);
-    assert_eq!(read_all(c.clone(), addrs.clone()).await, 0);
+    // A client that saw them fail avoids them for a cool-down; a fresh one reads them.
+    assert_eq!(read_all(c.clone(), addrs.clone(), Arc::default()).await, 0);
 
     // Deletes are durable across a restart.
     for i in 0..6 {

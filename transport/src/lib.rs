@@ -10,6 +10,7 @@
 //! - [`region`] and [`rpc::RemoteRead`]: the remote-read verb. A server registers
 //!   memory or mmap'd files and hands out keys; a client reads (key, offset, len) into
 //!   a buffer it owns. Over TCP the server checks every read as an RDMA NIC would.
+//! - [`health`]: phi-accrual failure detection and hedge delays per peer.
 //! - [`conformance`]: the suite every transport implementation must pass.
 //!
 //! Layering rule: this crate knows frames, peers and regions. It must never learn about
@@ -22,6 +23,7 @@ pub mod config;
 pub mod conformance;
 pub mod error;
 pub mod frame;
+pub mod health;
 pub mod region;
 pub mod rpc;
 pub mod server;
@@ -34,6 +36,7 @@ pub use client::TcpClient;
 pub use config::TransportConfig;
 pub use error::TransportError;
 pub use frame::MsgKind;
+pub use health::Health;
 pub use region::{AccessError, RegionKey, RegionTable};
 pub use rpc::{CallOptions, RemoteRead, Rpc, RpcChannel};
 pub use server::{CallContext, Router, Server};

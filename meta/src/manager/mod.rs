@@ -78,7 +78,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 /// Settings of one manager.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct ManagerConfig {
     /// This member's Raft id; stable for the life of `dir`.
     pub node_id: u64,
@@ -98,8 +98,18 @@ pub struct ManagerConfig {
     pub snapshot_every_logs: u64,
     /// How long [`Manager::propose`] keeps looking for a leader before giving up.
     pub propose_timeout_ms: u64,
-    /// A node whose heartbeats stop for this long is marked Down by the leader.
+    /// A node whose heartbeats stop for this long is marked Down by the leader, at the
+    /// latest (phi-accrual may decide earlier, see `down_phi`).
     pub down_after_ms: u64,
+    /// Suspicion level φ of a node's heartbeat silence at which it is marked Down
+    /// (phi-accrual over its heartbeat intervals, with `heartbeat_pause_ms` tolerated).
+    pub down_phi: f64,
+    /// Silence tolerated on top of a node's usual heartbeat interval before φ rises
+    /// (GC pauses, a busy host).
+    pub heartbeat_pause_ms: u64,
+    /// A node Down this long is marked Out: it leaves placement, its shards are rebuilt
+    /// and its partitions re-replicated elsewhere. 0 never marks a node Out.
+    pub out_after_ms: u64,
 }
 
 impl ManagerConfig {
@@ -116,6 +126,9 @@ impl ManagerConfig {
             snapshot_every_logs: 1000,
             propose_timeout_ms: 10_000,
             down_after_ms: 4_000,
+            down_phi: 8.0,
+            heartbeat_pause_ms: 1_000,
+            out_after_ms: 600_000,
         }
     }
 
@@ -441,10 +454,20 @@ impl ManagerSlot {
             let s = s.clone();
             async move {
                 let m = s.get()?;
-                m.last_seen
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(req.node_id, Instant::now());
+                if req.node_id != 0 {
+                    let now = Instant::now();
+                    let mut seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+                    let e = seen.entry(req.node_id).or_insert_with(|| Seen {
+                        last: now,
+                        intervals: shingle_transport::health::PhiAccrual::new(Duration::from_millis(100)),
+                    });
+                    let gap = now.saturating_duration_since(e.last);
+                    // A gap longer than the Down limit was an outage, not the node's rhythm.
+                    if gap > Duration::ZERO && gap < m.down_after {
+                        e.intervals.record(gap);
+                    }
+                    e.last = now;
+                }
                 Ok(rpc::HeartbeatResponse {
                     epoch: m.map_rx.borrow().epoch.0,
                 })
@@ -492,9 +515,26 @@ struct Inner {
     retry_pause: Duration,
     /// Taken by shutdown, which waits until openraft's tasks have let go of it.
     db: Mutex<Option<Arc<redb::Database>>>,
-    /// When each node's last heartbeat arrived here.
-    last_seen: Mutex<BTreeMap<u64, Instant>>,
+    /// When each node's last heartbeat arrived here, and their intervals.
+    last_seen: Mutex<BTreeMap<u64, Seen>>,
     down_after: Duration,
+    down_phi: f64,
+    pause: Duration,
+    out_after: Duration,
+}
+
+/// Heartbeats of one node as this manager saw them.
+struct Seen {
+    last: Instant,
+    intervals: shingle_transport::health::PhiAccrual,
+}
+
+impl Seen {
+    /// φ of the silence since the last heartbeat, the usual pause tolerated.
+    fn phi(&self, now: Instant, pause: Duration) -> f64 {
+        self.intervals
+            .phi(now.saturating_duration_since(self.last).saturating_sub(pause))
+    }
 }
 
 /// Longest wait in [`Manager::shutdown`] for openraft's tasks to release the database.
@@ -663,6 +703,9 @@ impl Manager {
             db: Mutex::new(Some(db)),
             last_seen: Mutex::new(BTreeMap::new()),
             down_after: Duration::from_millis(config.down_after_ms),
+            down_phi: config.down_phi,
+            pause: Duration::from_millis(config.heartbeat_pause_ms),
+            out_after: Duration::from_millis(config.out_after_ms),
         });
         if let Err(e) = slot.attach(inner.clone()) {
             let _ = inner.raft.shutdown().await;
@@ -845,47 +888,62 @@ impl Manager {
     }
 }
 
-/// Logs each change of role or leader once, until the Raft member stops.
-/// On the leader: marks nodes Down when their heartbeats stop for `down_after`, and Up
-/// again when they resume. A new leader gives every node a full `down_after` first.
+/// On the leader: marks a node Down when its heartbeat silence reaches φ = `down_phi`
+/// (or `down_after`, whichever comes first), Out when it has been Down for `out_after`,
+/// and Up again when its heartbeats resume. A new leader gives every node a full
+/// `down_after` first (it may have missed their heartbeats).
 async fn watch_liveness(inner: std::sync::Weak<Inner>) {
+    use crate::map::NodeState;
     let mut leader_since: Option<Instant> = None;
+    // When each node was first seen Down by this leader.
+    let mut down_since: BTreeMap<u64, Instant> = BTreeMap::new();
     loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let Some(m) = inner.upgrade() else { return };
         if m.raft.metrics().borrow().state != ServerState::Leader {
             leader_since = None;
+            down_since.clear();
             continue;
         }
-        let since = *leader_since.get_or_insert_with(Instant::now);
-        let map = m.map_rx.borrow().clone();
         let now = Instant::now();
+        let since = *leader_since.get_or_insert(now);
+        let map = m.map_rx.borrow().clone();
         let mut changes = Vec::new();
         {
             let seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
             for n in map.nodes.values() {
-                let last = seen.get(&n.id.0).copied().unwrap_or(since).max(since);
+                let s = seen.get(&n.id.0);
+                let last = s.map_or(since, |s| s.last).max(since);
                 let silent = now.saturating_duration_since(last);
+                let fresh = s.is_some_and(|s| now.saturating_duration_since(s.last) < Duration::from_secs(1));
                 match n.state {
-                    crate::map::NodeState::Up if silent >= m.down_after => {
-                        changes.push((n.id, crate::map::NodeState::Down, silent));
+                    NodeState::Up => {
+                        let phi = s.map_or(0.0, |s| s.phi(now, m.pause));
+                        let grace = now.saturating_duration_since(since) >= m.down_after;
+                        if silent >= m.down_after || (grace && phi >= m.down_phi) {
+                            changes.push((n.id, NodeState::Down, silent, phi));
+                        }
                     }
-                    crate::map::NodeState::Down
-                        if seen
-                            .get(&n.id.0)
-                            .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_secs(1)) =>
-                    {
-                        changes.push((n.id, crate::map::NodeState::Up, silent));
+                    NodeState::Down | NodeState::Out if fresh => changes.push((n.id, NodeState::Up, silent, 0.0)),
+                    NodeState::Down => {
+                        let at = *down_since.entry(n.id.0).or_insert(now);
+                        if !m.out_after.is_zero() && now.saturating_duration_since(at) >= m.out_after {
+                            changes.push((n.id, NodeState::Out, silent, 0.0));
+                        }
                     }
-                    _ => {}
+                    NodeState::Out => {}
+                }
+                if n.state != NodeState::Down {
+                    down_since.remove(&n.id.0);
                 }
             }
         }
-        for (id, state, silent) in changes {
+        for (id, state, silent, phi) in changes {
             info!(
                 node = id.0,
                 ?state,
                 silent_ms = silent.as_millis() as u64,
+                phi = format!("{phi:.1}"),
                 "node liveness changed"
             );
             if let Err(e) = m.propose(MapCommand::SetState { id, state }).await {
@@ -895,6 +953,7 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// Logs each change of role or leader once, until the Raft member stops.
 async fn log_role_changes(mut rx: watch::Receiver<openraft::RaftMetrics<u64, ManagerNode>>) {
     let mut last = None;
     loop {
