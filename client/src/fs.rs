@@ -429,7 +429,12 @@ impl Client {
             .map(|a| a.and_then(|a| by_addr.get(&a)).map_or(0, |id| id.0))
             .collect();
         if nodes.contains(&0) {
-            debug!(ino = ino.0, stripe = s, ?nodes, "stripe stored degraded; repair will complete it");
+            debug!(
+                ino = ino.0,
+                stripe = s,
+                ?nodes,
+                "stripe stored degraded; repair will complete it"
+            );
         }
         Ok(StripeRec { version, len, nodes })
     }

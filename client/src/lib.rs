@@ -7,12 +7,15 @@
 //!   decode when a shard fails, readahead of whole stripes, write buffering to full
 //!   stripes, commit on flush/fsync/close), bounded memory per open file.
 //! - [`fuse`]: the FUSE adapter (fuser): every request runs as its own task.
+//! - [`repair`]: the repair scan meta nodes run over their files: rebuilds shards lost
+//!   with a node (or left out by a degraded write) and records their new locations.
 //!
 //! It talks to servers only through `shingle-transport` (via the meta and data
 //! client helpers); it knows nothing of zones or Raft.
 
 pub mod fs;
 pub mod fuse;
+pub mod repair;
 
 pub use fs::{Client, ClientConfig, OpenFile, StatFs};
 pub use fuse::{MountConfig, ShingleFs};

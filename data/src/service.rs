@@ -195,6 +195,10 @@ pub struct RepairShardRequest {
     /// Where the other shards are.
     #[prost(message, repeated, tag = "7")]
     pub sources: Vec<ShardSource>,
+    /// Do nothing when this node already stores the shard at `version` (the rebuild
+    /// scan asks again after a crash); false rewrites it (a scrub found it corrupt).
+    #[prost(bool, tag = "8")]
+    pub if_missing: bool,
 }
 
 /// Bytes rebuilt.
@@ -426,6 +430,9 @@ where
         let want = usize::from(key.shard);
         if want >= n {
             return Err(bad(format!("shard {want} is not in a {k}+{m} stripe")));
+        }
+        if req.if_missing && self.store.lookup(&key).is_some_and(|e| e.version == req.version) {
+            return Ok(RepairShardResponse { bytes: 0 });
         }
         let mut shards: Vec<Option<Bytes>> = vec![None; n];
         let mut have = 0;

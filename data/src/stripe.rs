@@ -217,7 +217,10 @@ where
         *s = Some(Bytes::new());
     }
     let mut have = k - used;
-    let addrs: Vec<SocketAddr> = nodes.iter().map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)))).collect();
+    let addrs: Vec<SocketAddr> = nodes
+        .iter()
+        .map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))))
+        .collect();
     let suspects = health.suspects(&addrs);
     // Candidates, best first: healthy data shards, healthy parity, then suspected ones.
     let mut order: std::collections::VecDeque<usize> = std::collections::VecDeque::new();

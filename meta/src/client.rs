@@ -16,8 +16,8 @@ use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout,
 use crate::service::MapView;
 use crate::service::wire::*;
 use shingle_transport::{Health, TcpClient};
-use std::net::SocketAddr;
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -455,6 +455,24 @@ impl MetaClient {
             name: name.to_vec(),
         };
         self.op(creds, op).await.map(|_| ())
+    }
+
+    /// Records where repaired shards of a stripe now live (root only; a no-op when the
+    /// stripe was rewritten since `version`).
+    pub async fn relocate_shards(
+        &self,
+        ino: Ino,
+        stripe: u64,
+        version: u64,
+        moves: Vec<(u32, u64)>,
+    ) -> Result<(), Errno> {
+        let op = NsOp::RelocateShards {
+            ino,
+            stripe,
+            version,
+            moves,
+        };
+        self.op(&Creds::root(), op).await.map(|_| ())
     }
 
     /// Sets the EC policy of a directory or empty file.

@@ -33,6 +33,10 @@ pub enum Tool {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Wait (showing rebuild progress) until the cluster is healthy; fails after
+        /// this many seconds.
+        #[arg(long, value_name = "SECS")]
+        wait: Option<u64>,
     },
     /// List a directory.
     Ls {
@@ -126,7 +130,10 @@ pub async fn run(t: Tool) -> Result<()> {
     let meta = client.meta().clone();
     let root = Creds::root();
     match t {
-        Tool::Status { json, .. } => status(&client, &cf, json).await,
+        Tool::Status { json, wait: None, .. } => status(&client, &cf, json).await.map(|_| ()),
+        Tool::Status {
+            json, wait: Some(secs), ..
+        } => wait_healthy(&client, &cf, json, Duration::from_secs(secs)).await,
         Tool::Ls { path, .. } => {
             let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
             let mut after: Option<Vec<u8>> = None;
@@ -257,6 +264,120 @@ fn print_attr(path: &str, a: &Attr) {
     );
 }
 
+/// Polls until the cluster is healthy, drawing the rebuild progress.
+async fn wait_healthy(client: &Client, cf: &crate::config::ClusterFile, json: bool, limit: Duration) -> Result<()> {
+    use std::io::{IsTerminal, Write};
+    let started = std::time::Instant::now();
+    let tty = std::io::stderr().is_terminal();
+    loop {
+        let r = health(client).await;
+        let line = r.progress_line();
+        if tty {
+            eprint!("\r{line:<100}");
+        } else {
+            eprintln!("{line}");
+        }
+        let _ = std::io::stderr().flush();
+        if r.healthy {
+            if tty {
+                eprintln!();
+            }
+            return status(client, cf, json).await.map(|_| ());
+        }
+        if started.elapsed() >= limit {
+            if tty {
+                eprintln!();
+            }
+            status(client, cf, json).await?;
+            bail!("cluster not healthy after {}s", limit.as_secs());
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Cluster-wide health, from the map and every meta node's stats.
+struct Health {
+    healthy: bool,
+    down: usize,
+    serving: u32,
+    partitions: u32,
+    repair: shingle_meta::service::wire::RepairStats,
+    /// Meta nodes whose repair scan has not finished a pass on the current map.
+    scanning: usize,
+}
+
+impl Health {
+    fn progress_line(&self) -> String {
+        let r = &self.repair;
+        let width = 30;
+        let frac = if r.todo == 0 {
+            1.0
+        } else {
+            r.done as f64 / r.todo as f64
+        };
+        let filled = ((frac * width as f64) as usize).min(width);
+        format!(
+            "{}  rebuild [{}{}] {:>3.0}%  {}/{} shards ({} failed), {:.1} MiB/s; {} stripes unreadable; {} nodes down; {}/{} partitions serving{}",
+            if self.healthy { "healthy " } else { "degraded" },
+            "#".repeat(filled),
+            ".".repeat(width - filled),
+            frac * 100.0,
+            r.done,
+            r.todo,
+            r.failed,
+            r.bytes_per_sec as f64 / (1u64 << 20) as f64,
+            r.unreadable,
+            self.down,
+            self.serving,
+            self.partitions,
+            if self.scanning > 0 {
+                format!("; {} scans on an older map", self.scanning)
+            } else {
+                String::new()
+            }
+        )
+    }
+}
+
+async fn health(client: &Client) -> Health {
+    let meta = client.meta();
+    let v = meta.view();
+    let stats = meta.stats().await;
+    let ok: Vec<_> = stats.iter().filter_map(|(_, s)| s.as_ref().ok()).collect();
+    let mut repair = shingle_meta::service::wire::RepairStats::default();
+    let mut scanning = 0;
+    for s in &ok {
+        let r = &s.repair;
+        repair.todo += r.todo;
+        repair.done += r.done;
+        repair.failed += r.failed;
+        repair.unreadable += r.unreadable;
+        repair.bytes_per_sec += r.bytes_per_sec;
+        repair.repaired_total += r.repaired_total;
+        repair.bytes_total += r.bytes_total;
+        repair.running |= r.running;
+        if s.primary > 0 && (r.running || r.map_epoch < v.map.epoch.0) {
+            scanning += 1;
+        }
+    }
+    let serving: u32 = ok.iter().map(|s| s.primary).sum();
+    // Out nodes are given up on: their data is rebuilt elsewhere, they do not count.
+    let down = v.map.nodes.values().filter(|n| n.state == NodeState::Down).count();
+    let healthy = down == 0
+        && serving >= v.map.partitions
+        && scanning == 0
+        && repair.todo == repair.done
+        && repair.unreadable == 0;
+    Health {
+        healthy,
+        down,
+        serving,
+        partitions: v.map.partitions,
+        repair,
+        scanning,
+    }
+}
+
 async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) -> Result<()> {
     let meta = client.meta();
     let v = meta.view();
@@ -299,11 +420,8 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         .filter_map(|(_, s)| s.as_ref().ok())
         .map(|s| s.inodes)
         .sum();
-    let health = if down == 0 && primaries >= v.map.partitions {
-        "healthy"
-    } else {
-        "degraded"
-    };
+    let h = health(client).await;
+    let health = if h.healthy { "healthy" } else { "degraded" };
     let root_ok = meta.getattr(Ino::ROOT).await.is_ok();
     let out = serde_json::json!({
         "cluster_id": v.map.cluster_id, "epoch": v.map.epoch.0, "health": health,
@@ -311,6 +429,7 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         "replication": v.map.replication, "ec": format!("ec({},{})", cf.ec_k, cf.ec_m),
         "nodes_down": down, "inodes": inodes, "namespace_reachable": root_ok,
         "raw_capacity_bytes": cap, "raw_used_bytes": used, "nodes": nodes,
+        "repair": serde_json::to_value(&h.repair)?,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -328,6 +447,7 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         cf.ec_k,
         cf.ec_m
     );
+    println!("{}", h.progress_line());
     println!("  id  address               state    roles      meta (p/s/pri) zones free");
     for n in &nodes {
         let roles = ["manager", "meta", "data"]

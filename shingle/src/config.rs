@@ -100,6 +100,20 @@ fn default_out_after() -> u64 {
 pub struct MetaSection {
     /// Directory of the partition store.
     pub dir: PathBuf,
+    /// Rebuild bandwidth of this node's repair scan (shards lost with a node).
+    #[serde(default = "default_rebuild_rate")]
+    pub rebuild_rate: ByteSize,
+    /// Pause between repair passes (a map change starts one sooner).
+    #[serde(default = "default_repair_interval")]
+    pub repair_interval_ms: u64,
+}
+
+fn default_rebuild_rate() -> ByteSize {
+    ByteSize(200 << 20)
+}
+
+fn default_repair_interval() -> u64 {
+    10_000
 }
 
 /// The cluster file written by `shingle format`: what every node of a cluster shares.

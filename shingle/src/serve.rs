@@ -120,6 +120,7 @@ pub async fn run(config_path: &Path) -> Result<()> {
         _ => None,
     };
     let mut forward = None;
+    let mut repair = None;
     if let Some(c) = &cluster {
         let info = NodeInfo {
             id: node_id,
@@ -158,6 +159,18 @@ pub async fn run(config_path: &Path) -> Result<()> {
         }));
         if let Some(m) = &meta {
             m.start();
+            let rc = shingle_client::repair::RepairConfig {
+                interval: Duration::from_millis(cfg.meta.as_ref().map_or(10_000, |s| s.repair_interval_ms)),
+                bytes_per_sec: cfg.meta.as_ref().map_or(200 << 20, |s| s.rebuild_rate.0),
+                ..Default::default()
+            };
+            let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            repair = Some(tokio::spawn(shingle_client::repair::run(
+                m.clone(),
+                mc,
+                peers.clone(),
+                rc,
+            )));
         }
     }
     // Scripts and tests read this line to learn the port when listening on :0.
@@ -170,6 +183,9 @@ pub async fn run(config_path: &Path) -> Result<()> {
         t.abort();
     }
     if let Some(t) = forward {
+        t.abort();
+    }
+    if let Some(t) = repair {
         t.abort();
     }
     if let Some(m) = &meta {

@@ -14,10 +14,10 @@ use shingle_data::service::{
 };
 use shingle_data::stripe::{read_stripe, write_stripe};
 use shingle_transport::{CallOptions, ClusterSecret, Health, RpcChannel, TcpClient, TransportConfig};
-use std::sync::Arc;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
+use std::sync::Arc;
 use std::time::Duration;
 
 struct Node {
@@ -132,9 +132,20 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     let lens = [full, full, 1, 3, full - 1, 65_537, 200_000, full / 2 + 7];
 
     for (s, len) in lens.iter().enumerate() {
-        let placed = write_stripe(&c, &health, policy, &addrs, &[], 6, 42, s as u64, 1, content(s as u64, *len))
-            .await
-            .expect("write stripe");
+        let placed = write_stripe(
+            &c,
+            &health,
+            policy,
+            &addrs,
+            &[],
+            6,
+            42,
+            s as u64,
+            1,
+            content(s as u64, *len),
+        )
+        .await
+        .expect("write stripe");
         assert!(placed.iter().all(Option::is_some));
     }
     let read_all = |c: TcpClient, addrs: Vec<SocketAddr>, health: Arc<Health>| async move {
@@ -225,6 +236,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         unit: policy.unit,
         stripe_len: full as u64,
         sources,
+        if_missing: false,
     };
     let rr = c
         .call::<RepairShard>(addrs[2], &repair, CallOptions::default())

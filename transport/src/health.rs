@@ -173,7 +173,11 @@ impl PeerHealth {
         } else {
             self.errors = self.errors.saturating_add(1);
             let factor = 1u32 << self.errors.saturating_sub(1).min(16);
-            let cool = self.cfg.error_cooldown.saturating_mul(factor).min(self.cfg.max_cooldown);
+            let cool = self
+                .cfg
+                .error_cooldown
+                .saturating_mul(factor)
+                .min(self.cfg.max_cooldown);
             self.suspect_until = Some(now + cool);
         }
     }
@@ -368,13 +372,19 @@ mod tests {
         assert!(!p.suspected(t0 + cfg.error_cooldown + ms(1)));
         let t = p.start(t0 + ms(300));
         p.finish(t, false, t0 + ms(300));
-        assert!(p.suspected(t0 + ms(300) + cfg.error_cooldown + ms(1)), "second error: doubled");
+        assert!(
+            p.suspected(t0 + ms(300) + cfg.error_cooldown + ms(1)),
+            "second error: doubled"
+        );
         assert!(!p.suspected(t0 + ms(300) + cfg.error_cooldown * 2 + ms(1)));
         for i in 0..30 {
             let t = p.start(t0);
             p.finish(t, false, t0 + ms(i));
         }
-        assert!(!p.suspected(t0 + ms(30) + cfg.max_cooldown + ms(1)), "cool-down is bounded");
+        assert!(
+            !p.suspected(t0 + ms(30) + cfg.max_cooldown + ms(1)),
+            "cool-down is bounded"
+        );
         let t = p.start(t0 + ms(10_000));
         p.finish(t, true, t0 + ms(10_001));
         assert_eq!(p.errors(), 0);

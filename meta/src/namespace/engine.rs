@@ -1049,6 +1049,38 @@ impl Namespace {
         Ok(attr)
     }
 
+    /// Records where shards of stripe `stripe` now live (after a repair moved them):
+    /// `moves` are (shard index, node). Applies only while the stripe still has
+    /// `version` (a newer write wins; the repair then was moot). Location hints only:
+    /// no timestamp changes. Returns whether anything changed.
+    pub fn relocate_shards(&mut self, ino: Ino, stripe: u64, version: u64, moves: &[(u32, u64)]) -> NsResult<bool> {
+        let rec = self.rec(ino)?.clone();
+        let mut new = rec;
+        let Some(rec) = new.layout.as_mut().and_then(|l| l.stripes.get_mut(&stripe)) else {
+            return Ok(false);
+        };
+        if rec.version != version {
+            return Ok(false);
+        }
+        let mut changed = false;
+        for (i, node) in moves {
+            let i = *i as usize;
+            if i >= rec.nodes.len() {
+                rec.nodes.resize(i + 1, 0);
+            }
+            if rec.nodes[i] != *node {
+                rec.nodes[i] = *node;
+                changed = true;
+            }
+        }
+        if !changed {
+            return Ok(false);
+        }
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        Ok(true)
+    }
+
     /// Number of inodes in the namespace (for statfs).
     pub fn inode_count(&self) -> u64 {
         self.parts.iter().map(|p| p.inodes.len() as u64).sum()

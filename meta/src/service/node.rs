@@ -134,6 +134,8 @@ struct Inner {
     in_touch: AtomicBool,
     map_rx: watch::Receiver<Arc<ClusterMap>>,
     stopped: AtomicBool,
+    /// Progress of the repair scan this node runs (reported by `Stats`).
+    repair: Mutex<RepairStats>,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -190,6 +192,7 @@ impl MetaNode {
             in_touch: AtomicBool::new(true),
             map_rx: maps,
             stopped: AtomicBool::new(false),
+            repair: Mutex::new(RepairStats::default()),
         });
         Ok(MetaNode { inner })
     }
@@ -219,6 +222,51 @@ impl MetaNode {
         } else if ok {
             self.inner.in_touch.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// Files with stripes in the partitions this node is the serving primary of, in
+    /// inode order after `after`: at most `limit`, and whether more may follow. The
+    /// repair scan walks them.
+    pub fn primary_files(&self, after: Ino, limit: usize) -> (Vec<(Ino, crate::namespace::Layout)>, bool) {
+        let v = self.view();
+        let me = self.me();
+        let slots: Vec<Arc<Slot>> = self
+            .inner
+            .slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(p, _)| v.primary(**p) == Some(me))
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut out: Vec<(Ino, crate::namespace::Layout)> = Vec::new();
+        for slot in slots {
+            let st = slot.read();
+            if !st.serving {
+                continue;
+            }
+            for (ino, rec) in st
+                .part
+                .inodes
+                .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
+            {
+                if let Some(l) = rec.layout.as_ref().filter(|l| !l.stripes.is_empty()) {
+                    out.push((*ino, l.clone()));
+                }
+                if out.len() > limit * 4 {
+                    break;
+                }
+            }
+        }
+        out.sort_by_key(|(i, _)| *i);
+        let more = out.len() > limit;
+        out.truncate(limit);
+        (out, more)
+    }
+
+    /// Publishes the repair scan's progress (reported by `Stats`).
+    pub fn set_repair_stats(&self, r: RepairStats) {
+        *self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()) = r;
     }
 
     fn view(&self) -> Arc<MapView> {
@@ -712,6 +760,7 @@ impl MetaNode {
         let me = self.me();
         let mut s = NodeStats {
             epoch: v.map.epoch,
+            repair: self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             ..NodeStats::default()
         };
         for (p, slot) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
@@ -1188,7 +1237,8 @@ fn base_locks(op: &NsOp) -> Vec<u64> {
         | NsOp::SetXattr { ino, .. }
         | NsOp::RemoveXattr { ino, .. }
         | NsOp::SetLayout { ino, .. }
-        | NsOp::CommitWrite { ino, .. } => vec![ino.0],
+        | NsOp::CommitWrite { ino, .. }
+        | NsOp::RelocateShards { ino, .. } => vec![ino.0],
     };
     k.sort_unstable();
     k.dedup();
@@ -1270,6 +1320,18 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             size,
             stripes,
         } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
+        NsOp::RelocateShards {
+            ino,
+            stripe,
+            version,
+            moves,
+        } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.relocate_shards(*ino, *stripe, *version, moves)?;
+            OpReply::Done
+        }
     })
 }
 

@@ -230,6 +230,17 @@ pub enum NsOp {
         /// Stripes written.
         stripes: Vec<(u64, StripeRec)>,
     },
+    /// Records new shard locations of a stripe after a repair (root only).
+    RelocateShards {
+        /// File.
+        ino: Ino,
+        /// Stripe index.
+        stripe: u64,
+        /// The stripe version the repair rebuilt (no-op when it changed since).
+        version: u64,
+        /// (shard index, node id).
+        moves: Vec<(u32, u64)>,
+    },
 }
 
 impl NsOp {
@@ -247,7 +258,8 @@ impl NsOp {
             | NsOp::SetXattr { ino, .. }
             | NsOp::RemoveXattr { ino, .. }
             | NsOp::SetLayout { ino, .. }
-            | NsOp::CommitWrite { ino, .. } => ino.partition(),
+            | NsOp::CommitWrite { ino, .. }
+            | NsOp::RelocateShards { ino, .. } => ino.partition(),
         }
     }
 
@@ -454,8 +466,36 @@ pub struct NodeStats {
     pub serving: u32,
     /// Of which primary.
     pub primary: u32,
+    /// The data repair scan over those partitions' files.
+    pub repair: RepairStats,
 }
 meta_rpc!(Stats, 0x040A, NodeStats);
+
+/// Progress of a node's repair scan (rebuild of shards on lost nodes, completion of
+/// stripes written degraded), over the files of the partitions it is primary of.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepairStats {
+    /// Passes completed.
+    pub passes: u64,
+    /// A pass is running.
+    pub running: bool,
+    /// Shards found needing repair at the start of the current (or last) pass.
+    pub todo: u64,
+    /// Of which repaired so far in this pass.
+    pub done: u64,
+    /// Of which failed in this pass (retried next pass).
+    pub failed: u64,
+    /// Shards repaired since start.
+    pub repaired_total: u64,
+    /// Bytes rebuilt since start.
+    pub bytes_total: u64,
+    /// Rebuild rate of the current (or last) pass, bytes per second.
+    pub bytes_per_sec: u64,
+    /// Stripes that cannot be read now (fewer than k shards on Up nodes).
+    pub unreadable: u64,
+    /// Map epoch the current (or last) pass planned with.
+    pub map_epoch: u64,
+}
 
 /// Encodes a message.
 pub fn encode<T: Serialize>(v: &T) -> Result<Bytes, Status> {

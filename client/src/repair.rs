@@ -1,0 +1,455 @@
+//! The repair scan: rebuilds shards that are lost or were never stored, and records
+//! where they went.
+//!
+//! Every meta node runs one over the files of the partitions it is primary of, so the
+//! work is spread like the namespace and needs no coordinator: when a node fails or a
+//! manager fails over, the partition's next primary simply scans again (repairs are
+//! idempotent). A shard needs repair when its location hint is 0 (the write left it
+//! out because its node was failing) or names a node that is Out (the manager gave up
+//! on it). Shards on Down nodes are waited for: a node that comes back still has them.
+//!
+//! For each such shard, [`plan_stripe`] (pure) picks a target — the stripe's current
+//! placement-group node at that index, or the group's first spare, never a node that
+//! already holds a shard of the stripe — and the sources (shards on Up nodes). The scan
+//! asks the target to rebuild the shard from k sources (`RepairShard`), then records
+//! the new location in the file's layout (`RelocateShards`, a no-op if the stripe was
+//! rewritten meanwhile). Rebuild bandwidth is throttled; progress is published in the
+//! node's `Stats` and shown by `shingle status`.
+
+use shingle_data::ec::EcPolicy;
+use shingle_data::service::{RepairShard, RepairShardRequest, ShardId, ShardSource};
+use shingle_meta::client::MetaClient;
+use shingle_meta::ids::{Ino, NodeId};
+use shingle_meta::map::{ClusterMap, NodeState, Placement};
+use shingle_meta::namespace::{Layout, StripeRec};
+use shingle_meta::placement::stripe_pg;
+use shingle_meta::service::MetaNode;
+use shingle_meta::service::wire::RepairStats;
+use shingle_transport::{CallOptions, RpcChannel, TcpClient};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
+
+/// Settings of the repair scan.
+#[derive(Clone, Debug)]
+pub struct RepairConfig {
+    /// Pause between passes (a map change starts one sooner).
+    pub interval: Duration,
+    /// Rebuild bandwidth limit of this node's scan, in bytes per second.
+    pub bytes_per_sec: u64,
+    /// Shards rebuilt at once.
+    pub parallel: usize,
+}
+
+impl Default for RepairConfig {
+    /// A pass every 10 s, 200 MiB/s, 4 shards at once.
+    fn default() -> Self {
+        RepairConfig {
+            interval: Duration::from_secs(10),
+            bytes_per_sec: 200 << 20,
+            parallel: 4,
+        }
+    }
+}
+
+/// One shard to rebuild.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ShardRepair {
+    /// Shard index.
+    pub shard: usize,
+    /// Node to rebuild it on.
+    pub target: NodeId,
+    /// Shards to rebuild from: (index, node), all on Up nodes.
+    pub sources: Vec<(usize, NodeId)>,
+}
+
+/// What a stripe needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StripePlan {
+    /// Every stored shard is on a node that is Up or Down (coming back).
+    Healthy,
+    /// Shards to rebuild (some may lack a target and wait for a node).
+    Repair(Vec<ShardRepair>),
+    /// Fewer than k shards are on Up nodes: not readable, not repairable now.
+    Unreadable,
+}
+
+/// Decides what stripe `s` of `ino` needs under `map`.
+pub fn plan_stripe(
+    map: &ClusterMap,
+    placement: &Placement,
+    ino: Ino,
+    s: u64,
+    layout: &Layout,
+    rec: &StripeRec,
+) -> StripePlan {
+    let (k, n) = (usize::from(layout.k), usize::from(layout.k) + usize::from(layout.m));
+    let used = EcPolicy {
+        k: layout.k,
+        m: layout.m,
+        unit: layout.unit,
+    }
+    .data_shards_used(rec.len as usize);
+    let g = stripe_pg(ino, s, map.pgs);
+    let group = placement.pg(g);
+    // Where each stored shard is: None when lost.
+    let mut loc: Vec<Option<NodeId>> = vec![None; n];
+    let mut lost = Vec::new();
+    for (i, l) in loc.iter_mut().enumerate() {
+        if (used..k).contains(&i) {
+            continue; // an empty data shard of a short stripe: never stored
+        }
+        let node = match rec.nodes.get(i).copied() {
+            Some(0) => None,
+            Some(h) if map.nodes.contains_key(&NodeId(h)) => Some(NodeId(h)),
+            _ => group.get(i).copied(),
+        };
+        match node {
+            Some(id) if map.nodes.get(&id).is_some_and(|x| x.state != NodeState::Out) => *l = Some(id),
+            _ => lost.push(i),
+        }
+    }
+    if lost.is_empty() {
+        return StripePlan::Healthy;
+    }
+    let sources: Vec<(usize, NodeId)> = loc
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.filter(|id| map.is_up(*id)).map(|id| (i, id)))
+        .collect();
+    if sources.len() + (k - used) < k {
+        return StripePlan::Unreadable;
+    }
+    let mut taken: Vec<NodeId> = loc.iter().flatten().copied().collect();
+    let spares = map.pg_spares(g, group);
+    let mut out = Vec::new();
+    for i in lost {
+        let target = group
+            .get(i)
+            .copied()
+            .filter(|id| map.is_up(*id) && !taken.contains(id))
+            .or_else(|| spares.iter().copied().find(|id| !taken.contains(id)));
+        let Some(target) = target else { continue };
+        taken.push(target);
+        out.push(ShardRepair {
+            shard: i,
+            target,
+            sources: sources.clone(),
+        });
+    }
+    StripePlan::Repair(out)
+}
+
+/// Runs the repair scan of one meta node until the process ends.
+pub async fn run(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: RepairConfig) {
+    let mut stats = RepairStats::default();
+    let mut maps = meta.maps().subscribe();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(cfg.interval) => {}
+            r = maps.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                // Let the map settle (nodes marked Out often come in groups).
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+        pass(&node, &meta, &tcp, &cfg, &mut stats).await;
+    }
+}
+
+/// Files are walked this many at a time.
+const PAGE: usize = 256;
+
+async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairConfig, stats: &mut RepairStats) {
+    // Count first (in memory, cheap), so progress has a denominator.
+    let v = meta.view();
+    let (mut todo, mut unreadable) = (0u64, 0u64);
+    let mut cursor = Ino(0);
+    loop {
+        let (files, more) = node.primary_files(cursor, PAGE);
+        for (ino, layout) in &files {
+            for (s, rec) in &layout.stripes {
+                match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
+                    StripePlan::Healthy => {}
+                    StripePlan::Repair(r) => todo += r.len() as u64,
+                    StripePlan::Unreadable => unreadable += 1,
+                }
+            }
+        }
+        match files.last() {
+            Some((last, _)) if more => cursor = *last,
+            _ => break,
+        }
+        tokio::task::yield_now().await;
+    }
+    stats.unreadable = unreadable;
+    stats.map_epoch = v.map.epoch.0;
+    if todo == 0 {
+        stats.todo = 0;
+        stats.done = 0;
+        stats.failed = 0;
+        stats.running = false;
+        stats.passes += 1;
+        node.set_repair_stats(stats.clone());
+        return;
+    }
+    info!(shards = todo, unreadable, "repair pass starts");
+    *stats = RepairStats {
+        running: true,
+        todo,
+        done: 0,
+        failed: 0,
+        bytes_per_sec: 0,
+        ..stats.clone()
+    };
+    node.set_repair_stats(stats.clone());
+    let started = Instant::now();
+    let mut bytes = 0u64;
+    let gate = Arc::new(Semaphore::new(cfg.parallel.max(1)));
+    let mut jobs = tokio::task::JoinSet::new();
+    let mut cursor = Ino(0);
+    loop {
+        let (files, more) = node.primary_files(cursor, PAGE);
+        let v = meta.view();
+        for (ino, layout) in &files {
+            for (s, rec) in &layout.stripes {
+                let StripePlan::Repair(shards) = plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) else {
+                    continue;
+                };
+                for r in shards {
+                    let Ok(permit) = gate.clone().acquire_owned().await else {
+                        return;
+                    };
+                    let (meta, tcp, layout, rec, v) =
+                        (meta.clone(), tcp.clone(), layout.clone(), rec.clone(), v.clone());
+                    let (ino, s) = (*ino, *s);
+                    jobs.spawn(async move {
+                        let r = repair_one(&meta, &tcp, &v.map, ino, s, &layout, &rec, &r).await;
+                        drop(permit);
+                        r
+                    });
+                    while let Some(done) = jobs.try_join_next() {
+                        account(done, stats, &mut bytes);
+                    }
+                    stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
+                    node.set_repair_stats(stats.clone());
+                    // Throttle: stay under the configured bandwidth.
+                    let ahead = Duration::from_secs_f64(bytes as f64 / cfg.bytes_per_sec.max(1) as f64)
+                        .saturating_sub(started.elapsed());
+                    if !ahead.is_zero() {
+                        tokio::time::sleep(ahead).await;
+                    }
+                }
+            }
+        }
+        match files.last() {
+            Some((last, _)) if more => cursor = *last,
+            _ => break,
+        }
+    }
+    while let Some(done) = jobs.join_next().await {
+        account(done, stats, &mut bytes);
+    }
+    stats.running = false;
+    stats.passes += 1;
+    stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
+    node.set_repair_stats(stats.clone());
+    info!(
+        repaired = stats.done,
+        failed = stats.failed,
+        mib = bytes >> 20,
+        secs = started.elapsed().as_secs_f64(),
+        "repair pass done"
+    );
+}
+
+fn account(done: Result<Result<u64, String>, tokio::task::JoinError>, stats: &mut RepairStats, bytes: &mut u64) {
+    match done {
+        Ok(Ok(b)) => {
+            stats.done += 1;
+            stats.repaired_total += 1;
+            stats.bytes_total += b;
+            *bytes += b;
+        }
+        Ok(Err(e)) => {
+            stats.failed += 1;
+            debug!(error = %e, "shard repair failed; the next pass retries");
+        }
+        Err(e) => {
+            stats.failed += 1;
+            warn!(error = %e, "repair task failed");
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn repair_one(
+    meta: &MetaClient,
+    tcp: &TcpClient,
+    map: &ClusterMap,
+    ino: Ino,
+    s: u64,
+    layout: &Layout,
+    rec: &StripeRec,
+    r: &ShardRepair,
+) -> Result<u64, String> {
+    let addr = |id: NodeId| map.addr(id).ok_or_else(|| format!("{id} has no address"));
+    let req = RepairShardRequest {
+        id: Some(ShardId {
+            ino: ino.0,
+            stripe: s,
+            shard: r.shard as u32,
+        }),
+        version: rec.version,
+        k: u32::from(layout.k),
+        m: u32::from(layout.m),
+        unit: layout.unit,
+        stripe_len: rec.len,
+        sources: r
+            .sources
+            .iter()
+            .map(|(i, id)| {
+                addr(*id).map(|a| ShardSource {
+                    addr: a.to_string(),
+                    shard: *i as u32,
+                })
+            })
+            .collect::<Result<_, _>>()?,
+        if_missing: true,
+    };
+    let target = addr(r.target)?;
+    let reply = tcp
+        .call::<RepairShard>(target, &req, CallOptions::timeout(Duration::from_secs(30)))
+        .await
+        .map_err(|e| format!("ino {} stripe {s} shard {} on {}: {e}", ino.0, r.shard, r.target))?;
+    meta.relocate_shards(ino, s, rec.version, vec![(r.shard as u32, r.target.0)])
+        .await
+        .map_err(|e| format!("record location of ino {} stripe {s}: {e}", ino.0))?;
+    debug!(
+        ino = ino.0,
+        stripe = s,
+        shard = r.shard,
+        target = r.target.0,
+        bytes = reply.bytes,
+        "shard repaired"
+    );
+    Ok(reply.bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shingle_meta::map::{MapCommand, NodeInfo, Roles};
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+
+    fn cluster(n: u64) -> ClusterMap {
+        let mut m = ClusterMap::new("t", 16, 32, 3, 6);
+        for i in 1..=n {
+            m.apply(&MapCommand::Register(NodeInfo {
+                id: NodeId(i),
+                addr: SocketAddr::from(([127, 0, 0, 1], 9000 + i as u16)),
+                roles: Roles {
+                    manager: false,
+                    meta: true,
+                    data: true,
+                },
+                domain: format!("h{i}"),
+                state: NodeState::Up,
+            }))
+            .expect("register");
+        }
+        m
+    }
+
+    fn layout() -> Layout {
+        Layout {
+            k: 4,
+            m: 2,
+            unit: 4096,
+            stripes: BTreeMap::new(),
+        }
+    }
+
+    fn set(m: &mut ClusterMap, id: u64, state: NodeState) {
+        m.apply(&MapCommand::SetState { id: NodeId(id), state }).expect("state");
+    }
+
+    #[test]
+    fn healthy_down_out_and_missing_shards() {
+        let mut m = cluster(8);
+        let p = m.placement();
+        let (ino, s) = (Ino(77), 3);
+        let group: Vec<u64> = p.pg(stripe_pg(ino, s, m.pgs)).iter().map(|n| n.0).collect();
+        let full = StripeRec {
+            version: 9,
+            len: 4 * 4096,
+            nodes: group.clone(),
+        };
+        assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &full), StripePlan::Healthy);
+
+        // Down: waited for, not rebuilt.
+        set(&mut m, group[1], NodeState::Down);
+        let p = m.placement();
+        assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &full), StripePlan::Healthy);
+
+        // Out: rebuilt on a node outside the stripe, from the shards on Up nodes.
+        set(&mut m, group[1], NodeState::Out);
+        let p = m.placement();
+        let StripePlan::Repair(r) = plan_stripe(&m, &p, ino, s, &layout(), &full) else {
+            panic!("expected a repair")
+        };
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].shard, 1);
+        assert!(!group.contains(&r[0].target.0), "target must not hold a shard already");
+        assert_eq!(r[0].sources.len(), 5);
+        assert!(r[0].sources.iter().all(|(i, _)| *i != 1));
+
+        // A shard left out by a degraded write (hint 0) is rebuilt too.
+        let mut m = cluster(8);
+        let p = m.placement();
+        let mut degraded = full.clone();
+        degraded.nodes[4] = 0;
+        let StripePlan::Repair(r) = plan_stripe(&m, &p, ino, s, &layout(), &degraded) else {
+            panic!("expected a repair")
+        };
+        assert_eq!((r[0].shard, r[0].target.0), (4, group[4]), "its own group node is free");
+
+        // Three shards gone under 4+2: unreadable, nothing planned.
+        set(&mut m, group[0], NodeState::Down);
+        set(&mut m, group[2], NodeState::Down);
+        let p = m.placement();
+        degraded.nodes[5] = 0;
+        assert_eq!(
+            plan_stripe(&m, &p, ino, s, &layout(), &degraded),
+            StripePlan::Unreadable
+        );
+    }
+
+    #[test]
+    fn short_stripes_skip_their_empty_data_shards() {
+        let mut m = cluster(7);
+        let p = m.placement();
+        let (ino, s) = (Ino(5), 0);
+        let group: Vec<u64> = p.pg(stripe_pg(ino, s, m.pgs)).iter().map(|n| n.0).collect();
+        let short = StripeRec {
+            version: 1,
+            len: 100,
+            nodes: group.clone(),
+        };
+        // Shard 2 is empty (never stored): its node leaving needs no repair.
+        set(&mut m, group[2], NodeState::Out);
+        let p = m.placement();
+        assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &short), StripePlan::Healthy);
+        set(&mut m, group[0], NodeState::Out);
+        let p = m.placement();
+        let StripePlan::Repair(r) = plan_stripe(&m, &p, ino, s, &layout(), &short) else {
+            panic!("expected a repair")
+        };
+        assert_eq!(r.len(), 1);
+        assert_eq!(r[0].sources.len(), 2, "the parity shards 4 and 5");
+    }
+}
