@@ -270,7 +270,7 @@ async fn wait_healthy(client: &Client, cf: &crate::config::ClusterFile, json: bo
     let started = std::time::Instant::now();
     let tty = std::io::stderr().is_terminal();
     loop {
-        let r = health(client).await;
+        let r = cluster_health(client).await;
         let line = r.progress_line();
         if tty {
             eprint!("\r{line:<100}");
@@ -296,18 +296,22 @@ async fn wait_healthy(client: &Client, cf: &crate::config::ClusterFile, json: bo
 }
 
 /// Cluster-wide health, from the map and every meta node's stats.
-struct Health {
-    healthy: bool,
+pub(crate) struct Health {
+    /// No node Down, every partition served, every repair scan done on the current map
+    /// with nothing left to rebuild, every stripe readable.
+    pub(crate) healthy: bool,
     down: usize,
     serving: u32,
     partitions: u32,
-    repair: shingle_meta::service::wire::RepairStats,
+    /// Repair progress summed over the meta nodes.
+    pub(crate) repair: shingle_meta::service::wire::RepairStats,
     /// Meta nodes whose repair scan has not finished a pass on the current map.
     scanning: usize,
 }
 
 impl Health {
-    fn progress_line(&self) -> String {
+    /// One line: state, a progress bar of the rebuild, and what keeps it degraded.
+    pub(crate) fn progress_line(&self) -> String {
         let r = &self.repair;
         let width = 30;
         let frac = if r.todo == 0 {
@@ -339,7 +343,8 @@ impl Health {
     }
 }
 
-async fn health(client: &Client) -> Health {
+/// The cluster's health now.
+pub(crate) async fn cluster_health(client: &Client) -> Health {
     let meta = client.meta();
     let v = meta.view();
     let stats = meta.stats().await;
@@ -420,7 +425,7 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         .filter_map(|(_, s)| s.as_ref().ok())
         .map(|s| s.inodes)
         .sum();
-    let h = health(client).await;
+    let h = cluster_health(client).await;
     let health = if h.healthy { "healthy" } else { "degraded" };
     let root_ok = meta.getattr(Ino::ROOT).await.is_ok();
     let out = serde_json::json!({

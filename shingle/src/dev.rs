@@ -329,6 +329,8 @@ pub async fn dev(a: DevArgs) -> Result<()> {
         zones: (a.zones, "64MiB"),
         log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
         cpu_cap: None,
+        manager_toml: String::new(),
+        meta_toml: String::new(),
     };
     println!("shingle: starting {} nodes in {}", a.nodes, a.data.display());
     let mut cluster = LocalCluster::start_or_resume(&spec)?;

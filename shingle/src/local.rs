@@ -36,6 +36,10 @@ pub struct LocalSpec {
     pub log: String,
     /// Cap each node at this share of one core (cgroup v1 cpu controller).
     pub cpu_cap: Option<f64>,
+    /// Extra TOML lines for the `[manager]` sections (failure-detection settings).
+    pub manager_toml: String,
+    /// Extra TOML lines for the `[meta]` sections (repair settings).
+    pub meta_toml: String,
 }
 
 /// One node process.
@@ -129,6 +133,24 @@ impl LocalNode {
         if let Some(cg) = self.cgroup.take() {
             let _ = std::fs::remove_dir(cg);
         }
+    }
+}
+
+impl LocalNode {
+    /// Kills the process with SIGKILL (a crash: nothing is flushed or said goodbye).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again with the same config (after [`LocalNode::kill`] or `stop`).
+    pub fn restart(&mut self, spec: &LocalSpec) -> Result<()> {
+        self.kill();
+        let (child, _) = spawn(&self.config, &spec.log, &spec.dir.join(format!("node{}.log", self.id)))?;
+        self.child = Some(child);
+        Ok(())
     }
 }
 
@@ -270,13 +292,18 @@ impl LocalCluster {
             let ndir = dir.join(format!("node{id}"));
             std::fs::create_dir_all(&ndir)?;
             let mut cfg = format!(
-                "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n",
+                "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
                 secret_file.display(),
                 cluster_file.display(),
-                ndir.join("meta").display()
+                ndir.join("meta").display(),
+                spec.meta_toml
             );
             if i < spec.managers {
-                cfg += &format!("\n[manager]\ndir = \"{}\"\n", ndir.join("manager").display());
+                cfg += &format!(
+                    "\n[manager]\ndir = \"{}\"\n{}",
+                    ndir.join("manager").display(),
+                    spec.manager_toml
+                );
             }
             if spec.data {
                 cfg += &format!(

@@ -88,6 +88,9 @@ enum BenchCommand {
     /// One worker process of the loader benchmark.
     #[command(hide = true)]
     LoaderWorker(bench::loader::WorkerArgs),
+    /// Node kills under a scan and a writer: read stalls, degraded throughput, rebuild,
+    /// three-down EIO, full read-back.
+    Failover(bench::failover::FailoverBenchArgs),
 }
 
 fn main() -> Result<()> {
@@ -116,6 +119,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
             Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
+            Command::Bench(BenchCommand::Failover(a)) => bench::failover::run(a).await,
             Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
             Command::Tool(t) => cli::run(t).await,
         }

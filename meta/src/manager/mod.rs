@@ -468,8 +468,15 @@ impl ManagerSlot {
                     }
                     e.last = now;
                 }
+                let (leader, term) = {
+                    let rm = m.raft.metrics();
+                    let rm = rm.borrow();
+                    (rm.current_leader.unwrap_or(0), rm.current_term)
+                };
                 Ok(rpc::HeartbeatResponse {
                     epoch: m.map_rx.borrow().epoch.0,
+                    leader,
+                    term,
                 })
             }
         };

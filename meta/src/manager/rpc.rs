@@ -99,6 +99,12 @@ pub struct HeartbeatResponse {
     /// The manager's map epoch.
     #[prost(uint64, tag = "1")]
     pub epoch: u64,
+    /// The Raft leader this manager knows of (0: none).
+    #[prost(uint64, tag = "2")]
+    pub leader: u64,
+    /// This manager's Raft term.
+    #[prost(uint64, tag = "3")]
+    pub term: u64,
 }
 
 use shingle_transport::rpc;

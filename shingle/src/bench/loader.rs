@@ -253,6 +253,8 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
         zones: (64, "64MiB"),
         log: "warn,openraft=error".into(),
         cpu_cap: None,
+        manager_toml: String::new(),
+        meta_toml: String::new(),
     };
     let mut cluster = LocalCluster::start(&spec)?;
     let meta = cluster.meta_client().await?;

@@ -151,6 +151,8 @@ async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setu
         zones: (8, "16MiB"),
         log: "warn,openraft=error".into(),
         cpu_cap: cap,
+        manager_toml: String::new(),
+        meta_toml: String::new(),
     };
     let cluster = LocalCluster::start(&spec)?;
     let client = cluster.meta_client().await?;

@@ -1,0 +1,584 @@
+//! `shingle bench failover`: the fault scenarios of a training cluster, on real
+//! processes, with a DataLoader-style scan and a writer running throughout.
+//!
+//! An 8-node local cluster (3 managers, every node meta + data, ec(4,2)) is loaded with
+//! files; then, while readers scan them (lookup + open + whole-file read, verified),
+//! a prober looks names up and a writer keeps creating files:
+//! 1. `healthy`: the baseline;
+//! 2. `one-data-down`: one node is killed with SIGKILL;
+//! 3. `two-data-down`: a second one;
+//! 4. `leader-down`: the manager leader is killed as well;
+//! 5. the killed nodes restart; the cluster must become healthy (rebuild done);
+//! 6. `three-down`: with the load stopped, three nodes are killed: a read of a stripe
+//!    with three shards gone must fail with EIO, promptly; the rest still read;
+//! 7. they restart; healthy again; every file (preloaded and acknowledged written) is
+//!    read back and compared byte for byte.
+//!
+//! Reported: per phase reads, failures, read latency (p50/max), scan throughput, lookup
+//! stalls and write failures; the longest read stall; degraded-read throughput as a ratio
+//! to healthy; rebuild throughput; the outcome of the three-down phase and of the final
+//! read-back. It fails (after writing the report) when a correctness invariant breaks:
+//! a failed read, lookup or write while at most two nodes are down, an error other than
+//! EIO or a slow error with three down, a lost or corrupt file at the end.
+
+use crate::cli::cluster_health;
+use crate::local::{LocalCluster, LocalSpec};
+use anyhow::{Context, Result, bail};
+use shingle_client::{Client, ClientConfig};
+use shingle_meta::client::MetaClient;
+use shingle_meta::ids::{Ino, PartitionId};
+use shingle_meta::manager::rpc::{Heartbeat, HeartbeatRequest};
+use shingle_meta::namespace::{Creds, Errno, FileKind};
+use shingle_transport::{CallOptions, RpcChannel};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Arguments.
+#[derive(clap::Args, Clone, Debug)]
+pub struct FailoverBenchArgs {
+    /// Files loaded before the faults.
+    #[arg(long, default_value_t = 64)]
+    pub files: usize,
+    /// Size of each file, KiB.
+    #[arg(long, default_value_t = 2048)]
+    pub file_kib: usize,
+    /// Stripe unit (bytes per shard), KiB.
+    #[arg(long, default_value_t = 256)]
+    pub unit_kib: u32,
+    /// Seconds each fault phase runs.
+    #[arg(long, default_value_t = 10)]
+    pub phase_secs: u64,
+    /// Concurrent readers.
+    #[arg(long, default_value_t = 4)]
+    pub readers: usize,
+    /// Longest wait for the cluster to become healthy after the nodes return, seconds.
+    #[arg(long, default_value_t = 180)]
+    pub heal_secs: u64,
+    /// Write the JSON report here.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Deterministic file contents (xorshift64*), so every read can be checked.
+fn content(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Sample {
+    at: f64,
+    ms: f64,
+    ok: bool,
+    bytes: u64,
+}
+
+#[derive(Default)]
+struct Log {
+    reads: Mutex<Vec<Sample>>,
+    lookups: Mutex<Vec<Sample>>,
+    writes: Mutex<Vec<Sample>>,
+    errors: Mutex<Vec<String>>,
+    /// Files the writer got acknowledged: (name, seed, len).
+    acked: Mutex<Vec<(String, u64, usize)>>,
+}
+
+fn push(v: &Mutex<Vec<Sample>>, s: Sample) {
+    v.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+}
+
+async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), Errno> {
+    let root = Creds::root();
+    let a = client
+        .meta()
+        .mknod(&root, dir, name.as_bytes(), FileKind::File, 0o644, 0, None)
+        .await?;
+    let f = client.open(&root, a.ino).await?;
+    let data = content(seed, len);
+    let mut off = 0;
+    for chunk in data.chunks(1 << 20) {
+        f.write(off as u64, chunk).await?;
+        off += chunk.len();
+    }
+    f.flush().await
+}
+
+async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), String> {
+    let a = client
+        .lookup(dir, name.as_bytes())
+        .await
+        .map_err(|e| format!("lookup {name}: {e}"))?;
+    let f = client
+        .open(&Creds::root(), a.ino)
+        .await
+        .map_err(|e| format!("open {name}: {e}"))?;
+    let mut got = Vec::with_capacity(len);
+    while got.len() < len {
+        let b = f
+            .read(got.len() as u64, (len - got.len()).min(4 << 20) as u32)
+            .await
+            .map_err(|e| format!("read {name}: {e}"))?;
+        if b.is_empty() {
+            break;
+        }
+        got.extend_from_slice(&b);
+    }
+    if got != content(seed, len) {
+        return Err(format!("{name}: contents differ ({} of {len} bytes read)", got.len()));
+    }
+    Ok(())
+}
+
+/// Per-phase figures.
+#[derive(Debug, serde::Serialize)]
+struct Phase {
+    name: &'static str,
+    secs: f64,
+    reads: usize,
+    failed_reads: usize,
+    read_p50_ms: f64,
+    read_max_ms: f64,
+    read_mib_s: f64,
+    lookups: usize,
+    failed_lookups: usize,
+    lookup_max_ms: f64,
+    writes: usize,
+    failed_writes: usize,
+}
+
+fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
+    let pick = |v: &Mutex<Vec<Sample>>| -> Vec<Sample> {
+        v.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|s| s.at >= from && s.at < to)
+            .copied()
+            .collect()
+    };
+    let (r, l, w) = (pick(&log.reads), pick(&log.lookups), pick(&log.writes));
+    let mut ms: Vec<f64> = r.iter().map(|s| s.ms).collect();
+    let max = |v: &[Sample]| v.iter().map(|s| s.ms).fold(0.0, f64::max);
+    Phase {
+        name,
+        secs: to - from,
+        reads: r.len(),
+        failed_reads: r.iter().filter(|s| !s.ok).count(),
+        read_p50_ms: super::median(&mut ms),
+        read_max_ms: max(&r),
+        read_mib_s: r.iter().filter(|s| s.ok).map(|s| s.bytes).sum::<u64>() as f64 / (1u64 << 20) as f64
+            / (to - from).max(1e-9),
+        lookups: l.len(),
+        failed_lookups: l.iter().filter(|s| !s.ok).count(),
+        lookup_max_ms: max(&l),
+        writes: w.len(),
+        failed_writes: w.iter().filter(|s| !s.ok).count(),
+    }
+}
+
+/// The Raft leader, as the managers report it.
+async fn leader(meta: &MetaClient, managers: &[std::net::SocketAddr]) -> Option<u64> {
+    for m in managers {
+        let req = HeartbeatRequest { node_id: 0, epoch: 0 };
+        if let Ok(r) = meta
+            .transport()
+            .call::<Heartbeat>(*m, &req, CallOptions::timeout(Duration::from_secs(1)))
+            .await
+            && r.leader != 0
+        {
+            return Some(r.leader);
+        }
+    }
+    None
+}
+
+/// Three nodes, at most one a manager, that together hold no partition's every replica
+/// (so the namespace stays up while their shards are gone).
+fn three_victims(meta: &MetaClient, managers: usize, avoid: &[u64]) -> Option<Vec<u64>> {
+    let v = meta.view();
+    let ids: Vec<u64> = v.map.nodes.keys().map(|n| n.0).filter(|i| !avoid.contains(i)).collect();
+    for a in 0..ids.len() {
+        for b in a + 1..ids.len() {
+            for c in b + 1..ids.len() {
+                let set = [ids[a], ids[b], ids[c]];
+                if set.iter().filter(|i| **i as usize <= managers).count() > 1 {
+                    continue;
+                }
+                let safe = (0..v.map.partitions).all(|p| {
+                    v.placement
+                        .partition(PartitionId(p))
+                        .iter()
+                        .any(|n| !set.contains(&n.0))
+                });
+                if safe {
+                    return Some(set.to_vec());
+                }
+            }
+        }
+    }
+    None
+}
+
+async fn wait_healthy(client: &Client, limit: Duration) -> Result<f64> {
+    let t = Instant::now();
+    let mut last = String::new();
+    while t.elapsed() < limit {
+        let h = cluster_health(client).await;
+        let line = h.progress_line();
+        if line != last {
+            eprintln!("  {line}");
+            last = line;
+        }
+        if h.healthy {
+            return Ok(t.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    bail!("cluster not healthy after {limit:?}: {last}")
+}
+
+/// Runs the benchmark.
+pub async fn run(a: FailoverBenchArgs) -> Result<()> {
+    let tmp = tempfile::Builder::new()
+        .prefix("shingle-failover-")
+        .tempdir_in("/var/tmp")?;
+    let spec = LocalSpec {
+        dir: tmp.path().join("cluster"),
+        nodes: 8,
+        managers: 3,
+        data: true,
+        partitions: 32,
+        replication: 3,
+        ec: (4, 2),
+        zones: (32, "32MiB"),
+        log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        cpu_cap: None,
+        manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
+        meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
+    };
+    eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
+    let mut cluster = LocalCluster::start(&spec)?;
+    let meta = cluster.meta_client().await?;
+    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
+    let cfg = ClientConfig {
+        ec: (4, 2),
+        unit: a.unit_kib << 10,
+        ..ClientConfig::default()
+    };
+    let client = Client::new(meta.clone(), cfg);
+    let root = Creds::root();
+    let mkdir = |name: &'static str| {
+        let m = meta.clone();
+        let root = root.clone();
+        async move {
+            m.mknod(&root, Ino::ROOT, name.as_bytes(), FileKind::Dir, 0o755, 0, None)
+                .await
+                .map(|a| a.ino)
+                .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))
+        }
+    };
+    let (pre, wdir) = (mkdir("pre").await?, mkdir("w").await?);
+    let len = a.file_kib << 10;
+    eprintln!("# loading {} files of {} KiB", a.files, a.file_kib);
+    for i in 0..a.files {
+        write_file(&client, pre, &format!("f{i:04}"), i as u64, len)
+            .await
+            .map_err(|e| anyhow::anyhow!("load file {i}: {e}"))?;
+    }
+
+    // The load: readers, a lookup prober, a writer.
+    let log = Arc::new(Log::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for r in 0..a.readers {
+        let (c, log, stop, files) = (client.clone(), log.clone(), stop.clone(), a.files);
+        tasks.push(tokio::spawn(async move {
+            let mut i = r * 7919;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 13) % files;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = read_file(&c, pre, &format!("f{i:04}"), i as u64, len).await;
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                if let Err(e) = &r {
+                    log.errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!("{at:.1}s read: {e}"));
+                }
+                push(
+                    &log.reads,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: len as u64,
+                    },
+                );
+            }
+        }));
+    }
+    {
+        let (m, log, stop, files) = (meta.clone(), log.clone(), stop.clone(), a.files);
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 1) % files;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = m.lookup(pre, format!("f{i:04}").as_bytes()).await;
+                if let Err(e) = &r {
+                    log.errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!("{at:.1}s lookup: {e}"));
+                }
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                push(
+                    &log.lookups,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: 0,
+                    },
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }));
+    }
+    let written = Arc::new(AtomicU64::new(0));
+    {
+        let (c, log, stop, n) = (client.clone(), log.clone(), stop.clone(), written.clone());
+        let wlen = len / 2 + 4321;
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let i = n.fetch_add(1, Ordering::Relaxed);
+                let name = format!("w{i:05}");
+                let seed = 1_000_000 + i;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = write_file(&c, wdir, &name, seed, wlen).await;
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                match &r {
+                    Ok(()) => log
+                        .acked
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((name, seed, wlen)),
+                    Err(e) => log
+                        .errors
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push(format!("{at:.1}s write {name}: {e}")),
+                }
+                push(
+                    &log.writes,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: wlen as u64,
+                    },
+                );
+            }
+        }));
+    }
+
+    let phase_len = Duration::from_secs(a.phase_secs);
+    let mut marks = vec![0.0];
+    let run_phase = async |what: &str| {
+        eprintln!("# {what}");
+        tokio::time::sleep(phase_len).await;
+        t0.elapsed().as_secs_f64()
+    };
+    marks.push(run_phase("phase healthy").await);
+    let managers = cluster.managers.clone();
+    let (va, vb) = (5u64, 6u64);
+    cluster.nodes[va as usize - 1].kill();
+    let killed_at = t0.elapsed().as_secs_f64();
+    marks.push(run_phase("phase one-data-down: node 5 killed").await);
+    cluster.nodes[vb as usize - 1].kill();
+    marks.push(run_phase("phase two-data-down: node 6 killed").await);
+    let lead = leader(&meta, &managers).await.context("no manager leader")?;
+    cluster.nodes[lead as usize - 1].kill();
+    marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
+    let repaired_before = cluster_health(&client).await.repair.bytes_total;
+    eprintln!("# restarting nodes {va}, {vb}, {lead}");
+    for id in [va, vb, lead] {
+        cluster.nodes[id as usize - 1].restart(&spec)?;
+    }
+    let heal_started = Instant::now();
+    let healed = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await;
+    let heal_secs = heal_started.elapsed().as_secs_f64();
+    marks.push(t0.elapsed().as_secs_f64());
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let health_after = cluster_health(&client).await;
+    let rebuilt_bytes = health_after.repair.bytes_total;
+
+    let names = ["healthy", "one-data-down", "two-data-down", "leader-down", "restart-and-heal"];
+    let phases: Vec<Phase> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| phase(n, &log, marks[i], marks[i + 1]))
+        .collect();
+    let stall_ms = phases[1..4].iter().map(|p| p.read_max_ms).fold(0.0, f64::max);
+    let lookup_stall_ms = phases[1..4].iter().map(|p| p.lookup_max_ms).fold(0.0, f64::max);
+    let before: Vec<f64> = log
+        .reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|s| s.at < killed_at)
+        .map(|s| s.ms)
+        .collect();
+    let after: Vec<f64> = log
+        .reads
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .iter()
+        .filter(|s| s.at >= killed_at && s.at < marks[4])
+        .map(|s| s.ms)
+        .collect();
+    let (mut before, mut after) = (before, after);
+    let degraded_ratio = phases[2].read_mib_s / phases[0].read_mib_s.max(1e-9);
+
+    // Three down: a clear EIO, promptly; nothing lost once they return.
+    let mut three = serde_json::json!(null);
+    let mut three_err: Option<String> = None;
+    if healed.is_ok() {
+        let victims = three_victims(&meta, 3, &[]).context("no three nodes that leave every partition a replica")?;
+        eprintln!("# phase three-down: nodes {victims:?} killed");
+        for id in &victims {
+            cluster.nodes[*id as usize - 1].kill();
+        }
+        let (mut ok, mut eio, mut other, mut max_ms) = (0, 0, Vec::new(), 0.0f64);
+        for i in 0..a.files {
+            let s = Instant::now();
+            let r = read_file(&client, pre, &format!("f{i:04}"), i as u64, len).await;
+            max_ms = max_ms.max(s.elapsed().as_secs_f64() * 1e3);
+            match r {
+                Ok(()) => ok += 1,
+                Err(e) if e.contains("Input/output error") || e.contains("EIO") => eio += 1,
+                Err(e) => other.push(e),
+            }
+        }
+        three = serde_json::json!({"victims": victims, "files": a.files, "ok": ok, "eio": eio, "other_errors": other, "max_ms": max_ms});
+        if !other.is_empty() || max_ms > 10_000.0 || eio == 0 {
+            three_err = Some(format!(
+                "three down: {ok} read, {eio} EIO, other errors {other:?}, slowest {max_ms:.0} ms"
+            ));
+        }
+        for id in &victims {
+            cluster.nodes[*id as usize - 1].restart(&spec)?;
+        }
+        if let Err(e) = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await {
+            three_err.get_or_insert(format!("after three down: {e}"));
+        }
+    }
+
+    // Read everything back.
+    let acked = log.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut bad = Vec::new();
+    for i in 0..a.files {
+        if let Err(e) = read_file(&client, pre, &format!("f{i:04}"), i as u64, len).await {
+            bad.push(e);
+        }
+    }
+    for (name, seed, wlen) in &acked {
+        if let Err(e) = read_file(&client, wdir, name, *seed, *wlen).await {
+            bad.push(e);
+        }
+    }
+    let verified = a.files + acked.len() - bad.len();
+    cluster.stop();
+
+    let machine = crate::bench::transport::machine();
+    println!("# failover ({machine}): 8 nodes, 3 managers, ec(4,2), {} readers + 1 writer + 1 lookup prober", a.readers);
+    println!(
+        "phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail"
+    );
+    for p in &phases {
+        println!(
+            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4}",
+            p.name,
+            p.secs,
+            p.reads,
+            p.failed_reads,
+            p.read_p50_ms,
+            p.read_max_ms,
+            p.read_mib_s,
+            p.lookups,
+            p.failed_lookups,
+            p.lookup_max_ms,
+            p.writes,
+            p.failed_writes
+        );
+    }
+    let rebuilt_mib = rebuilt_bytes as f64 / (1u64 << 20) as f64;
+    println!(
+        "longest read stall {stall_ms:.1} ms (target <= 100); median read {:.1} ms before, {:.1} ms after the first kill",
+        super::median(&mut before),
+        super::median(&mut after)
+    );
+    println!("worst lookup stall {lookup_stall_ms:.1} ms; degraded read throughput {degraded_ratio:.2}x healthy");
+    println!(
+        "rebuilt {:.1} MiB at {:.1} MiB/s (repair scan's own rate); healthy {heal_secs:.1} s after restart",
+        rebuilt_mib,
+        health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64
+    );
+    println!("three down: {three}");
+    println!(
+        "read-back: {verified} of {} files verified ({} acknowledged writes), {} bad",
+        a.files + acked.len(),
+        acked.len(),
+        bad.len()
+    );
+    let errors = log.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let report = serde_json::json!({
+        "bench": "failover", "machine": machine, "files": a.files, "file_kib": a.file_kib,
+        "unit_kib": a.unit_kib, "phase_secs": a.phase_secs, "readers": a.readers,
+        "phases": phases, "longest_read_stall_ms": stall_ms,
+        "median_read_before_ms": super::median(&mut before), "median_read_after_ms": super::median(&mut after),
+        "worst_lookup_stall_ms": lookup_stall_ms, "degraded_read_ratio": degraded_ratio,
+        "rebuild": {"bytes": rebuilt_bytes, "bytes_during_faults": repaired_before, "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
+        "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three,
+        "read_back": {"files": a.files + acked.len(), "verified": verified, "acked_writes": acked.len(), "bad": bad},
+        "errors": errors,
+    });
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
+        println!("# wrote {}", p.display());
+    }
+    let failed: usize = phases
+        .iter()
+        .map(|p| p.failed_reads + p.failed_lookups + p.failed_writes)
+        .sum();
+    let mut problems = Vec::new();
+    if failed > 0 {
+        problems.push(format!(
+            "{failed} operations failed with at most two nodes down: {:?}",
+            errors.iter().take(5).collect::<Vec<_>>()
+        ));
+    }
+    if let Err(e) = healed {
+        problems.push(e.to_string());
+    }
+    if let Some(e) = three_err {
+        problems.push(e);
+    }
+    if !bad.is_empty() {
+        problems.push(format!("{} files lost or corrupt: {:?}", bad.len(), bad.iter().take(5).collect::<Vec<_>>()));
+    }
+    if !problems.is_empty() {
+        bail!("failover invariants broken:\n  {}", problems.join("\n  "));
+    }
+    Ok(())
+}
