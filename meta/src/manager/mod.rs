@@ -927,7 +927,10 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
                     NodeState::Up => {
                         let phi = s.map_or(0.0, |s| s.phi(now, m.pause));
                         let grace = now.saturating_duration_since(since) >= m.down_after;
-                        if silent >= m.down_after || (grace && phi >= m.down_phi) {
+                        // Never before the node itself notices lost touch (1.5 s) and
+                        // stops serving: 2 s at least.
+                        let floor = silent >= Duration::from_secs(2);
+                        if silent >= m.down_after || (grace && floor && phi >= m.down_phi) {
                             changes.push((n.id, NodeState::Down, silent, phi));
                         }
                     }

@@ -354,16 +354,20 @@ impl MetaNode {
         }
     }
 
-    /// Installs a newer map: copies that stay members across consecutive epochs keep
-    /// serving; others stop until they catch up.
+    /// Installs a newer map: copies that stay members across consecutive epochs (or
+    /// across skipped epochs the node provably stayed a member through) keep serving;
+    /// others stop until they catch up.
     fn adopt(&self, map: Arc<ClusterMap>) {
         let old = self.view();
         if map.epoch <= old.map.epoch && old.map.epoch.0 != 0 {
             return;
         }
         let new = Arc::new(MapView::new((*map).clone()));
-        let consecutive = map.epoch.0 == old.map.epoch.0 + 1 && self.inner.in_touch.load(Ordering::Relaxed);
         let me = self.me();
+        // Epochs skipped since the old map are safe when this node stayed Up through
+        // them and the placement changed at most once (see `continuous_since`).
+        let consecutive = self.inner.in_touch.load(Ordering::Relaxed)
+            && (map.epoch.0 == old.map.epoch.0 + 1 || map.continuous_since(me, old.map.epoch));
         for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
@@ -466,6 +470,10 @@ impl MetaNode {
         }
         let write = {
             let mut st = slot.write_state();
+            // Our own copy may be the best one, but its in-memory counter is the replica's,
+            // not the old primary's: resume above everything the old primary could hand
+            // out (its durable high-water mark), or inode numbers would be reused.
+            st.resume_counters();
             st.meta.state_epoch = v.map.epoch;
             st.meta.lsn = 0;
             st.meta.counter_hwm = st.meta.counter_hwm.max(st.part.next_counter()) + super::replica::COUNTER_BLOCK;

@@ -97,20 +97,31 @@ fn push(v: &Mutex<Vec<Sample>>, s: Sample) {
     v.lock().unwrap_or_else(|p| p.into_inner()).push(s);
 }
 
+/// Where the writer is (for reporting a hang).
+static WRITER_STAGE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+const STAGES: [&str; 5] = ["idle", "mknod", "open", "write", "flush"];
+
 async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), Errno> {
     let root = Creds::root();
+    let stage = |s: u8| WRITER_STAGE.store(s, Ordering::Relaxed);
+    stage(1);
     let a = client
         .meta()
         .mknod(&root, dir, name.as_bytes(), FileKind::File, 0o644, 0, None)
         .await?;
+    stage(2);
     let f = client.open(&root, a.ino).await?;
     let data = content(seed, len);
     let mut off = 0;
+    stage(3);
     for chunk in data.chunks(1 << 20) {
         f.write(off as u64, chunk).await?;
         off += chunk.len();
     }
-    f.flush().await
+    stage(4);
+    let r = f.flush().await;
+    stage(0);
+    r
 }
 
 async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), String> {
@@ -137,6 +148,70 @@ async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize)
         return Err(format!("{name}: contents differ ({} of {len} bytes read)", got.len()));
     }
     Ok(())
+}
+
+/// Which shards of a bad file differ from what was written, and where they are.
+async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> String {
+    use shingle_data::ec::EcPolicy;
+    use shingle_data::service::{ShardId, read_shard};
+    let meta = client.meta();
+    let Ok(a) = meta.lookup(dir, name.as_bytes()).await else {
+        return "lookup failed".into();
+    };
+    let Ok(rec) = meta.get_inode(a.ino).await else {
+        return "get_inode failed".into();
+    };
+    let Some(l) = rec.layout else { return "no layout".into() };
+    let mut same = Vec::new();
+    let mut after: Option<Vec<u8>> = None;
+    while let Ok(page) = meta.readdir(dir, after.as_deref(), 1000).await {
+        let Some(last) = page.last() else { break };
+        after = Some(last.name.clone());
+        same.extend(
+            page.iter()
+                .filter(|e| e.ino == a.ino)
+                .map(|e| String::from_utf8_lossy(&e.name).into_owned()),
+        );
+    }
+    let policy = EcPolicy {
+        k: l.k,
+        m: l.m,
+        unit: l.unit,
+    };
+    let data = content(seed, len);
+    let v = meta.view();
+    let mut out = Vec::new();
+    for (s, sr) in &l.stripes {
+        let off = (*s * l.stripe_bytes()) as usize;
+        let end = (off + sr.len as usize).min(data.len());
+        let Ok(want) = policy.encode_stripe(&data[off..end]) else {
+            out.push(format!("stripe {s}: cannot encode"));
+            continue;
+        };
+        for (i, node) in sr.nodes.iter().enumerate() {
+            let Some(addr) = v.map.addr(shingle_meta::ids::NodeId(*node)) else {
+                out.push(format!("s{s}/{i}@{node}: no addr"));
+                continue;
+            };
+            if want[i].is_empty() {
+                continue;
+            }
+            let id = ShardId {
+                ino: a.ino.0,
+                stripe: *s,
+                shard: i as u32,
+            };
+            let got = read_shard(meta.transport(), addr, id, sr.version).await;
+            let verdict = match got {
+                Ok(b) if b == want[i] => "ok".to_string(),
+                Ok(b) => format!("DIFFERS (len {} vs {})", b.len(), want[i].len()),
+                Err(e) => format!("err {e}"),
+            };
+            out.push(format!("s{s}/{i}@{node}: {verdict}"));
+        }
+        out.push(format!("s{s} v{} len {}", sr.version, sr.len));
+    }
+    format!("ino {} named {same:?}: {}", a.ino.0, out.join(", "))
 }
 
 /// Per-phase figures.
@@ -260,7 +335,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         replication: 3,
         ec: (4, 2),
         zones: (32, "32MiB"),
-        log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+        log: std::env::var("SHINGLE_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
         cpu_cap: None,
         manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
         meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
@@ -417,8 +492,15 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let heal_secs = heal_started.elapsed().as_secs_f64();
     marks.push(t0.elapsed().as_secs_f64());
     stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let _ = t.await;
+    let mut hung = Vec::new();
+    for (i, t) in tasks.into_iter().enumerate() {
+        if tokio::time::timeout(Duration::from_secs(60), t).await.is_err() {
+            hung.push(if i == a.readers + 1 {
+                format!("writer stuck in {}", STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5])
+            } else {
+                format!("load task {i} stuck")
+            });
+        }
     }
     let health_after = cluster_health(&client).await;
     let rebuilt_bytes = health_after.repair.bytes_total;
@@ -494,7 +576,8 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     }
     for (name, seed, wlen) in &acked {
         if let Err(e) = read_file(&client, wdir, name, *seed, *wlen).await {
-            bad.push(e);
+            let why = diagnose(&client, wdir, name, *seed, *wlen).await;
+            bad.push(format!("{e}; {why}"));
         }
     }
     let verified = a.files + acked.len() - bad.len();
@@ -551,7 +634,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "rebuild": {"bytes": rebuilt_bytes, "bytes_during_faults": repaired_before, "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
         "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three,
         "read_back": {"files": a.files + acked.len(), "verified": verified, "acked_writes": acked.len(), "bad": bad},
-        "errors": errors,
+        "errors": errors, "hung": hung,
     });
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
@@ -571,6 +654,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     if let Err(e) = healed {
         problems.push(e.to_string());
     }
+    problems.extend(hung.iter().cloned());
     if let Some(e) = three_err {
         problems.push(e);
     }
