@@ -285,4 +285,12 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         }
     }
     assert_eq!(accounted, names.len(), "no entries beyond those the workload made");
+    // Inode numbers stay unique through primary changes (a promoted replica must not
+    // hand out counters its old primary already used).
+    let mut by_ino: BTreeMap<Ino, &(Ino, String)> = BTreeMap::new();
+    for (name, ino) in &names {
+        if let Some(other) = by_ino.insert(*ino, name) {
+            panic!("inode {ino} is both {other:?} and {name:?}");
+        }
+    }
 }

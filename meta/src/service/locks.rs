@@ -11,6 +11,17 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
+/// An owner id for an operation coordinated by node `node`: the node id in the high
+/// 24 bits, `nonce` in the rest.
+pub fn owner_id(node: u64, nonce: u64) -> u64 {
+    (node << 40) | (nonce & ((1 << 40) - 1))
+}
+
+/// The coordinating node of an owner id made by [`owner_id`].
+pub fn owner_node(owner: u64) -> u64 {
+    owner >> 40
+}
+
 /// The locks hosted by one node.
 #[derive(Default)]
 pub struct LockTable {
@@ -65,6 +76,21 @@ impl LockTable {
         self.freed.notify_waiters();
     }
 
+    /// Releases every lock whose owner's coordinator (see [`owner_node`]) matches
+    /// `dead`: a coordinator marked Down will not finish, so its keys need not wait out
+    /// their lease.
+    pub fn release_coordinators(&self, dead: impl Fn(u64) -> bool) -> usize {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let before = held.len();
+        held.retain(|_, (owner, _)| !dead(owner_node(*owner)));
+        let n = before - held.len();
+        drop(held);
+        if n > 0 {
+            self.freed.notify_waiters();
+        }
+        n
+    }
+
     /// Forgets every lock (this node stopped being the host).
     pub fn clear(&self) {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -75,6 +101,18 @@ impl LockTable {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn locks_of_a_dead_coordinator_are_released() {
+        let t = LockTable::default();
+        let (a, b) = (owner_id(3, 77), owner_id(4, 77));
+        assert_eq!(owner_node(a), 3);
+        let lease = Duration::from_secs(30);
+        assert!(t.lock(&[10, 11], a, lease, Duration::ZERO).await);
+        assert!(!t.lock(&[10], b, lease, Duration::ZERO).await);
+        assert_eq!(t.release_coordinators(|n| n == 3), 2);
+        assert!(t.lock(&[10], b, lease, Duration::ZERO).await);
+    }
 
     #[tokio::test]
     async fn locks_exclude_wait_and_expire() {

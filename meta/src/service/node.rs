@@ -377,6 +377,18 @@ impl MetaNode {
                 st.serving = false;
             }
         }
+        // Coordinators on nodes that are no longer Up will not release their locks.
+        let freed = self
+            .inner
+            .locks
+            .release_coordinators(|n| n != me.0 && !map.is_up(NodeId(n)));
+        if freed > 0 {
+            info!(
+                locks = freed,
+                epoch = map.epoch.0,
+                "released locks of coordinators that are down"
+            );
+        }
         *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = new;
         debug!(epoch = map.epoch.0, "map adopted");
     }
@@ -585,6 +597,9 @@ impl MetaNode {
             }
             let keys = st.apply(&req.ops);
             st.meta.lsn = req.lsn;
+            // A replica may become primary without a takeover (its copy stays complete):
+            // keep its counter above everything the primary may have handed out.
+            st.resume_counters();
             Write::batch(req.partition, &st, &keys)
         };
         if let Err(e) = self.inner.store.commit(vec![write]).await {
@@ -795,7 +810,7 @@ impl MetaNode {
         let deadline = Instant::now() + self.inner.cfg.op_timeout;
         let mut pause = Duration::from_millis(2);
         loop {
-            let owner = random_u64();
+            let owner = super::locks::owner_id(self.me().0, random_u64());
             let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
             let r = self.coordinate(&req.creds, &req.op, owner, &mut held).await;
             for (n, keys) in held {
