@@ -112,7 +112,7 @@ struct FileState {
 fn stripe_err(e: StripeError) -> Errno {
     match e {
         StripeError::WrongGroupSize { .. } => Errno::EIO,
-        StripeError::Ec(_) => Errno::EIO,
+        StripeError::Ec(_) | StripeError::Unreadable { .. } => Errno::EIO,
         StripeError::WriteFailed { first, .. } if first.contains("no space") || first.contains("ENOSPC") => {
             Errno::ENOSPC
         }

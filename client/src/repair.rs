@@ -8,6 +8,12 @@
 //! out because its node was failing) or names a node that is Out (the manager gave up
 //! on it). Shards on Down nodes are waited for: a node that comes back still has them.
 //!
+//! A complete stripe whose shards are not all on their placement group's current nodes
+//! (written to a spare while a member was down, or the group changed when a node joined
+//! or came back) has them moved there: rebuilt on the group node, relocated, and the old
+//! copy deleted (only at that version). This is how a new node gets its ~1/N share of
+//! the data, online and under the same throttle.
+//!
 //! For each such shard, [`plan_stripe`] (pure) picks a target — the stripe's current
 //! placement-group node at that index, or the group's first spare, never a node that
 //! already holds a shard of the stripe — and the sources (shards on Up nodes). The scan
@@ -17,7 +23,7 @@
 //! node's `Stats` and shown by `shingle status`.
 
 use shingle_data::ec::EcPolicy;
-use shingle_data::service::{RepairShard, RepairShardRequest, ShardId, ShardSource};
+use shingle_data::service::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::map::{ClusterMap, NodeState, Placement};
@@ -62,6 +68,8 @@ pub struct ShardRepair {
     pub target: NodeId,
     /// Shards to rebuild from: (index, node), all on Up nodes.
     pub sources: Vec<(usize, NodeId)>,
+    /// For a move: the node that holds the shard now (its copy is deleted after).
+    pub from: Option<NodeId>,
 }
 
 /// What a stripe needs.
@@ -71,6 +79,9 @@ pub enum StripePlan {
     Healthy,
     /// Shards to rebuild (some may lack a target and wait for a node).
     Repair(Vec<ShardRepair>),
+    /// Every shard is stored, but some are not on their placement group's current node
+    /// (written to a spare, or the group changed when a node joined): move them there.
+    Move(Vec<ShardRepair>),
     /// Fewer than k shards are on Up nodes: not readable, not repairable now.
     Unreadable,
 }
@@ -111,7 +122,7 @@ pub fn plan_stripe(
         }
     }
     if lost.is_empty() {
-        return StripePlan::Healthy;
+        return plan_moves(map, group, &loc);
     }
     let sources: Vec<(usize, NodeId)> = loc
         .iter()
@@ -136,9 +147,43 @@ pub fn plan_stripe(
             shard: i,
             target,
             sources: sources.clone(),
+            from: None,
         });
     }
     StripePlan::Repair(out)
+}
+
+/// Moves of a complete stripe's shards to their group's current nodes: only when the
+/// shard's node and the group node are both Up and the group node holds no shard of
+/// the stripe yet (so a move never lowers the stripe's failure tolerance).
+fn plan_moves(map: &ClusterMap, group: &[NodeId], loc: &[Option<NodeId>]) -> StripePlan {
+    let mut taken: Vec<NodeId> = loc.iter().flatten().copied().collect();
+    let sources: Vec<(usize, NodeId)> = loc
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.filter(|id| map.is_up(*id)).map(|id| (i, id)))
+        .collect();
+    let mut out = Vec::new();
+    for (i, l) in loc.iter().enumerate() {
+        let (Some(now), Some(want)) = (*l, group.get(i).copied()) else {
+            continue;
+        };
+        if now == want || !map.is_up(now) || !map.is_up(want) || taken.contains(&want) {
+            continue;
+        }
+        taken.push(want);
+        out.push(ShardRepair {
+            shard: i,
+            target: want,
+            sources: sources.clone(),
+            from: Some(now),
+        });
+    }
+    if out.is_empty() {
+        StripePlan::Healthy
+    } else {
+        StripePlan::Move(out)
+    }
 }
 
 /// Runs the repair scan of one meta node until the process ends.
@@ -166,7 +211,7 @@ const PAGE: usize = 256;
 async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairConfig, stats: &mut RepairStats) {
     // Count first (in memory, cheap), so progress has a denominator.
     let v = meta.view();
-    let (mut todo, mut unreadable) = (0u64, 0u64);
+    let (mut todo, mut moves, mut unreadable) = (0u64, 0u64, 0u64);
     let mut cursor = Ino(0);
     loop {
         let (files, more) = node.primary_files(cursor, PAGE);
@@ -175,6 +220,7 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairC
                 match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
                     StripePlan::Healthy => {}
                     StripePlan::Repair(r) => todo += r.len() as u64,
+                    StripePlan::Move(r) => moves += r.len() as u64,
                     StripePlan::Unreadable => unreadable += 1,
                 }
             }
@@ -187,26 +233,31 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairC
     }
     stats.unreadable = unreadable;
     stats.map_epoch = v.map.epoch.0;
-    if todo == 0 {
+    if todo == 0 && moves == 0 {
         stats.todo = 0;
         stats.done = 0;
         stats.failed = 0;
+        stats.moves_todo = 0;
+        stats.moved = 0;
         stats.running = false;
         stats.passes += 1;
         node.set_repair_stats(stats.clone());
         return;
     }
-    info!(shards = todo, unreadable, "repair pass starts");
+    info!(shards = todo, moves, unreadable, "repair pass starts");
     *stats = RepairStats {
         running: true,
         todo,
         done: 0,
         failed: 0,
+        moves_todo: moves,
+        moved: 0,
         bytes_per_sec: 0,
         ..stats.clone()
     };
     node.set_repair_stats(stats.clone());
     let started = Instant::now();
+    let pass_epoch = v.map.epoch;
     let mut bytes = 0u64;
     let gate = Arc::new(Semaphore::new(cfg.parallel.max(1)));
     let mut jobs = tokio::task::JoinSet::new();
@@ -216,8 +267,12 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairC
         let v = meta.view();
         for (ino, layout) in &files {
             for (s, rec) in &layout.stripes {
-                let StripePlan::Repair(shards) = plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) else {
-                    continue;
+                let shards = match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
+                    StripePlan::Repair(r) => r,
+                    // Moves only on a settled map: while it changes, scans on different
+                    // nodes could disagree about where a shard belongs.
+                    StripePlan::Move(r) if meta.view().map.epoch == pass_epoch => r,
+                    StripePlan::Move(_) | StripePlan::Healthy | StripePlan::Unreadable => continue,
                 };
                 for r in shards {
                     let Ok(permit) = gate.clone().acquire_owned().await else {
@@ -266,11 +321,19 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairC
     );
 }
 
-fn account(done: Result<Result<u64, String>, tokio::task::JoinError>, stats: &mut RepairStats, bytes: &mut u64) {
+/// Outcome of one job: bytes rebuilt, and whether it was a move.
+type JobResult = Result<(u64, bool), String>;
+
+fn account(done: Result<JobResult, tokio::task::JoinError>, stats: &mut RepairStats, bytes: &mut u64) {
     match done {
-        Ok(Ok(b)) => {
-            stats.done += 1;
-            stats.repaired_total += 1;
+        Ok(Ok((b, moved))) => {
+            if moved {
+                stats.moved += 1;
+                stats.moved_total += 1;
+            } else {
+                stats.done += 1;
+                stats.repaired_total += 1;
+            }
             stats.bytes_total += b;
             *bytes += b;
         }
@@ -295,7 +358,7 @@ async fn repair_one(
     layout: &Layout,
     rec: &StripeRec,
     r: &ShardRepair,
-) -> Result<u64, String> {
+) -> JobResult {
     let addr = |id: NodeId| map.addr(id).ok_or_else(|| format!("{id} has no address"));
     let req = RepairShardRequest {
         id: Some(ShardId {
@@ -328,15 +391,42 @@ async fn repair_one(
     meta.relocate_shards(ino, s, rec.version, vec![(r.shard as u32, r.target.0)])
         .await
         .map_err(|e| format!("record location of ino {} stripe {s}: {e}", ino.0))?;
+    if let Some(from) = r.from {
+        // The old copy of a moved shard goes only when the layout now names the target
+        // (another scan, on a node with a different map during a primary change, may
+        // have moved it elsewhere), and only at the version moved (a newer write there
+        // is kept). Failing leaves an unreferenced copy, not a loss.
+        let now = meta
+            .get_inode(ino)
+            .await
+            .ok()
+            .and_then(|i| i.layout)
+            .and_then(|l| l.stripes.get(&s).map(|x| (x.version, x.nodes.get(r.shard).copied())));
+        if now != Some((rec.version, Some(r.target.0))) {
+            debug!(ino = ino.0, stripe = s, shard = r.shard, "moved shard's location changed again; old copy kept");
+            return Ok((reply.bytes, true));
+        }
+        let del = DeleteShardRequest {
+            id: req.id,
+            version: rec.version,
+        };
+        if let Err(e) = tcp
+            .call::<DeleteShard>(addr(from)?, &del, CallOptions::timeout(Duration::from_secs(10)))
+            .await
+        {
+            debug!(ino = ino.0, stripe = s, shard = r.shard, node = from.0, error = %e, "old copy of a moved shard not deleted");
+        }
+    }
     debug!(
         ino = ino.0,
         stripe = s,
         shard = r.shard,
         target = r.target.0,
         bytes = reply.bytes,
+        moved = r.from.is_some(),
         "shard repaired"
     );
-    Ok(reply.bytes)
+    Ok((reply.bytes, r.from.is_some()))
 }
 
 #[cfg(test)]
@@ -430,6 +520,29 @@ mod tests {
     }
 
     #[test]
+    fn shards_off_their_group_node_move_back_when_it_is_up() {
+        let mut m = cluster(8);
+        let p = m.placement();
+        let (ino, s) = (Ino(91), 2);
+        let group: Vec<u64> = p.pg(stripe_pg(ino, s, m.pgs)).iter().map(|n| n.0).collect();
+        let spare = (1..=8).find(|i| !group.contains(i)).expect("a spare");
+        let mut rec = StripeRec {
+            version: 4,
+            len: 4 * 4096,
+            nodes: group.clone(),
+        };
+        rec.nodes[1] = spare;
+        let StripePlan::Move(r) = plan_stripe(&m, &p, ino, s, &layout(), &rec) else {
+            panic!("expected a move")
+        };
+        assert_eq!((r[0].shard, r[0].target.0, r[0].from), (1, group[1], Some(NodeId(spare))));
+        // While the group node is down, the shard stays where it is.
+        set(&mut m, group[1], NodeState::Down);
+        let p = m.placement();
+        assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &rec), StripePlan::Healthy);
+    }
+
+    #[test]
     fn short_stripes_skip_their_empty_data_shards() {
         let mut m = cluster(7);
         let p = m.placement();
@@ -440,10 +553,15 @@ mod tests {
             len: 100,
             nodes: group.clone(),
         };
-        // Shard 2 is empty (never stored): its node leaving needs no repair.
+        // Shard 2 is empty (never stored): its node leaving needs no repair (the group
+        // changed, so stored shards may move to their new group nodes).
         set(&mut m, group[2], NodeState::Out);
         let p = m.placement();
-        assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &short), StripePlan::Healthy);
+        let plan = plan_stripe(&m, &p, ino, s, &layout(), &short);
+        assert!(matches!(plan, StripePlan::Healthy | StripePlan::Move(_)), "{plan:?}");
+        if let StripePlan::Move(mv) = plan {
+            assert!(mv.iter().all(|r| r.shard != 2), "an empty shard never moves");
+        }
         set(&mut m, group[0], NodeState::Out);
         let p = m.placement();
         let StripePlan::Repair(r) = plan_stripe(&m, &p, ino, s, &layout(), &short) else {

@@ -135,6 +135,9 @@ pub struct DeleteShardRequest {
     /// Which shard.
     #[prost(message, optional, tag = "1")]
     pub id: Option<ShardId>,
+    /// Delete only this stored version (0: whatever is stored).
+    #[prost(uint64, tag = "2")]
+    pub version: u64,
 }
 
 /// Whether it existed.
@@ -415,7 +418,8 @@ where
     async fn delete(&self, req: DeleteShardRequest) -> Result<DeleteShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         self.stage().invalidate(&self.regions, &key);
-        let existed = self.blocking(move |s| s.delete(&key)).await?;
+        let version = (req.version != 0).then_some(req.version);
+        let existed = self.blocking(move |s| s.delete_if(&key, version)).await?;
         Ok(DeleteShardResponse { existed })
     }
 

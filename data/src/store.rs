@@ -215,6 +215,8 @@ enum Op {
     },
     Delete {
         key: ChunkKey,
+        /// Only when this version is stored (after the batch's earlier puts).
+        version: Option<u64>,
     },
 }
 
@@ -585,15 +587,33 @@ impl<D: ZonedDevice> ChunkStore<D> {
         // index, so the decision holds until it is applied below.
         let applies: Vec<bool> = {
             let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            // Versions put earlier in this batch, for conditional deletes after them.
+            let mut batch: HashMap<ChunkKey, Option<u64>> = HashMap::new();
             ops.iter()
                 .map(|op| match op {
-                    Op::Put { key, entry, only_if_at } => match (idx.map.get(key), only_if_at) {
-                        (Some(cur), Some(at)) => cur.location() == *at,
-                        (None, Some(_)) => false,
-                        (Some(cur), None) => cur.version <= entry.version,
-                        (None, None) => true,
-                    },
-                    Op::Delete { .. } => true,
+                    Op::Put { key, entry, only_if_at } => {
+                        let apply = match (idx.map.get(key), only_if_at) {
+                            (Some(cur), Some(at)) => cur.location() == *at,
+                            (None, Some(_)) => false,
+                            (Some(cur), None) => cur.version <= entry.version,
+                            (None, None) => true,
+                        };
+                        if apply {
+                            batch.insert(*key, Some(entry.version));
+                        }
+                        apply
+                    }
+                    Op::Delete { key, version } => {
+                        let stored = batch
+                            .get(key)
+                            .copied()
+                            .unwrap_or_else(|| idx.map.get(key).map(|e| e.version));
+                        let apply = version.is_none_or(|v| stored == Some(v));
+                        if apply {
+                            batch.insert(*key, None);
+                        }
+                        apply
+                    }
                 })
                 .collect()
         };
@@ -605,7 +625,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
                     Op::Put { key, entry, .. } if *apply => {
                         t.insert(&key.to_bytes()[..], &entry.encode()[..])?;
                     }
-                    Op::Delete { key } => {
+                    Op::Delete { key, .. } if *apply => {
                         t.remove(&key.to_bytes()[..])?;
                     }
                     _ => {}
@@ -628,12 +648,12 @@ impl<D: ZonedDevice> ChunkStore<D> {
                     z.live_bytes += chunk::record_len(entry.payload_len as usize, self.block_size);
                     z.keys.insert(key);
                 }
-                Op::Delete { key } => {
+                Op::Delete { key, .. } if apply => {
                     if let Some(old) = idx.map.remove(&key) {
                         self.unaccount(&mut idx, &key, &old);
                     }
                 }
-                Op::Put { .. } => {}
+                Op::Put { .. } | Op::Delete { .. } => {}
             }
         }
         drop(idx);
@@ -687,10 +707,18 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// Deletes a chunk durably. Returns whether it existed.
     pub fn delete(&self, key: &ChunkKey) -> StoreResult<bool> {
+        self.delete_if(key, None)
+    }
+
+    /// Deletes a shard only if `version` is what is stored when the delete is applied
+    /// (in order with concurrent writes): a copy that a rebalance moved away, never a
+    /// newer one written since. `None` deletes whatever is stored. Returns whether the
+    /// key existed before.
+    pub fn delete_if(&self, key: &ChunkKey, version: Option<u64>) -> StoreResult<bool> {
         let existed = self.lookup(key).is_some();
         let batch = {
             let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-            w.pending.push(Op::Delete { key: *key });
+            w.pending.push(Op::Delete { key: *key, version });
             w.open_batch
         };
         self.wait_durable(batch)?;

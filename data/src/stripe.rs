@@ -36,6 +36,18 @@ pub enum StripeError {
     /// Erasure coding failed (for example fewer than k shards readable).
     #[error(transparent)]
     Ec(#[from] EcError),
+    /// Fewer than k shards could be read.
+    #[error("stripe {stripe} of inode {ino} unreadable: {source}; shard failures: {failed}")]
+    Unreadable {
+        /// Inode.
+        ino: u64,
+        /// Stripe.
+        stripe: u64,
+        /// What failed, per shard.
+        failed: String,
+        /// The decoder's verdict.
+        source: EcError,
+    },
     /// Some shards could not be written; the stripe is not durable as a whole.
     #[error("stripe {stripe} of inode {ino}: {failed} of {total} shard writes failed (first: {first})")]
     WriteFailed {
@@ -290,6 +302,17 @@ where
             }
         }
     }
-    let data = policy.decode_stripe(stripe_len, &shards)?;
+    let data = policy
+        .decode_stripe(stripe_len, &shards)
+        .map_err(|source| StripeError::Unreadable {
+            ino,
+            stripe,
+            failed: failed
+                .iter()
+                .map(|(i, e)| format!("{i}: {e}"))
+                .collect::<Vec<_>>()
+                .join("; "),
+            source,
+        })?;
     Ok(StripeRead { data, failed, hedged })
 }

@@ -56,6 +56,12 @@ fn put_get_overwrite_delete_and_reopen() {
         assert!(matches!(e, StoreError::StaleVersion { have: 2, got: 1, .. }), "{e}");
         let e = s.put(key(4), 5, b"payload", 1234).expect_err("bad crc");
         assert!(matches!(e, StoreError::BadChecksum { .. }), "{e}");
+        // A conditional delete of another version keeps the shard; of its own removes it.
+        s.delete_if(&key(3), Some(1)).expect("delete v1");
+        assert_eq!(s.get(&key(3)).expect("v2 kept").0.version, 2);
+        s.delete_if(&key(6), Some(1)).expect("delete v1");
+        assert!(matches!(s.get(&key(6)), Err(StoreError::NotFound(_))));
+        put(&s, key(6), 1, &data(6, 1, 10_006)).expect("put back");
         assert!(s.delete(&key(5)).expect("delete"));
         assert!(!s.delete(&key(5)).expect("delete again"));
         assert!(matches!(s.get(&key(5)), Err(StoreError::NotFound(_))));

@@ -310,6 +310,11 @@ pub(crate) struct Health {
 }
 
 impl Health {
+    /// Healthy, and no rebalance moves left.
+    pub(crate) fn settled(&self) -> bool {
+        self.healthy && self.repair.moves_todo <= self.repair.moved && !self.repair.running
+    }
+
     /// One line: state, a progress bar of the rebuild, and what keeps it degraded.
     pub(crate) fn progress_line(&self) -> String {
         let r = &self.repair;
@@ -339,7 +344,11 @@ impl Health {
             } else {
                 String::new()
             }
-        )
+        ) + &if r.moves_todo > r.moved {
+            format!("; rebalancing {}/{} shards", r.moved, r.moves_todo)
+        } else {
+            String::new()
+        }
     }
 }
 
@@ -359,6 +368,9 @@ pub(crate) async fn cluster_health(client: &Client) -> Health {
         repair.unreadable += r.unreadable;
         repair.bytes_per_sec += r.bytes_per_sec;
         repair.repaired_total += r.repaired_total;
+        repair.moves_todo += r.moves_todo;
+        repair.moved += r.moved;
+        repair.moved_total += r.moved_total;
         repair.bytes_total += r.bytes_total;
         repair.running |= r.running;
         if s.primary > 0 && (r.running || r.map_epoch < v.map.epoch.0) {

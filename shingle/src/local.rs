@@ -173,7 +173,62 @@ fn cap_cpu(pid: u32, id: u64, share: f64) -> Result<PathBuf> {
     Ok(cg)
 }
 
+/// Writes the config of node `id` (listening on 127.0.0.1:`port`) under `spec.dir`.
+fn write_node_config(
+    spec: &LocalSpec,
+    secret_file: &Path,
+    cluster_file: &Path,
+    id: u64,
+    port: u16,
+    manager: bool,
+) -> Result<PathBuf> {
+    let ndir = spec.dir.join(format!("node{id}"));
+    std::fs::create_dir_all(&ndir)?;
+    let mut cfg = format!(
+        "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
+        secret_file.display(),
+        cluster_file.display(),
+        ndir.join("meta").display(),
+        spec.meta_toml
+    );
+    if manager {
+        cfg += &format!(
+            "\n[manager]\ndir = \"{}\"\n{}",
+            ndir.join("manager").display(),
+            spec.manager_toml
+        );
+    }
+    if spec.data {
+        cfg += &format!(
+            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"64MiB\"\n",
+            ndir.join("data").display(),
+            spec.zones.0,
+            spec.zones.1
+        );
+    }
+    let config = ndir.join("node.toml");
+    std::fs::write(&config, cfg)?;
+    Ok(config)
+}
+
 impl LocalCluster {
+    /// Adds a node (meta, and data when the spec says so; never a manager) and starts
+    /// it: it registers, and placement gives it its share of partitions and groups.
+    pub fn add_node(&mut self, spec: &LocalSpec) -> Result<u64> {
+        let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
+        let port = free_ports(1)?[0];
+        let config = write_node_config(spec, &self.secret_file, &self.cluster_file, id, port, false)?;
+        let (child, addr) = spawn(&config, &spec.log, &spec.dir.join(format!("node{id}.log")))?;
+        self.nodes.push(LocalNode {
+            id,
+            addr,
+            config,
+            child: Some(child),
+            cgroup: None,
+        });
+        Ok(id)
+    }
+
     /// Starts the cluster kept in `spec.dir` again when one is there (same node configs,
     /// same ports, same data), or formats and starts a new one.
     pub fn start_or_resume(spec: &LocalSpec) -> Result<LocalCluster> {
@@ -289,32 +344,7 @@ impl LocalCluster {
         let mut nodes = Vec::new();
         for (i, port) in ports.iter().enumerate() {
             let id = i as u64 + 1;
-            let ndir = dir.join(format!("node{id}"));
-            std::fs::create_dir_all(&ndir)?;
-            let mut cfg = format!(
-                "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
-                secret_file.display(),
-                cluster_file.display(),
-                ndir.join("meta").display(),
-                spec.meta_toml
-            );
-            if i < spec.managers {
-                cfg += &format!(
-                    "\n[manager]\ndir = \"{}\"\n{}",
-                    ndir.join("manager").display(),
-                    spec.manager_toml
-                );
-            }
-            if spec.data {
-                cfg += &format!(
-                    "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"64MiB\"\n",
-                    ndir.join("data").display(),
-                    spec.zones.0,
-                    spec.zones.1
-                );
-            }
-            let config = ndir.join("node.toml");
-            std::fs::write(&config, cfg)?;
+            let config = write_node_config(spec, &secret_file, &cluster_file, id, *port, i < spec.managers)?;
             nodes.push(LocalNode {
                 id,
                 addr: SocketAddr::from(([127, 0, 0, 1], *port)),

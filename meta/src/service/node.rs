@@ -371,9 +371,14 @@ impl MetaNode {
         for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
+            // A copy promoted to primary must start a reign of its own (take_over) before
+            // it writes: continuing its old primary's numbering could give two different
+            // batches the same (reign, lsn) — the old primary may have persisted one it
+            // never got acknowledged — and a later takeover would keep the wrong one.
+            let promoted = new.primary(*p) == Some(me) && old.primary(*p) != Some(me);
             let mut st = s.write_state();
-            if st.serving && !(was && is && consecutive) {
-                debug!(partition = p.0, epoch = map.epoch.0, "copy must catch up");
+            if st.serving && (!(was && is && consecutive) || promoted) {
+                debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
                 st.serving = false;
             }
         }

@@ -495,6 +495,13 @@ pub struct RepairStats {
     pub unreadable: u64,
     /// Map epoch the current (or last) pass planned with.
     pub map_epoch: u64,
+    /// Shards to move to their placement group's current node (rebalance after a node
+    /// joined or returned), found at the start of the current (or last) pass.
+    pub moves_todo: u64,
+    /// Of which moved so far in this pass.
+    pub moved: u64,
+    /// Shards moved since start.
+    pub moved_total: u64,
 }
 
 /// Encodes a message.

@@ -11,8 +11,11 @@
 //! 5. the killed nodes restart; the cluster must become healthy (rebuild done);
 //! 6. `three-down`: with the load stopped, three nodes are killed: a read of a stripe
 //!    with three shards gone must fail with EIO, promptly; the rest still read;
-//! 7. they restart; healthy again; every file (preloaded and acknowledged written) is
-//!    read back and compared byte for byte.
+//! 7. they restart; healthy again;
+//! 8. `add-node`: a ninth node joins; the repair scans move its share of shards to it
+//!    (and placement gives it its partitions); reported as shares of the whole;
+//! 9. every file (preloaded and acknowledged written) is read back and compared byte
+//!    for byte.
 //!
 //! Reported: per phase reads, failures, read latency (p50/max), scan throughput, lookup
 //! stalls and write failures; the longest read stall; degraded-read throughput as a ratio
@@ -99,6 +102,8 @@ fn push(v: &Mutex<Vec<Sample>>, s: Sample) {
 
 /// Where the writer is (for reporting a hang).
 static WRITER_STAGE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// The inode the writer created last (for diagnosing a failed open).
+static WRITER_INO: AtomicU64 = AtomicU64::new(0);
 const STAGES: [&str; 5] = ["idle", "mknod", "open", "write", "flush"];
 
 async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), Errno> {
@@ -109,6 +114,7 @@ async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize
         .meta()
         .mknod(&root, dir, name.as_bytes(), FileKind::File, 0o644, 0, None)
         .await?;
+    WRITER_INO.store(a.ino.0, Ordering::Relaxed);
     stage(2);
     let f = client.open(&root, a.ino).await?;
     let data = content(seed, len);
@@ -148,6 +154,23 @@ async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize)
         return Err(format!("{name}: contents differ ({} of {len} bytes read)", got.len()));
     }
     Ok(())
+}
+
+/// What every node answers for `ino` right now (for diagnosing a read that missed it).
+async fn who_has(meta: &MetaClient, ino: Ino) -> String {
+    use shingle_meta::service::wire::{Read, ReadOp, call};
+    let v = meta.view();
+    let members = v.members(ino.partition());
+    let mut out = vec![format!("epoch {} members {members:?}", v.map.epoch.0)];
+    for n in v.map.nodes.values() {
+        let req = Read {
+            epoch: v.map.epoch,
+            op: ReadOp::GetInode(ino),
+        };
+        let r = call(meta.transport(), n.addr, &req, Duration::from_secs(2)).await;
+        out.push(format!("{}: {}", n.id.0, r.map(|_| "has it".to_string()).unwrap_or_else(|e| e.to_string())));
+    }
+    out.join(", ")
 }
 
 /// Which shards of a bad file differ from what was written, and where they are.
@@ -315,6 +338,10 @@ async fn three_victims(meta: &MetaClient, pre: Ino, files: usize, managers: u64)
 }
 
 async fn wait_healthy(client: &Client, limit: Duration) -> Result<f64> {
+    wait_until(client, limit, false).await
+}
+
+async fn wait_until(client: &Client, limit: Duration, settled: bool) -> Result<f64> {
     let t = Instant::now();
     let mut last = String::new();
     while t.elapsed() < limit {
@@ -324,7 +351,7 @@ async fn wait_healthy(client: &Client, limit: Duration) -> Result<f64> {
             eprintln!("  {line}");
             last = line;
         }
-        if h.healthy {
+        if h.healthy && (!settled || h.settled()) {
             return Ok(t.elapsed().as_secs_f64());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -462,11 +489,22 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
                         .push((name, seed, wlen)),
+                    Err(e) if WRITER_STAGE.load(Ordering::Relaxed) == 2 => {
+                        let ino = Ino(WRITER_INO.load(Ordering::Relaxed));
+                        let who = who_has(c.meta(), ino).await;
+                        log.errors
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(format!("{at:.1}s write {name}: {e} in open of {ino}; {who}"));
+                    }
                     Err(e) => log
                         .errors
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .push(format!("{at:.1}s write {name}: {e}")),
+                        .push(format!(
+                            "{at:.1}s write {name}: {e} (in {})",
+                            STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                        )),
                 }
                 push(
                     &log.writes,
@@ -597,6 +635,51 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         }
     }
 
+    // A node joins: it should get about 1/N of the partition replicas and shards,
+    // moved online and throttled by the repair scans.
+    let mut add = serde_json::json!(null);
+    if three_err.is_none() {
+        let before = cluster_health(&client).await.repair.moved_total;
+        let t = Instant::now();
+        let id = cluster.add_node(&spec)?;
+        eprintln!("# phase add-node: node {id} joins");
+        // Wait for its registration, then for the moves to finish.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !meta.view().map.is_up(shingle_meta::ids::NodeId(id)) && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let settled = wait_until(&client, Duration::from_secs(a.heal_secs), true).await;
+        let secs = t.elapsed().as_secs_f64();
+        let after = cluster_health(&client).await.repair.moved_total;
+        let v = meta.view();
+        let replicas = u64::from(v.map.partitions) * u64::from(v.map.replication);
+        let held = v.placement.partitions_of(shingle_meta::ids::NodeId(id)).len() as u64;
+        let (mut chunks_new, mut chunks_all) = (0u64, 0u64);
+        for n in v.map.nodes.values().filter(|n| n.roles.data) {
+            use shingle_data::service::{Stat, StatRequest};
+            if let Ok(st) = meta
+                .transport()
+                .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(5)))
+                .await
+            {
+                chunks_all += st.chunks;
+                if n.id.0 == id {
+                    chunks_new += st.chunks;
+                }
+            }
+        }
+        add = serde_json::json!({
+            "node": id, "nodes": v.map.nodes.len(), "settled": settled.is_ok(), "secs": secs,
+            "partition_share": held as f64 / replicas.max(1) as f64,
+            "shard_share": chunks_new as f64 / chunks_all.max(1) as f64,
+            "moved_shards": after.saturating_sub(before),
+        });
+        if let Err(e) = settled {
+            three_err = Some(format!("after adding a node: {e}"));
+        }
+    }
+
     // Read everything back.
     let acked = log.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let mut bad = Vec::new();
@@ -652,6 +735,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64
     );
     println!("three down: {three}");
+    println!("add node: {add} (ideal share 1/N)");
     println!(
         "read-back: {verified} of {} files verified ({} acknowledged writes), {} bad",
         a.files + acked.len(),
@@ -666,7 +750,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "median_read_before_ms": super::median(&mut before), "median_read_after_ms": super::median(&mut after),
         "worst_lookup_stall_ms": lookup_stall_ms, "degraded_read_ratio": degraded_ratio, "degraded2_read_ratio": degraded2_ratio,
         "rebuild": {"bytes": rebuilt_bytes, "bytes_during_faults": repaired_before, "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
-        "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three,
+        "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three, "add_node": add,
         "read_back": {"files": a.files + acked.len(), "verified": verified, "acked_writes": acked.len(), "bad": bad},
         "errors": errors, "hung": hung,
     });
