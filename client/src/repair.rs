@@ -403,7 +403,12 @@ async fn repair_one(
             .and_then(|i| i.layout)
             .and_then(|l| l.stripes.get(&s).map(|x| (x.version, x.nodes.get(r.shard).copied())));
         if now != Some((rec.version, Some(r.target.0))) {
-            debug!(ino = ino.0, stripe = s, shard = r.shard, "moved shard's location changed again; old copy kept");
+            debug!(
+                ino = ino.0,
+                stripe = s,
+                shard = r.shard,
+                "moved shard's location changed again; old copy kept"
+            );
             return Ok((reply.bytes, true));
         }
         let del = DeleteShardRequest {
@@ -535,7 +540,10 @@ mod tests {
         let StripePlan::Move(r) = plan_stripe(&m, &p, ino, s, &layout(), &rec) else {
             panic!("expected a move")
         };
-        assert_eq!((r[0].shard, r[0].target.0, r[0].from), (1, group[1], Some(NodeId(spare))));
+        assert_eq!(
+            (r[0].shard, r[0].target.0, r[0].from),
+            (1, group[1], Some(NodeId(spare)))
+        );
         // While the group node is down, the shard stays where it is.
         set(&mut m, group[1], NodeState::Down);
         let p = m.placement();

@@ -274,7 +274,10 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         };
         let d = c.call::<DeleteShard>(
             addrs[i as usize],
-            &DeleteShardRequest { id: Some(id), version: 0 },
+            &DeleteShardRequest {
+                id: Some(id),
+                version: 0,
+            },
             CallOptions::default(),
         );
         // A short stripe's empty data shards are never stored.

@@ -168,7 +168,11 @@ async fn who_has(meta: &MetaClient, ino: Ino) -> String {
             op: ReadOp::GetInode(ino),
         };
         let r = call(meta.transport(), n.addr, &req, Duration::from_secs(2)).await;
-        out.push(format!("{}: {}", n.id.0, r.map(|_| "has it".to_string()).unwrap_or_else(|e| e.to_string())));
+        out.push(format!(
+            "{}: {}",
+            n.id.0,
+            r.map(|_| "has it".to_string()).unwrap_or_else(|e| e.to_string())
+        ));
     }
     out.join(", ")
 }
@@ -497,14 +501,10 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                             .unwrap_or_else(|p| p.into_inner())
                             .push(format!("{at:.1}s write {name}: {e} in open of {ino}; {who}"));
                     }
-                    Err(e) => log
-                        .errors
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(format!(
-                            "{at:.1}s write {name}: {e} (in {})",
-                            STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
-                        )),
+                    Err(e) => log.errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                        "{at:.1}s write {name}: {e} (in {})",
+                        STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                    )),
                 }
                 push(
                     &log.writes,
