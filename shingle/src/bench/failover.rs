@@ -7,8 +7,9 @@
 //! 1. `healthy`: the baseline;
 //! 2. `one-data-down`: one node is killed with SIGKILL;
 //! 3. `two-data-down`: a second one;
-//! 4. `leader-down`: the manager leader is killed as well;
-//! 5. the killed nodes restart; the cluster must become healthy (rebuild done);
+//! 4. `restart-two`: they restart; the cluster must become healthy (rebuild done);
+//! 5. `leader-down`: the manager leader is killed; `restart-leader`: it restarts and
+//!    the cluster must become healthy again;
 //! 6. `three-down`: with the load stopped, three nodes are killed: a read of a stripe
 //!    with three shards gone must fail with EIO, promptly; the rest still read;
 //! 7. they restart; healthy again;
@@ -534,27 +535,30 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     marks.push(run_phase("phase one-data-down: node 5 killed").await);
     cluster.nodes[vb as usize - 1].kill();
     marks.push(run_phase("phase two-data-down: node 6 killed").await);
-    let lead = leader(&meta, &managers).await.context("no manager leader")?;
-    cluster.nodes[lead as usize - 1].kill();
-    marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
     let repaired_before = cluster_health(&client).await.repair.bytes_total;
-    eprintln!("# restarting nodes {va}, {vb}, {lead}");
-    for id in [va, vb, lead] {
+    eprintln!("# restarting nodes {va}, {vb}");
+    for id in [va, vb] {
         cluster.nodes[id as usize - 1].restart(&spec)?;
     }
     let heal_started = Instant::now();
-    let healed = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await;
+    let mut healed = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await;
     let heal_secs = heal_started.elapsed().as_secs_f64();
+    marks.push(t0.elapsed().as_secs_f64());
+    let lead = leader(&meta, &managers).await.context("no manager leader")?;
+    cluster.nodes[lead as usize - 1].kill();
+    marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
+    eprintln!("# restarting node {lead}");
+    cluster.nodes[lead as usize - 1].restart(&spec)?;
+    if let Err(e) = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await {
+        healed = healed.and(Err(e));
+    }
     marks.push(t0.elapsed().as_secs_f64());
     stop.store(true, Ordering::Relaxed);
     let mut hung = Vec::new();
     for (i, t) in tasks.into_iter().enumerate() {
         if tokio::time::timeout(Duration::from_secs(60), t).await.is_err() {
             hung.push(if i == a.readers + 1 {
-                format!(
-                    "writer stuck in {}",
-                    STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
-                )
+                format!("writer stuck in {}", STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5])
             } else {
                 format!("load task {i} stuck")
             });
@@ -567,16 +571,18 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "healthy",
         "one-data-down",
         "two-data-down",
+        "restart-two",
         "leader-down",
-        "restart-and-heal",
+        "restart-leader",
     ];
     let phases: Vec<Phase> = names
         .iter()
         .enumerate()
         .map(|(i, n)| phase(n, &log, marks[i], marks[i + 1]))
         .collect();
-    let stall_ms = phases[1..4].iter().map(|p| p.read_max_ms).fold(0.0, f64::max);
-    let lookup_stall_ms = phases[1..4].iter().map(|p| p.lookup_max_ms).fold(0.0, f64::max);
+    let faults = [&phases[1], &phases[2], &phases[4]];
+    let stall_ms = faults.iter().map(|p| p.read_max_ms).fold(0.0, f64::max);
+    let lookup_stall_ms = faults.iter().map(|p| p.lookup_max_ms).fold(0.0, f64::max);
     let before: Vec<f64> = log
         .reads
         .lock()
@@ -590,7 +596,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .iter()
-        .filter(|s| s.at >= killed_at && s.at < marks[4])
+        .filter(|s| s.at >= killed_at && s.at < marks[3])
         .map(|s| s.ms)
         .collect();
     let (mut before, mut after) = (before, after);
@@ -694,7 +700,22 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
             bad.push(format!("{e}; {why}"));
         }
     }
-    let verified = a.files + acked.len() - bad.len();
+    // Every name must have its own inode.
+    let mut inos: std::collections::BTreeMap<Ino, Vec<String>> = std::collections::BTreeMap::new();
+    for dir in [pre, wdir] {
+        let mut after: Option<Vec<u8>> = None;
+        while let Ok(page) = meta.readdir(dir, after.as_deref(), 1000).await {
+            let Some(last) = page.last() else { break };
+            after = Some(last.name.clone());
+            for e in page {
+                inos.entry(e.ino).or_default().push(String::from_utf8_lossy(&e.name).into_owned());
+            }
+        }
+    }
+    for (ino, names) in inos.iter().filter(|(_, n)| n.len() > 1) {
+        bad.push(format!("inode {ino} has several names: {names:?}"));
+    }
+    let verified = (a.files + acked.len()).saturating_sub(bad.len());
     cluster.stop();
 
     let machine = crate::bench::transport::machine();
