@@ -245,6 +245,9 @@ impl MetaNode {
             if !st.serving {
                 continue;
             }
+            // The first `limit + 1` files of each partition: the merged first `limit` are
+            // then the smallest overall, and `more` is exact.
+            let mut taken = 0;
             for (ino, rec) in st
                 .part
                 .inodes
@@ -252,9 +255,10 @@ impl MetaNode {
             {
                 if let Some(l) = rec.layout.as_ref().filter(|l| !l.stripes.is_empty()) {
                     out.push((*ino, l.clone()));
-                }
-                if out.len() > limit * 4 {
-                    break;
+                    taken += 1;
+                    if taken > limit {
+                        break;
+                    }
                 }
             }
         }

@@ -558,7 +558,10 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     for (i, t) in tasks.into_iter().enumerate() {
         if tokio::time::timeout(Duration::from_secs(60), t).await.is_err() {
             hung.push(if i == a.readers + 1 {
-                format!("writer stuck in {}", STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5])
+                format!(
+                    "writer stuck in {}",
+                    STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                )
             } else {
                 format!("load task {i} stuck")
             });
@@ -708,7 +711,9 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
             let Some(last) = page.last() else { break };
             after = Some(last.name.clone());
             for e in page {
-                inos.entry(e.ino).or_default().push(String::from_utf8_lossy(&e.name).into_owned());
+                inos.entry(e.ino)
+                    .or_default()
+                    .push(String::from_utf8_lossy(&e.name).into_owned());
             }
         }
     }
