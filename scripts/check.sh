@@ -3,6 +3,7 @@
 #   bash scripts/check.sh            everything
 #   FUZZ_SECONDS=0 bash scripts/check.sh   skip the fuzzers
 #   GUEST_TESTS=0 bash scripts/check.sh    skip the QEMU guest rig
+#   NETNS_TESTS=0 bash scripts/check.sh    skip the network-namespace rig
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -67,6 +68,12 @@ if [ "${GUEST_TESTS:-1}" = 1 ]; then
       grep -q 'test result: ok' <<<"$out" || { echo "$out"; exit 1; }
     fi
   fi
+fi
+
+# Partition / kill / rejoin on a cluster of network-namespace hosts.
+if [ "${NETNS_TESTS:-1}" = 1 ]; then
+  step "network-namespace rig (fabric-tests/netns)"
+  bash fabric-tests/run.sh netns
 fi
 
 step "all checks passed"

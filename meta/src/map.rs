@@ -105,18 +105,7 @@ pub struct ClusterMap {
     pub pg_width: u8,
     /// The nodes.
     pub nodes: BTreeMap<NodeId, NodeInfo>,
-    /// The epoch at which each Up node last became Up: a holder of a newer map that
-    /// skipped epochs can tell whether it stayed Up through them.
-    #[serde(default)]
-    pub up_since: BTreeMap<NodeId, Epoch>,
-    /// The most recent epochs at which the placement candidates changed (a node added,
-    /// Out, back from Out, removed, or its roles or domain changed), newest last.
-    #[serde(default)]
-    pub placement_changes: Vec<Epoch>,
 }
-
-/// Placement changes remembered in [`ClusterMap::placement_changes`].
-const PLACEMENT_HISTORY: usize = 16;
 
 impl ClusterMap {
     /// A new, empty map (epoch 0).
@@ -129,15 +118,12 @@ impl ClusterMap {
             replication,
             pg_width,
             nodes: BTreeMap::new(),
-            up_since: BTreeMap::new(),
-            placement_changes: Vec::new(),
         }
     }
 
     /// Applies a command; returns the new epoch (unchanged when the command changed nothing).
     pub fn apply(&mut self, cmd: &MapCommand) -> Result<Epoch, MapError> {
-        let next = Epoch(self.epoch.0 + 1);
-        let (changed, placement, up) = match cmd {
+        let changed = match cmd {
             MapCommand::Register(info) => {
                 if let Some(other) = self.nodes.values().find(|n| n.addr == info.addr && n.id != info.id) {
                     return Err(MapError::AddressInUse {
@@ -147,19 +133,13 @@ impl ClusterMap {
                 }
                 let mut info = info.clone();
                 info.state = NodeState::Up;
-                let old = self.nodes.insert(info.id, info.clone());
-                let placement = old
-                    .as_ref()
-                    .is_none_or(|o| o.state == NodeState::Out || o.roles != info.roles || o.domain != info.domain);
-                let up = old.as_ref().is_none_or(|o| o.state != NodeState::Up);
-                (old != Some(info.clone()), placement, up.then_some(info.id))
+                self.nodes.insert(info.id, info.clone()) != Some(info)
             }
             MapCommand::SetState { id, state } => {
                 let n = self.nodes.get_mut(id).ok_or(MapError::UnknownNode(*id))?;
                 let changed = n.state != *state;
-                let placement = changed && (n.state == NodeState::Out || *state == NodeState::Out);
                 n.state = *state;
-                (changed, placement, (changed && *state == NodeState::Up).then_some(*id))
+                changed
             }
             MapCommand::Remove { id } => {
                 let n = self.nodes.get(id).ok_or(MapError::UnknownNode(*id))?;
@@ -167,37 +147,13 @@ impl ClusterMap {
                     return Err(MapError::NotOut(*id));
                 }
                 self.nodes.remove(id);
-                (true, true, None)
+                true
             }
         };
         if changed {
-            self.epoch = next;
-            if placement {
-                self.placement_changes.push(next);
-                let extra = self.placement_changes.len().saturating_sub(PLACEMENT_HISTORY);
-                self.placement_changes.drain(..extra);
-            }
-            if let Some(id) = up {
-                self.up_since.insert(id, next);
-            }
-            self.up_since
-                .retain(|id, _| self.nodes.get(id).is_some_and(|n| n.state == NodeState::Up));
+            self.epoch = Epoch(self.epoch.0 + 1);
         }
         Ok(self.epoch)
-    }
-
-    /// True when `node`, holding this map, may trust that it was Up and held the same
-    /// place in every placement from epoch `old` (whose placement is `was_member` of)
-    /// to this one: it has been Up since `old` or earlier, and the placement changed at
-    /// most once in between (so each epoch between has either the old placement or this
-    /// one, and it is a member under both).
-    pub fn continuous_since(&self, node: NodeId, old: Epoch) -> bool {
-        let up = self.up_since.get(&node).is_some_and(|e| *e <= old);
-        let changes = self.placement_changes.iter().filter(|e| **e > old).count();
-        // Too old to tell: the history does not reach back to `old`.
-        let known = self.placement_changes.len() < PLACEMENT_HISTORY
-            || self.placement_changes.first().is_some_and(|e| *e <= old);
-        up && changes <= 1 && known
     }
 
     /// The address of a node.
@@ -339,34 +295,6 @@ mod tests {
             m.apply(&MapCommand::Register(clash)),
             Err(MapError::AddressInUse { .. })
         ));
-        let json = serde_json::to_string(&m).expect("serialise");
-        assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("parse"), m);
-    }
-
-    #[test]
-    fn continuity_across_skipped_epochs() {
-        let mut m = ClusterMap::new("c1", 64, 32, 3, 6);
-        for i in 1..=6 {
-            m.apply(&MapCommand::Register(node(i))).expect("register");
-        }
-        let e6 = m.epoch;
-        let set = |m: &mut ClusterMap, id: u64, state: NodeState| {
-            m.apply(&MapCommand::SetState { id: NodeId(id), state }).expect("state")
-        };
-        // Another node goes Down and Out: one placement change.
-        set(&mut m, 5, NodeState::Down);
-        set(&mut m, 5, NodeState::Out);
-        assert!(m.continuous_since(NodeId(1), e6));
-        // A second placement change in the gap: cannot tell.
-        set(&mut m, 6, NodeState::Out);
-        assert!(!m.continuous_since(NodeId(1), e6));
-        let e9 = m.epoch;
-        // Node 2 goes Down and comes back: not continuous, for it only.
-        set(&mut m, 2, NodeState::Down);
-        set(&mut m, 2, NodeState::Up);
-        assert!(!m.continuous_since(NodeId(2), e9));
-        assert!(m.continuous_since(NodeId(3), e9));
-        assert!(!m.continuous_since(NodeId(5), e9), "an Out node is not Up");
         let json = serde_json::to_string(&m).expect("serialise");
         assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("parse"), m);
     }

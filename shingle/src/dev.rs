@@ -331,6 +331,7 @@ pub async fn dev(a: DevArgs) -> Result<()> {
         cpu_cap: None,
         manager_toml: String::new(),
         meta_toml: String::new(),
+        netns: None,
     };
     println!("shingle: starting {} nodes in {}", a.nodes, a.data.display());
     let mut cluster = LocalCluster::start_or_resume(&spec)?;

@@ -40,6 +40,24 @@ pub struct LocalSpec {
     pub manager_toml: String,
     /// Extra TOML lines for the `[meta]` sections (repair settings).
     pub meta_toml: String,
+    /// Run node i in network namespace `{prefix}h{i}` at 10.77.0.i:7100 (the hosts of
+    /// `fabric-tests/netns/rig.sh`) instead of on 127.0.0.1.
+    pub netns: Option<String>,
+}
+
+impl LocalSpec {
+    /// Where node `id` listens: its rig host, or a free port on 127.0.0.1.
+    fn addr_of(&self, id: u64, free: u16) -> SocketAddr {
+        match &self.netns {
+            Some(_) => SocketAddr::from(([10, 77, 0, id as u8], 7100)),
+            None => SocketAddr::from(([127, 0, 0, 1], free)),
+        }
+    }
+
+    /// The namespace node `id` runs in, if any.
+    pub fn namespace(&self, id: u64) -> Option<String> {
+        self.netns.as_ref().map(|p| format!("{p}h{id}"))
+    }
 }
 
 /// One node process.
@@ -76,10 +94,18 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
     ls.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
-fn spawn(config: &Path, log: &str, stderr: &Path) -> Result<(Child, SocketAddr)> {
+fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<(Child, SocketAddr)> {
     let exe = std::env::current_exe().context("locate the shingle binary")?;
     let err = std::fs::File::create(stderr).with_context(|| format!("create {}", stderr.display()))?;
-    let mut child = Command::new(exe)
+    let mut cmd = match ns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", &ns]).arg(exe);
+            c
+        }
+        None => Command::new(exe),
+    };
+    let mut child = cmd
         .args(["serve", "--config"])
         .arg(config)
         .env("SHINGLE_LOG", log)
@@ -148,7 +174,12 @@ impl LocalNode {
     /// Starts it again with the same config (after [`LocalNode::kill`] or `stop`).
     pub fn restart(&mut self, spec: &LocalSpec) -> Result<()> {
         self.kill();
-        let (child, _) = spawn(&self.config, &spec.log, &spec.dir.join(format!("node{}.log", self.id)))?;
+        let (child, _) = spawn(
+            &self.config,
+            &spec.log,
+            &spec.dir.join(format!("node{}.log", self.id)),
+            spec.namespace(self.id),
+        )?;
         self.child = Some(child);
         Ok(())
     }
@@ -179,13 +210,13 @@ fn write_node_config(
     secret_file: &Path,
     cluster_file: &Path,
     id: u64,
-    port: u16,
+    listen: SocketAddr,
     manager: bool,
 ) -> Result<PathBuf> {
     let ndir = spec.dir.join(format!("node{id}"));
     std::fs::create_dir_all(&ndir)?;
     let mut cfg = format!(
-        "[node]\nid = {id}\nlisten = \"127.0.0.1:{port}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
+        "[node]\nid = {id}\nlisten = \"{listen}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
         secret_file.display(),
         cluster_file.display(),
         ndir.join("meta").display(),
@@ -216,9 +247,14 @@ impl LocalCluster {
     /// it: it registers, and placement gives it its share of partitions and groups.
     pub fn add_node(&mut self, spec: &LocalSpec) -> Result<u64> {
         let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
-        let port = free_ports(1)?[0];
-        let config = write_node_config(spec, &self.secret_file, &self.cluster_file, id, port, false)?;
-        let (child, addr) = spawn(&config, &spec.log, &spec.dir.join(format!("node{id}.log")))?;
+        let listen = spec.addr_of(id, free_ports(1)?[0]);
+        let config = write_node_config(spec, &self.secret_file, &self.cluster_file, id, listen, false)?;
+        let (child, addr) = spawn(
+            &config,
+            &spec.log,
+            &spec.dir.join(format!("node{id}.log")),
+            spec.namespace(id),
+        )?;
         self.nodes.push(LocalNode {
             id,
             addr,
@@ -273,12 +309,13 @@ impl LocalCluster {
         let starts: Vec<_> = self.nodes[..managers]
             .iter()
             .map(|n| {
-                let (cfg, log, err) = (
+                let (cfg, log, err, ns) = (
                     n.config.clone(),
                     spec.log.clone(),
                     dir.join(format!("node{}.log", n.id)),
+                    spec.namespace(n.id),
                 );
-                std::thread::spawn(move || spawn(&cfg, &log, &err))
+                std::thread::spawn(move || spawn(&cfg, &log, &err, ns))
             })
             .collect();
         for (i, h) in starts.into_iter().enumerate() {
@@ -286,7 +323,12 @@ impl LocalCluster {
             self.nodes[i].child = Some(child);
         }
         for n in self.nodes.iter_mut().skip(managers) {
-            let (child, _) = spawn(&n.config, &spec.log, &dir.join(format!("node{}.log", n.id)))?;
+            let (child, _) = spawn(
+                &n.config,
+                &spec.log,
+                &dir.join(format!("node{}.log", n.id)),
+                spec.namespace(n.id),
+            )?;
             n.child = Some(child);
         }
         if let Some(share) = spec.cpu_cap {
@@ -316,11 +358,17 @@ impl LocalCluster {
             f.write_all(b"\n")?;
         }
         let secret = ClusterSecret::from_file(&secret_file)?;
-        let ports = free_ports(spec.nodes)?;
-        let managers: Vec<SocketAddr> = ports[..spec.managers]
+        let ports = if spec.netns.is_some() {
+            vec![0; spec.nodes]
+        } else {
+            free_ports(spec.nodes)?
+        };
+        let addrs: Vec<SocketAddr> = ports
             .iter()
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
+            .enumerate()
+            .map(|(i, p)| spec.addr_of(i as u64 + 1, *p))
             .collect();
+        let managers: Vec<SocketAddr> = addrs[..spec.managers].to_vec();
         let cluster_file = dir.join("cluster.toml");
         let _ = std::fs::remove_file(&cluster_file);
         let mspec: Vec<String> = managers
@@ -342,12 +390,12 @@ impl LocalCluster {
             bail!("shingle format failed: {}", String::from_utf8_lossy(&out.stderr));
         }
         let mut nodes = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
+        for (i, addr) in addrs.iter().enumerate() {
             let id = i as u64 + 1;
-            let config = write_node_config(spec, &secret_file, &cluster_file, id, *port, i < spec.managers)?;
+            let config = write_node_config(spec, &secret_file, &cluster_file, id, *addr, i < spec.managers)?;
             nodes.push(LocalNode {
                 id,
-                addr: SocketAddr::from(([127, 0, 0, 1], *port)),
+                addr: *addr,
                 config,
                 child: None,
                 cgroup: None,

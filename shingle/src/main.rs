@@ -91,6 +91,9 @@ enum BenchCommand {
     /// Node kills under a scan and a writer: read stalls, degraded throughput, rebuild,
     /// three-down EIO, full read-back.
     Failover(bench::failover::FailoverBenchArgs),
+    /// The writer the failover bench runs inside a partitioned rig host.
+    #[command(hide = true)]
+    IsoWriter(bench::failover::IsoWriterArgs),
 }
 
 fn main() -> Result<()> {
@@ -120,6 +123,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
             Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
             Command::Bench(BenchCommand::Failover(a)) => bench::failover::run(a).await,
+            Command::Bench(BenchCommand::IsoWriter(a)) => bench::failover::iso_writer(a).await,
             Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
             Command::Tool(t) => cli::run(t).await,
         }

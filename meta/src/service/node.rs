@@ -358,9 +358,8 @@ impl MetaNode {
         }
     }
 
-    /// Installs a newer map: copies that stay members across consecutive epochs (or
-    /// across skipped epochs the node provably stayed a member through) keep serving;
-    /// others stop until they catch up.
+    /// Installs a newer map: copies that stay members across consecutive epochs keep
+    /// serving; others stop until they catch up.
     fn adopt(&self, map: Arc<ClusterMap>) {
         let old = self.view();
         if map.epoch <= old.map.epoch && old.map.epoch.0 != 0 {
@@ -368,10 +367,8 @@ impl MetaNode {
         }
         let new = Arc::new(MapView::new((*map).clone()));
         let me = self.me();
-        // Epochs skipped since the old map are safe when this node stayed Up through
-        // them and the placement changed at most once (see `continuous_since`).
-        let consecutive = self.inner.in_touch.load(Ordering::Relaxed)
-            && (map.epoch.0 == old.map.epoch.0 + 1 || map.continuous_since(me, old.map.epoch));
+        // Only consecutive epochs: a node that skipped one cannot know what it missed.
+        let consecutive = map.epoch.0 == old.map.epoch.0 + 1 && self.inner.in_touch.load(Ordering::Relaxed);
         for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
@@ -385,18 +382,6 @@ impl MetaNode {
                 debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
                 st.serving = false;
             }
-        }
-        // Coordinators on nodes that are no longer Up will not release their locks.
-        let freed = self
-            .inner
-            .locks
-            .release_coordinators(|n| n != me.0 && !map.is_up(NodeId(n)));
-        if freed > 0 {
-            info!(
-                locks = freed,
-                epoch = map.epoch.0,
-                "released locks of coordinators that are down"
-            );
         }
         *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = new;
         debug!(epoch = map.epoch.0, "map adopted");
@@ -1103,6 +1088,7 @@ impl MetaNode {
     /// primary of, not driven here, and seen on two sweeps in a row.
     async fn sweep_intents(&self) {
         let mut seen: HashMap<u64, u32> = HashMap::new();
+        let mut down_since: HashMap<u64, Instant> = HashMap::new();
         loop {
             tokio::time::sleep(Duration::from_secs(2)).await;
             if self.inner.stopped.load(Ordering::Relaxed) {
@@ -1110,6 +1096,28 @@ impl MetaNode {
             }
             let v = self.view();
             let me = self.me();
+            // Locks held by coordinators on nodes that went down: free them once the
+            // intents those coordinators left have had time to be redone (by their
+            // partitions' new primaries, after two sweeps), long before the lease.
+            let now = Instant::now();
+            down_since.retain(|n, _| !v.map.is_up(NodeId(*n)));
+            for n in v.map.nodes.values().filter(|n| !v.map.is_up(n.id)) {
+                down_since.entry(n.id.0).or_insert(now);
+            }
+            let dead: Vec<u64> = down_since
+                .iter()
+                .filter(|(_, t)| now.saturating_duration_since(**t) >= DEAD_COORDINATOR_LOCKS)
+                .map(|(n, _)| *n)
+                .collect();
+            if !dead.is_empty() {
+                let freed = self
+                    .inner
+                    .locks
+                    .release_coordinators(|n| n != me.0 && dead.contains(&n));
+                if freed > 0 {
+                    info!(locks = freed, nodes = ?dead, "released locks of coordinators that are down");
+                }
+            }
             let pending: Vec<(PartitionId, Intent)> = self
                 .inner
                 .slots
@@ -1254,6 +1262,10 @@ impl Cache {
         self.dentries.get(&(parent, name.to_vec())).copied().flatten()
     }
 }
+
+/// How long after its node is seen down a coordinator's locks are released (its
+/// unfinished intents are redone within a takeover and two 2 s sweeps).
+const DEAD_COORDINATOR_LOCKS: Duration = Duration::from_secs(10);
 
 /// The cross-directory rename lock (like the kernel's `s_vfs_rename_mutex`).
 const RENAME_LOCK: u64 = 0;

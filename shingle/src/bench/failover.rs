@@ -63,6 +63,85 @@ pub struct FailoverBenchArgs {
     /// Write the JSON report here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Run the nodes on the hosts of `fabric-tests/netns/rig.sh` (namespace prefix, e.g.
+    /// `shn-`; run this command in the rig's client namespace). The first data node is
+    /// then partitioned (its link cut) instead of killed, and a writer inside it must get
+    /// nothing acknowledged while it is cut off.
+    #[arg(long, value_name = "PREFIX")]
+    pub netns: Option<String>,
+}
+
+/// Arguments of the writer that runs inside a partitioned host.
+#[derive(clap::Args, Clone, Debug)]
+pub struct IsoWriterArgs {
+    /// Cluster file.
+    #[arg(long)]
+    pub cluster_file: PathBuf,
+    /// Secret file.
+    #[arg(long)]
+    pub secret_file: PathBuf,
+    /// Append "start_ms acked_ms name seed len" here for every acknowledged file.
+    #[arg(long)]
+    pub acks: PathBuf,
+    /// File size in bytes.
+    #[arg(long, default_value_t = 300_000)]
+    pub len: usize,
+    /// Stripe unit, KiB.
+    #[arg(long, default_value_t = 256)]
+    pub unit_kib: u32,
+}
+
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// The writer of the partition scenario: creates files in `/iso` until killed, and
+/// records each acknowledged one.
+pub async fn iso_writer(a: IsoWriterArgs) -> Result<()> {
+    use std::io::Write;
+    let (meta, _) = crate::dev::connect(&a.cluster_file, &a.secret_file, Duration::from_secs(30)).await?;
+    let meta = meta.with_timeout(Duration::from_secs(5));
+    let client = Client::new(
+        meta.clone(),
+        ClientConfig {
+            ec: (4, 2),
+            unit: a.unit_kib << 10,
+            ..ClientConfig::default()
+        },
+    );
+    let dir = meta
+        .resolve(b"/iso")
+        .await
+        .map_err(|e| anyhow::anyhow!("/iso: {e}"))?
+        .ino;
+    let mut out = std::fs::OpenOptions::new().create(true).append(true).open(&a.acks)?;
+    for i in 0u64.. {
+        let start = wall_ms();
+        let name = format!("i{i:05}");
+        let seed = 2_000_000 + i;
+        if write_file(&client, dir, &name, seed, a.len).await.is_ok() {
+            writeln!(out, "{start} {} {name} {seed} {}", wall_ms(), a.len)?;
+            out.flush()?;
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
+}
+
+/// Cuts (`up` false) or heals the rig link of host `id`.
+fn set_link(prefix: &str, id: u64, up: bool) -> Result<()> {
+    let st = std::process::Command::new("ip")
+        .args(["-n", &format!("{prefix}sw"), "link", "set", &format!("p{id}")])
+        .arg(if up { "up" } else { "down" })
+        .status()
+        .context("run ip")?;
+    if !st.success() {
+        bail!("ip link set p{id} failed (is fabric-tests/netns/rig.sh up?)");
+    }
+    Ok(())
 }
 
 /// Deterministic file contents (xorshift64*), so every read can be checked.
@@ -382,6 +461,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         cpu_cap: None,
         manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
         meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
+        netns: a.netns.clone(),
     };
     eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
     let mut cluster = LocalCluster::start(&spec)?;
@@ -404,7 +484,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))
         }
     };
-    let (pre, wdir) = (mkdir("pre").await?, mkdir("w").await?);
+    let (pre, wdir, iso_dir) = (mkdir("pre").await?, mkdir("w").await?, mkdir("iso").await?);
     let len = a.file_kib << 10;
     eprintln!("# loading {} files of {} KiB", a.files, a.file_kib);
     for i in 0..a.files {
@@ -530,16 +610,52 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     marks.push(run_phase("phase healthy").await);
     let managers = cluster.managers.clone();
     let (va, vb) = (5u64, 6u64);
-    cluster.nodes[va as usize - 1].kill();
+    // In the rig, node 5 is cut off instead of killed, with a writer inside it.
+    let iso_acks = tmp.path().join("iso-acks.txt");
+    let mut iso_child = None;
+    if let Some(prefix) = &a.netns {
+        let exe = std::env::current_exe()?;
+        iso_child = Some(
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &format!("{prefix}h{va}")])
+                .arg(exe)
+                .args(["bench", "iso-writer", "--cluster-file"])
+                .arg(&cluster.cluster_file)
+                .arg("--secret-file")
+                .arg(&cluster.secret_file)
+                .arg("--acks")
+                .arg(&iso_acks)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .context("start the writer inside the partitioned host")?,
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    let cut_ms = wall_ms();
+    match &a.netns {
+        Some(prefix) => set_link(prefix, va, false)?,
+        None => cluster.nodes[va as usize - 1].kill(),
+    }
     let killed_at = t0.elapsed().as_secs_f64();
-    marks.push(run_phase("phase one-data-down: node 5 killed").await);
+    marks.push(
+        run_phase(if a.netns.is_some() {
+            "phase one-data-down: node 5 partitioned"
+        } else {
+            "phase one-data-down: node 5 killed"
+        })
+        .await,
+    );
     cluster.nodes[vb as usize - 1].kill();
     marks.push(run_phase("phase two-data-down: node 6 killed").await);
     let repaired_before = cluster_health(&client).await.repair.bytes_total;
     eprintln!("# restarting nodes {va}, {vb}");
-    for id in [va, vb] {
-        cluster.nodes[id as usize - 1].restart(&spec)?;
+    let heal_ms = wall_ms();
+    match &a.netns {
+        Some(prefix) => set_link(prefix, va, true)?,
+        None => cluster.nodes[va as usize - 1].restart(&spec)?,
     }
+    cluster.nodes[vb as usize - 1].restart(&spec)?;
     let heal_started = Instant::now();
     let mut healed = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await;
     let heal_secs = heal_started.elapsed().as_secs_f64();
@@ -703,6 +819,45 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
             bad.push(format!("{e}; {why}"));
         }
     }
+    // The writer inside the partitioned host: nothing acknowledged while it was cut off
+    // (a write begun just before the cut may finish), and everything it had
+    // acknowledged is there.
+    let mut iso = serde_json::json!(null);
+    if let Some(mut c) = iso_child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+        let text = std::fs::read_to_string(&iso_acks).unwrap_or_default();
+        let mut during = Vec::new();
+        let mut acked_iso = 0;
+        for line in text.lines() {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let [_, acked, name, seed, len] = f[..] else { continue };
+            let (acked, seed, len): (u64, u64, usize) = (
+                acked.parse().unwrap_or(0),
+                seed.parse().unwrap_or(0),
+                len.parse().unwrap_or(0),
+            );
+            acked_iso += 1;
+            // Acknowledged while cut off: after the cut (a second for what was already
+            // on the wire) and before the heal. A write begun during the cut that
+            // finishes after the heal is fine.
+            if acked > cut_ms + 1000 && acked < heal_ms {
+                during.push(name.to_string());
+            }
+            if let Err(e) = read_file(&client, iso_dir, name, seed, len).await {
+                bad.push(format!("partitioned host's acknowledged {name}: {e}"));
+            }
+        }
+        if !during.is_empty() {
+            bad.push(format!("acknowledged while partitioned (split brain): {during:?}"));
+        }
+        iso = serde_json::json!({"acked": acked_iso, "acked_while_cut": during.len()});
+        eprintln!(
+            "# partitioned host's writer: {acked_iso} acknowledged, {} while cut off",
+            during.len()
+        );
+    }
+
     // Every name must have its own inode.
     let mut inos: std::collections::BTreeMap<Ino, Vec<String>> = std::collections::BTreeMap::new();
     for dir in [pre, wdir] {
@@ -777,6 +932,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "worst_lookup_stall_ms": lookup_stall_ms, "degraded_read_ratio": degraded_ratio, "degraded2_read_ratio": degraded2_ratio,
         "rebuild": {"bytes": rebuilt_bytes, "bytes_during_faults": repaired_before, "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
         "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three, "add_node": add,
+        "partitioned_writer": iso, "netns": a.netns,
         "read_back": {"files": a.files + acked.len(), "verified": verified, "acked_writes": acked.len(), "bad": bad},
         "errors": errors, "hung": hung,
     });

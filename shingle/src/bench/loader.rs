@@ -255,6 +255,7 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
         cpu_cap: None,
         manager_toml: String::new(),
         meta_toml: String::new(),
+        netns: None,
     };
     let mut cluster = LocalCluster::start(&spec)?;
     let meta = cluster.meta_client().await?;

@@ -153,6 +153,7 @@ async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setu
         cpu_cap: cap,
         manager_toml: String::new(),
         meta_toml: String::new(),
+        netns: None,
     };
     let cluster = LocalCluster::start(&spec)?;
     let client = cluster.meta_client().await?;
