@@ -190,6 +190,9 @@ fn plan_moves(map: &ClusterMap, group: &[NodeId], loc: &[Option<NodeId>]) -> Str
 pub async fn run(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: RepairConfig) {
     let mut stats = RepairStats::default();
     let mut maps = meta.maps().subscribe();
+    // A first pass soon after start, so `shingle status` knows the state early.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    pass(&node, &meta, &tcp, &cfg, &mut stats).await;
     loop {
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval) => {}
