@@ -228,19 +228,8 @@ impl MetaNode {
     /// inode order after `after`: at most `limit`, and whether more may follow. The
     /// repair scan walks them.
     pub fn primary_files(&self, after: Ino, limit: usize) -> (Vec<(Ino, crate::namespace::Layout)>, bool) {
-        let v = self.view();
-        let me = self.me();
-        let slots: Vec<Arc<Slot>> = self
-            .inner
-            .slots
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|(p, _)| v.primary(**p) == Some(me))
-            .map(|(_, s)| s.clone())
-            .collect();
         let mut out: Vec<(Ino, crate::namespace::Layout)> = Vec::new();
-        for slot in slots {
+        for (_, slot) in self.primary_slots(&self.view()) {
             let st = slot.read();
             if !st.serving {
                 continue;
@@ -266,6 +255,20 @@ impl MetaNode {
         let more = out.len() > limit;
         out.truncate(limit);
         (out, more)
+    }
+
+    /// The copies held here of partitions this node is primary of under `v` (serving or
+    /// not: callers check under the copy's lock).
+    fn primary_slots(&self, v: &MapView) -> Vec<(PartitionId, Arc<Slot>)> {
+        let me = self.me();
+        self.inner
+            .slots
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|(p, _)| v.primary(**p) == Some(me))
+            .map(|(p, s)| (*p, s.clone()))
+            .collect()
     }
 
     /// Publishes the repair scan's progress (reported by `Stats`).
@@ -1119,18 +1122,14 @@ impl MetaNode {
                 }
             }
             let pending: Vec<(PartitionId, Intent)> = self
-                .inner
-                .slots
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter()
-                .filter(|(p, _)| v.primary(**p) == Some(me))
+                .primary_slots(&v)
+                .into_iter()
                 .flat_map(|(p, s)| {
                     let st = s.read();
                     if !st.serving {
                         return Vec::new();
                     }
-                    st.part.intents.values().map(|i| (*p, i.clone())).collect()
+                    st.part.intents.values().map(|i| (p, i.clone())).collect()
                 })
                 .collect();
             let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
