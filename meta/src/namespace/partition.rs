@@ -94,7 +94,8 @@ pub enum Mutation {
 }
 
 impl Mutation {
-    fn is_relative(&self) -> bool {
+    /// True for changes relative to the current value (applied at most once per id).
+    pub fn is_relative(&self) -> bool {
         matches!(self, Mutation::AdjustDir { .. } | Mutation::AdjustLinks { .. })
     }
 }
@@ -171,6 +172,12 @@ impl Partition {
         self.applied.range((intent, 0)..=(intent, u16::MAX)).copied().collect()
     }
 
+    /// Every at-most-once marker held here: of intents coordinated here and of steps
+    /// other partitions' intents (or single-partition operations) applied here.
+    pub fn all_markers(&self) -> impl Iterator<Item = (u64, u16)> + '_ {
+        self.applied.iter().copied()
+    }
+
     /// Restores a marker (loading from disk).
     pub fn insert_marker(&mut self, intent: u64, step: u16) {
         self.applied.insert((intent, step));
@@ -218,7 +225,8 @@ impl Partition {
     }
 
     /// Applies step `step` of intent `intent` (relative steps at most once). Intent 0
-    /// means "no intent": a single-partition operation applied once, in one transaction.
+    /// means no at-most-once protection: for batches that are never re-sent (the
+    /// in-memory engine, or batches of absolute steps only).
     pub fn apply(&mut self, intent: u64, step: u16, m: &Mutation) {
         if intent != 0 && m.is_relative() && !self.applied.insert((intent, step)) {
             return;

@@ -136,6 +136,8 @@ struct Inner {
     stopped: AtomicBool,
     /// Progress of the repair scan this node runs (reported by `Stats`).
     repair: Mutex<RepairStats>,
+    /// Operations whose at-most-once markers can be forgotten, by partition.
+    forgets: Mutex<BTreeMap<PartitionId, Vec<u64>>>,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -193,6 +195,7 @@ impl MetaNode {
             map_rx: maps,
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
+            forgets: Mutex::new(BTreeMap::new()),
         });
         Ok(MetaNode { inner })
     }
@@ -204,6 +207,8 @@ impl MetaNode {
         tokio::spawn(async move { node.follow_map().await });
         let node = self.clone();
         tokio::spawn(async move { node.sweep_intents().await });
+        let node = self.clone();
+        tokio::spawn(async move { node.flush_forgets().await });
     }
 
     /// Stops the background work.
@@ -509,10 +514,26 @@ impl MetaNode {
     // ---------------------------------------------------------------- writes
 
     /// Applies a batch as primary: persist here and on every member, then return.
-    async fn primary_write(&self, p: PartitionId, ops: Vec<PartOp>) -> Result<(), Status> {
+    /// A batch whose caller stopped waiting (`deadline` passed while it queued) is not
+    /// applied: the caller retries it, and applying the stale copy too would apply it
+    /// twice. Markers queued for forgetting here ride along.
+    async fn primary_write(
+        &self,
+        p: PartitionId,
+        mut ops: Vec<PartOp>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Status> {
         let slot = self.primary_slot(p)?;
         let _w = slot.write.lock().await;
         let slot = self.primary_slot(p)?; // Still primary after waiting?
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(Status::new(
+                Code::DeadlineExceeded,
+                "the batch waited past its caller's deadline",
+            ));
+        }
+        let forgets = self.take_forgets(p);
+        ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
         let v = self.view();
         let (write, req) = {
             let mut st = slot.write_state();
@@ -540,12 +561,67 @@ impl MetaNode {
             // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
             slot.write_state().serving = false;
             warn!(partition = p.0, error = %e, "cannot persist a batch; partition stops serving here");
+            self.queue_forgets(p, forgets);
             return Err(store_failed(e));
         }
-        for r in remote {
-            r?;
+        let failed = remote.into_iter().find_map(Result::err);
+        if let Some(e) = failed {
+            // The markers may not have been forgotten on every member: say it again.
+            self.queue_forgets(p, forgets);
+            return Err(e);
         }
         Ok(())
+    }
+
+    /// Queues forgetting the at-most-once markers of a finished operation in `p`: done
+    /// with the partition's next batch written here, or by the background flush.
+    fn queue_forgets(&self, p: PartitionId, ids: Vec<u64>) {
+        if ids.is_empty() {
+            return;
+        }
+        let mut q = self.inner.forgets.lock().unwrap_or_else(|p| p.into_inner());
+        let e = q.entry(p).or_default();
+        e.extend(ids);
+        e.sort_unstable();
+        e.dedup();
+    }
+
+    fn take_forgets(&self, p: PartitionId) -> Vec<u64> {
+        self.inner
+            .forgets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&p)
+            .unwrap_or_default()
+    }
+
+    /// Flushes queued forgets of partitions that had no batch to ride on.
+    async fn flush_forgets(&self) {
+        loop {
+            tokio::time::sleep(FORGET_FLUSH).await;
+            if self.inner.stopped.load(Ordering::Relaxed) {
+                return;
+            }
+            let parts: Vec<PartitionId> = self
+                .inner
+                .forgets
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .keys()
+                .copied()
+                .collect();
+            for p in parts {
+                let ids = self.take_forgets(p);
+                if ids.is_empty() {
+                    continue;
+                }
+                let ops: Vec<PartOp> = ids.iter().map(|id| PartOp::Forget(*id)).collect();
+                if let Err(e) = self.execute_at(p, ops).await {
+                    debug!(partition = p.0, error = %e, "forgetting markers failed; will retry");
+                    self.queue_forgets(p, ids);
+                }
+            }
+        }
     }
 
     async fn replicate_to(&self, addr: SocketAddr, req: &Replicate, slot: &Slot) -> Result<(), Status> {
@@ -676,7 +752,8 @@ impl MetaNode {
         let slot = self.primary_slot(req.partition)?;
         let (c, raise) = slot.write_state().next_counter();
         if let Some(hwm) = raise {
-            self.primary_write(req.partition, vec![PartOp::Counter(hwm)]).await?;
+            self.primary_write(req.partition, vec![PartOp::Counter(hwm)], None)
+                .await?;
         }
         Ok(c)
     }
@@ -986,7 +1063,7 @@ impl MetaNode {
             let ops = ops.clone();
             async move {
                 if node == self.me() {
-                    self.primary_write(p, ops).await
+                    self.primary_write(p, ops, None).await
                 } else {
                     let req = Execute {
                         epoch,
@@ -1028,16 +1105,31 @@ impl MetaNode {
 
     async fn execute_plan(&self, (coord, steps): Plan) -> Result<(), Status> {
         if steps.iter().all(|(p, _)| *p == coord) {
+            // One batch. A retry after a failed replication re-sends it to a primary
+            // that may already have applied it: relative steps then carry an id so
+            // they apply at most once (the markers are forgotten afterwards).
+            let id = if steps.iter().any(|(_, m)| m.is_relative()) {
+                let counter = self.alloc(coord).await?;
+                Ino::new(coord, counter)
+                    .map(|i| i.0)
+                    .ok_or_else(|| errno_status(Errno::ENOSPC))?
+            } else {
+                0
+            };
             let ops = steps
                 .into_iter()
                 .enumerate()
                 .map(|(i, (_, m))| PartOp::Apply {
-                    intent: 0,
+                    intent: id,
                     step: i as u16,
                     m,
                 })
                 .collect();
-            return self.execute_at(coord, ops).await;
+            self.execute_at(coord, ops).await?;
+            if id != 0 {
+                self.queue_forgets(coord, vec![id]);
+            }
+            return Ok(());
         }
         let counter = self.alloc(coord).await?;
         let id = Ino::new(coord, counter)
@@ -1079,10 +1171,7 @@ impl MetaNode {
         self.execute_at(coord, vec![PartOp::Finish(id), PartOp::Forget(id)])
             .await?;
         for p in others {
-            let node = self.clone();
-            tokio::spawn(async move {
-                let _ = node.execute_at(p, vec![PartOp::Forget(id)]).await;
-            });
+            self.queue_forgets(p, vec![id]);
         }
         Ok(())
     }
@@ -1169,9 +1258,9 @@ impl MetaNode {
             n.check_epoch(req.epoch).await?;
             n.on_fetch(&req)
         });
-        r = self.route::<Execute, _, _>(r, |n, _, req| async move {
+        r = self.route::<Execute, _, _>(r, |n, ctx, req| async move {
             n.check_epoch(req.epoch).await?;
-            n.primary_write(req.partition, req.ops).await
+            n.primary_write(req.partition, req.ops, ctx.deadline).await
         });
         r = self.route::<Alloc, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;
@@ -1265,6 +1354,9 @@ impl Cache {
 /// How long after its node is seen down a coordinator's locks are released (its
 /// unfinished intents are redone within a takeover and two 2 s sweeps).
 const DEAD_COORDINATOR_LOCKS: Duration = Duration::from_secs(10);
+
+/// How often markers queued for forgetting are flushed when no batch carried them.
+const FORGET_FLUSH: Duration = Duration::from_secs(1);
 
 /// The cross-directory rename lock (like the kernel's `s_vfs_rename_mutex`).
 const RENAME_LOCK: u64 = 0;

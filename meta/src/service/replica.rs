@@ -188,9 +188,11 @@ impl Replica {
         }
         for (id, i) in &self.part.intents {
             out.push((Key::Intent(*id), enc(i)));
-            for (i, s) in self.part.markers_of(*id) {
-                out.push((Key::Marker(i, s), Vec::new()));
-            }
+        }
+        // All markers, not only those of intents coordinated here: a step of another
+        // partition's intent applied here must stay applied-once across a restart.
+        for (i, s) in self.part.all_markers() {
+            out.push((Key::Marker(i, s), Vec::new()));
         }
         out
     }
@@ -310,6 +312,10 @@ mod tests {
         }
         assert_eq!(back.part.dentries, r.part.dentries);
         assert_eq!(back.part.inodes, r.part.inodes);
+        // The marker of another partition's intent (no intent record here) survives too.
+        assert!(back.part.has_marker(5, 1));
+        back.apply(&ops[1..]);
+        assert_eq!(back.part.inodes[&Ino::ROOT].attr.size, 1);
     }
 
     #[test]
