@@ -38,6 +38,9 @@ struct ClientInner {
     secret: ClusterSecret,
     peers: Mutex<HashMap<SocketAddr, Arc<Peer>>>,
     shutdown: CancellationToken,
+    /// Remote reads go over RDMA when attached (and the peer offers it).
+    #[cfg(feature = "rdma")]
+    rdma: std::sync::OnceLock<Arc<crate::rdma::RdmaReader>>,
 }
 
 struct Peer {
@@ -148,8 +151,35 @@ impl TcpClient {
                 secret,
                 peers: Mutex::new(HashMap::new()),
                 shutdown: CancellationToken::new(),
+                #[cfg(feature = "rdma")]
+                rdma: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Sends remote reads over RDMA from now on (peers without RDMA, and peers whose
+    /// queue pair failed, are read over TCP). Returns false when one was attached.
+    #[cfg(feature = "rdma")]
+    pub fn attach_rdma(&self, reader: Arc<crate::rdma::RdmaReader>) -> bool {
+        self.inner.rdma.set(reader).is_ok()
+    }
+
+    /// The attached RDMA reader.
+    #[cfg(feature = "rdma")]
+    pub fn rdma(&self) -> Option<&Arc<crate::rdma::RdmaReader>> {
+        self.inner.rdma.get()
+    }
+
+    /// The fabric remote reads of `peer` use now: `"rdma"` or `"tcp"`.
+    pub fn fabric(&self, peer: SocketAddr) -> &'static str {
+        #[cfg(feature = "rdma")]
+        if let Some(r) = self.inner.rdma.get()
+            && r.uses_rdma(peer)
+        {
+            return "rdma";
+        }
+        let _ = peer;
+        "tcp"
     }
 
     /// The configuration in force.
@@ -546,6 +576,14 @@ impl RemoteRead for TcpClient {
             };
             return (Err(e.into()), buf);
         }
+        #[cfg(feature = "rdma")]
+        let buf = match self.inner.rdma.get() {
+            Some(r) => match r.read(self, peer, key, offset, len, buf).await {
+                Ok(out) => return out,
+                Err(buf) => buf,
+            },
+            None => buf,
+        };
         let max = self.inner.config.max_frame_bytes;
         if len > max {
             return (Err(TransportError::TooLarge { len: len as usize, max }), buf);
@@ -597,11 +635,11 @@ impl RemoteRead for TcpClient {
     }
 }
 
-fn is_access(s: &Status) -> bool {
+pub(crate) fn is_access(s: &Status) -> bool {
     matches!(s.code, Code::UnknownRegion | Code::StaleGeneration | Code::OutOfBounds)
 }
 
-fn access_error(s: &Status, key: RegionKey, offset: u64, len: u32) -> AccessError {
+pub(crate) fn access_error(s: &Status, key: RegionKey, offset: u64, len: u32) -> AccessError {
     match s.code {
         Code::UnknownRegion => AccessError::UnknownRegion(key.region),
         Code::StaleGeneration => AccessError::StaleGeneration {

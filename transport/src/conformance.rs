@@ -49,6 +49,12 @@ pub trait TransportUnderTest: Send + Sync + 'static {
 
     /// A client.
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client;
+
+    /// Why this transport cannot run here (the cases then print SKIP, or fail when
+    /// `REQUIRE_RDMA=1`); `None` when it can.
+    fn unavailable() -> Option<String> {
+        None
+    }
 }
 
 /// Echo request used by the suite.
@@ -602,6 +608,14 @@ macro_rules! conformance_tests {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $case() {
+                if let Some(why) = <$t as $crate::conformance::TransportUnderTest>::unavailable() {
+                    assert!(
+                        std::env::var("REQUIRE_RDMA").as_deref() != Ok("1"),
+                        "REQUIRE_RDMA=1 but the transport cannot run here: {why}"
+                    );
+                    eprintln!("SKIP {}: {why}", stringify!($case));
+                    return;
+                }
                 $crate::conformance::$case::<$t>().await;
             }
         )*
@@ -642,5 +656,78 @@ impl TransportUnderTest for Tcp {
 
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
         crate::client::TcpClient::new(config, secret)
+    }
+}
+
+/// The RDMA implementation: TCP for RPCs, one-sided RDMA READ for remote reads. The
+/// server uses `$SHINGLE_RDMA_DEV0` and the client `$SHINGLE_RDMA_DEV1` (the guest rig's
+/// two soft-RoCE devices; the first device when unset), GID index
+/// `$SHINGLE_RDMA_GID_INDEX` (default 1).
+#[cfg(feature = "rdma")]
+pub struct Rdma;
+
+#[cfg(feature = "rdma")]
+impl Rdma {
+    /// The device configuration `$var` names.
+    pub fn config(var: &str) -> crate::rdma::RdmaConfig {
+        crate::rdma::RdmaConfig {
+            device: std::env::var(var).ok().filter(|s| !s.is_empty()),
+            port: 1,
+            gid_index: std::env::var("SHINGLE_RDMA_GID_INDEX")
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(1),
+        }
+    }
+}
+
+#[cfg(feature = "rdma")]
+impl TransportUnderTest for Rdma {
+    type Client = crate::client::TcpClient;
+    type Server = crate::server::Server;
+
+    async fn serve(
+        router: Router,
+        regions: Arc<RegionTable>,
+        config: TransportConfig,
+        secret: ClusterSecret,
+    ) -> std::io::Result<(Self::Server, SocketAddr)> {
+        Self::serve_at(SocketAddr::from(([127, 0, 0, 1], 0)), router, regions, config, secret).await
+    }
+
+    async fn serve_at(
+        addr: SocketAddr,
+        router: Router,
+        regions: Arc<RegionTable>,
+        config: TransportConfig,
+        secret: ClusterSecret,
+    ) -> std::io::Result<(Self::Server, SocketAddr)> {
+        let dev = crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV0")).map_err(std::io::Error::other)?;
+        let export = crate::rdma::RdmaExport::new(dev, regions.clone());
+        let router = export.routes(router);
+        let s = crate::server::Server::bind(addr, config, secret, router, regions).await?;
+        let a = s.local_addr();
+        Ok((s, a))
+    }
+
+    async fn stop(server: Self::Server) {
+        server.shutdown().await;
+    }
+
+    fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
+        let c = crate::client::TcpClient::new(config, secret);
+        match crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV1")) {
+            Ok(dev) => {
+                c.attach_rdma(crate::rdma::RdmaReader::new(dev));
+            }
+            Err(e) => panic!("no RDMA device for the client: {e}"),
+        }
+        c
+    }
+
+    fn unavailable() -> Option<String> {
+        crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV0"))
+            .err()
+            .map(|e| e.to_string())
     }
 }

@@ -24,6 +24,8 @@ pub mod conformance;
 pub mod error;
 pub mod frame;
 pub mod health;
+#[cfg(feature = "rdma")]
+pub mod rdma;
 pub mod region;
 pub mod rpc;
 pub mod server;

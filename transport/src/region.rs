@@ -57,7 +57,12 @@ struct Slot {
 #[derive(Default)]
 pub struct RegionTable {
     slots: RwLock<Table>,
+    /// Called after a region is revoked (an RDMA export deregisters its memory).
+    revoke_hooks: RwLock<Vec<RevokeHook>>,
 }
+
+/// A function told about every revoked key.
+pub type RevokeHook = Box<dyn Fn(RegionKey) + Send + Sync>;
 
 #[derive(Default)]
 struct Table {
@@ -116,7 +121,37 @@ impl RegionTable {
         slot.generation = slot.generation.wrapping_add(1);
         slot.data = None;
         t.free.push(key.region);
+        drop(t);
+        for hook in self.revoke_hooks.read().unwrap_or_else(|p| p.into_inner()).iter() {
+            hook(key);
+        }
         true
+    }
+
+    /// Calls `hook` with every key revoked from now on.
+    pub fn on_revoke(&self, hook: RevokeHook) {
+        self.revoke_hooks.write().unwrap_or_else(|p| p.into_inner()).push(hook);
+    }
+
+    /// The whole region a valid key names (at most `key.len` bytes).
+    pub fn whole(&self, key: RegionKey) -> Result<Bytes, AccessError> {
+        let len = {
+            let t = self.slots.read().unwrap_or_else(|p| p.into_inner());
+            match t.slots.get(key.region as usize) {
+                Some(Slot {
+                    data: Some(d),
+                    generation,
+                }) if *generation == key.generation => d.len() as u64,
+                Some(_) => {
+                    return Err(AccessError::StaleGeneration {
+                        region: key.region,
+                        generation: key.generation,
+                    });
+                }
+                None => return Err(AccessError::UnknownRegion(key.region)),
+            }
+        };
+        self.access(key, 0, len.min(key.len))
     }
 
     /// Number of regions registered now.

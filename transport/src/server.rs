@@ -86,6 +86,19 @@ impl Router {
         self
     }
 
+    /// Registers a handler for a kind the transport itself defines (below
+    /// [`MsgKind::FIRST_SERVICE`], e.g. the RDMA handshake).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn transport_raw(mut self, kind: MsgKind, handler: impl Handler) -> Self {
+        assert!(
+            kind.0 < MsgKind::FIRST_SERVICE && kind != MsgKind::PING && kind != MsgKind::REMOTE_READ,
+            "message kind {kind} is not a free transport kind"
+        );
+        let prev = self.handlers.insert(kind, Arc::new(handler));
+        assert!(prev.is_none(), "message kind {kind} registered twice");
+        self
+    }
+
     /// Registers a typed handler for `R`.
     pub fn rpc<R, F, Fut>(self, handler: F) -> Self
     where
@@ -400,14 +413,18 @@ fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
     shared
         .regions
         .access(req.key(), req.offset, u64::from(req.len))
-        .map_err(|e| {
-            let code = match e {
-                AccessError::UnknownRegion(_) => Code::UnknownRegion,
-                AccessError::StaleGeneration { .. } => Code::StaleGeneration,
-                AccessError::OutOfBounds { .. } => Code::OutOfBounds,
-            };
-            Status::new(code, e.to_string())
-        })
+        .map_err(|e| Status::from(&e))
+}
+
+impl From<&AccessError> for Status {
+    fn from(e: &AccessError) -> Status {
+        let code = match e {
+            AccessError::UnknownRegion(_) => Code::UnknownRegion,
+            AccessError::StaleGeneration { .. } => Code::StaleGeneration,
+            AccessError::OutOfBounds { .. } => Code::OutOfBounds,
+        };
+        Status::new(code, e.to_string())
+    }
 }
 
 /// Turns a panicking handler into an `Internal` error reply instead of a silent hang.

@@ -1,0 +1,127 @@
+//! The RDMA remote-read path beyond the conformance suite: reads really go over RDMA,
+//! a queue-pair error is typed, that peer falls back to TCP (the read is redone there
+//! and gets TCP's answer), and a queue pair is re-established after the fallback.
+//! Runs in the guest rig (`fabric-tests/run.sh rdma`); SKIP without a device, failure
+//! with `REQUIRE_RDMA=1`.
+#![cfg(feature = "rdma")]
+
+use bytes::{Bytes, BytesMut};
+use shingle_transport::conformance::{Rdma, TransportUnderTest, secret};
+use shingle_transport::rdma::{Device, RdmaError, RdmaReader};
+use shingle_transport::{AccessError, RegionTable, RemoteRead, Router, TcpClient, TransportConfig, TransportError};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn skip() -> bool {
+    match Rdma::unavailable() {
+        Some(why) => {
+            assert!(
+                std::env::var("REQUIRE_RDMA").as_deref() != Ok("1"),
+                "REQUIRE_RDMA=1 but RDMA cannot run here: {why}"
+            );
+            eprintln!("SKIP: {why}");
+            true
+        }
+        None => false,
+    }
+}
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 12) as u8)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_pair_errors_are_typed_fall_back_to_tcp_and_reconnect() {
+    if skip() {
+        return;
+    }
+    let regions = Arc::new(RegionTable::new());
+    let big = pattern(3 << 20, 1); // three bounce buffers: pieces in flight together
+    let k1 = regions.register(Bytes::from(big.clone()));
+    let (server, addr) = Rdma::serve(Router::new(), regions.clone(), TransportConfig::default(), secret())
+        .await
+        .expect("serve");
+    let c = TcpClient::new(TransportConfig::default(), secret());
+    let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
+    let reader = RdmaReader::with_fallback(dev, Duration::from_millis(300));
+    assert!(c.attach_rdma(reader.clone()));
+
+    let (r, buf) = c.read(addr, k1, 0, big.len() as u32, BytesMut::new()).await;
+    r.expect("whole region over RDMA");
+    assert!(buf[..] == big[..], "bytes read over RDMA differ");
+    let (r, buf) = c.read(addr, k1, 12_345, 777, buf).await;
+    r.expect("unaligned read");
+    assert_eq!(&buf[..], &big[12_345..12_345 + 777]);
+    assert_eq!(reader.stats().reads, 2, "both reads went over RDMA");
+    assert_eq!(c.fabric(addr), "rdma");
+
+    // The rkey of a revoked region is deregistered: the NIC refuses, a typed error.
+    assert!(regions.revoke(k1));
+    let (e, _) = reader
+        .read_rdma(&c, addr, k1, 0, 4096, BytesMut::new())
+        .await
+        .expect_err("read of a revoked region");
+    assert!(
+        matches!(&e, RdmaError::Completion { status, .. } if status.contains("RemoteAccess")),
+        "{e}"
+    );
+
+    // Through the RemoteRead API: a queue-pair error makes the peer fall back to TCP,
+    // the read is redone there and gets TCP's answer (stale key).
+    let k2 = regions.register(Bytes::from(pattern(64 << 10, 2)));
+    let (r, _) = c.read(addr, k2, 0, 100, BytesMut::new()).await;
+    r.expect("read k2");
+    assert!(regions.revoke(k2));
+    let (r, _) = c.read(addr, k2, 0, 100, BytesMut::new()).await;
+    assert!(
+        matches!(r, Err(TransportError::Access(AccessError::StaleGeneration { .. }))),
+        "{r:?}"
+    );
+    assert_eq!(reader.stats().fallbacks, 1);
+    assert_eq!(c.fabric(addr), "tcp");
+    let reads = reader.stats().reads;
+    let small = pattern(10_000, 3);
+    let k3 = regions.register(Bytes::from(small.clone()));
+    let (r, buf) = c.read(addr, k3, 0, 10_000, BytesMut::new()).await;
+    r.expect("read over TCP during the fallback");
+    assert_eq!(&buf[..], &small[..]);
+    assert_eq!(reader.stats().reads, reads, "the fallback read went over TCP");
+
+    // After the fallback period a new queue pair is set up.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let (r, buf) = c.read(addr, k3, 100, 5_000, buf).await;
+    r.expect("read after reconnecting");
+    assert_eq!(&buf[..], &small[100..5_100]);
+    assert_eq!(reader.stats().reads, reads + 1, "back on RDMA");
+    assert_eq!(c.fabric(addr), "rdma");
+    Rdma::stop(server).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_without_rdma_is_read_over_tcp() {
+    if skip() {
+        return;
+    }
+    // A plain TCP server (no RDMA export): the handshake is refused, reads use TCP.
+    let regions = Arc::new(RegionTable::new());
+    let data = pattern(50_000, 4);
+    let k = regions.register(Bytes::from(data.clone()));
+    let s = shingle_transport::Server::bind(
+        "127.0.0.1:0".parse().expect("addr"),
+        TransportConfig::default(),
+        secret(),
+        Router::new(),
+        regions,
+    )
+    .await
+    .expect("bind");
+    let addr = s.local_addr();
+    let c = Rdma::client(TransportConfig::default(), secret());
+    let (r, buf) = c.read(addr, k, 10, 40_000, BytesMut::new()).await;
+    r.expect("read");
+    assert_eq!(&buf[..], &data[10..40_010]);
+    assert_eq!(c.fabric(addr), "tcp");
+    s.shutdown().await;
+}
