@@ -4,7 +4,10 @@
 #                                 cluster (9 hosts, 25 Gbit/s links): no acknowledged write
 #                                 lost, nothing acknowledged by a partitioned host
 #   fabric-tests/run.sh zoned     zoned block device tests in the QEMU guest
-#   fabric-tests/run.sh all       both
+#   fabric-tests/run.sh rdma      the transport conformance suite and the RDMA path tests
+#                                 over soft-RoCE in the QEMU guest (REQUIRE_RDMA=1 there)
+#   fabric-tests/run.sh rdma-bench  RDMA remote read against ib_read_bw and TCP, in the guest
+#   fabric-tests/run.sh all       netns, zoned and rdma
 # A rig this machine cannot run prints "SKIP <rig>: <reason>" and does not fail.
 # Environment: SHINGLE_BIN (default: build target/release/shingle), NETNS_PHASE_SECS (6).
 set -euo pipefail
@@ -47,9 +50,45 @@ zoned() {
   SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --zoned -- "$bin" --test-threads=1
 }
 
+# Test binaries of a cargo test build (features and filters as arguments).
+test_bins() {
+  cargo test "$@" --no-run --message-format=json 2>/dev/null \
+    | sed -n 's/.*"executable":"\([^"]*\)".*/\1/p'
+}
+
+rdma() {
+  local bins b out
+  if ! out=$(cargo build -q -p shingle-transport --features rdma --tests 2>&1); then
+    echo "$out" >&2
+    echo "rdma: cannot build the transport with --features rdma (needs cmake and libclang-dev)" >&2
+    return 1
+  fi
+  mapfile -t bins < <(test_bins -p shingle-transport --features rdma --test conformance_rdma --test rdma_paths)
+  [ "${#bins[@]}" = 2 ] || { echo "rdma: expected two test binaries, got: ${bins[*]}" >&2; return 1; }
+  # One guest boot for both binaries; a missing device inside the guest is a failure.
+  out=$(REQUIRE_RDMA=1 SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --rdma -- \
+    bash -c 'for b; do "$b" --test-threads=1 || exit 1; done' rdma-tests "${bins[@]}" 2>&1) || {
+    echo "$out"; echo "rdma rig: FAILED" >&2; return 1; }
+  if grep -q '^SKIP' <<<"$out"; then
+    grep '^SKIP' <<<"$out" | sed 's/^SKIP/SKIP rdma/'
+    return 0
+  fi
+  grep -E 'rdma: rxe|test result' <<<"$out" || true
+  [ "$(grep -c 'test result: ok' <<<"$out")" = 2 ] || { echo "$out"; echo "rdma rig: FAILED" >&2; return 1; }
+  echo "rdma rig: ok"
+}
+
+rdma_bench() {
+  cargo build -q --release -p shingle-transport --features rdma --example remote_read_bench
+  SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --rdma -- \
+    fabric-tests/guest/rdma-bench.sh "$PWD/target/release/examples/remote_read_bench" "${RDMA_BENCH_SECS:-5}"
+}
+
 case "${1:-all}" in
   netns) netns ;;
   zoned) zoned ;;
-  all) netns; zoned ;;
-  *) sed -n '2,10p' "$0"; exit 2 ;;
+  rdma) rdma ;;
+  rdma-bench) rdma_bench ;;
+  all) netns; zoned; rdma ;;
+  *) sed -n '2,13p' "$0"; exit 2 ;;
 esac

@@ -17,6 +17,9 @@ cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
 
+step "cargo clippy --features rdma (the RDMA transport; its tests run in the guest rig)"
+cargo clippy -p shingle-transport --features rdma --all-targets -- -D warnings
+
 step "cargo nextest run (unit, property, conformance and multi-process tests)"
 cargo nextest run --workspace --no-fail-fast
 
@@ -67,6 +70,16 @@ if [ "${GUEST_TESTS:-1}" = 1 ]; then
       fi
       grep -q 'test result: ok' <<<"$out" || { echo "$out"; exit 1; }
     fi
+  fi
+fi
+
+# Transport conformance and RDMA path tests over soft-RoCE inside the QEMU guest rig.
+if [ "${GUEST_TESTS:-1}" = 1 ]; then
+  step "RDMA tests in the QEMU guest (fabric-tests/run.sh rdma)"
+  if [ "$(id -u)" != 0 ]; then
+    echo "SKIP rdma: needs root (9p export of / and apt-get download)"
+  else
+    bash fabric-tests/run.sh rdma
   fi
 fi
 
