@@ -126,8 +126,8 @@ async fn main() {
     let tcp = TcpClient::new(TransportConfig::default(), secret());
     let mut out: Vec<(String, f64)> = Vec::new();
     // Warm up both paths (queue pair, key resolution, TCP connections).
-    let _ = rdma.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("rdma warm-up");
-    let _ = tcp.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("tcp warm-up");
+    rdma.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("rdma warm-up");
+    tcp.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("tcp warm-up");
     for &size in &a.sizes {
         for (name, c) in [("rdma", &rdma), ("tcp", &tcp)] {
             let g = throughput(c, addr, key, size, a.depth, a.secs).await;

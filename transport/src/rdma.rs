@@ -58,6 +58,13 @@ use tracing::{debug, info, warn};
 /// How long a peer whose queue pair failed is read over TCP before RDMA is tried again.
 pub const FALLBACK_FOR: Duration = Duration::from_secs(30);
 
+/// The same after a remote access error: usually a region revoked between resolving its
+/// key and reading it (a staged shard evicted), not a sick fabric.
+pub const ACCESS_FALLBACK_FOR: Duration = Duration::from_secs(1);
+
+/// Resolved keys kept per reader (staged regions come and go; the oldest are dropped).
+const MAX_RESOLVED: usize = 4096;
+
 /// Bytes of one bounce buffer (and at most one work request).
 pub const BOUNCE_BYTES: usize = 1 << 20;
 
@@ -647,19 +654,29 @@ impl RdmaReader {
     }
 
     fn fall_back(&self, peer: SocketAddr, why: &RdmaError) {
+        let access = matches!(why, RdmaError::Completion { status, .. } if status.contains("RemoteAccess"));
+        let period = if access {
+            self.fallback_for.min(ACCESS_FALLBACK_FOR)
+        } else {
+            self.fallback_for
+        };
         let mut peers = self.peers_lock();
         let was_ready = !matches!(peers.get(&peer), Some(PeerState::Fallback { .. }));
         peers.insert(
             peer,
             PeerState::Fallback {
-                until: Instant::now() + self.fallback_for,
+                until: Instant::now() + period,
             },
         );
         drop(peers);
         self.forget_keys(peer);
-        if was_ready {
-            self.fallbacks.fetch_add(1, Ordering::Relaxed);
-            warn!(%peer, error = %why, "RDMA to this peer failed; reading it over TCP for {:?}, then reconnecting", self.fallback_for);
+        if !was_ready {
+            return;
+        }
+        self.fallbacks.fetch_add(1, Ordering::Relaxed);
+        match why {
+            RdmaError::NotOffered => info!(%peer, "peer serves no RDMA; reading it over TCP"),
+            _ => warn!(%peer, error = %why, "RDMA to this peer failed; reading it over TCP for {period:?}, then reconnecting"),
         }
     }
 
@@ -763,7 +780,12 @@ impl RdmaReader {
             Ok(b) => {
                 let r: Resolved =
                     prost::Message::decode(b).map_err(|e| RdmaError::Setup(format!("resolve reply: {e}")))?;
-                self.resolved.lock().unwrap_or_else(|p| p.into_inner()).insert(id, r);
+                let mut cache = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+                if cache.len() >= MAX_RESOLVED {
+                    // Mostly keys of regions long revoked; re-resolving costs one RPC.
+                    cache.clear();
+                }
+                cache.insert(id, r);
                 Ok(Ok(r))
             }
             Err(TransportError::Remote { status, .. }) if crate::client::is_access(&status) => {
