@@ -56,6 +56,19 @@ pub struct NodeConfig {
     pub manager: Option<ManagerSection>,
     /// The meta role (holds namespace partitions).
     pub meta: Option<MetaSection>,
+    /// Log format and level (`SHINGLE_LOG` and `--log-format` override them).
+    pub log: Option<LogSection>,
+}
+
+/// `[log]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    /// `text` (default) or `json` (one object per line).
+    #[serde(default)]
+    pub format: crate::logging::LogFormat,
+    /// Level filter, e.g. `info` or `warn,shingle_meta=debug` (default `warn,openraft=error`).
+    pub level: Option<String>,
 }
 
 /// `[manager]`
@@ -288,6 +301,20 @@ impl NodeConfig {
         if clustered && self.node.id.is_none_or(|i| i == 0) {
             bail!("node.id (a positive integer) is required with node.cluster_file");
         }
+        if let Some(a) = self.node.advertise
+            && (a.ip().is_unspecified() || a.port() == 0)
+        {
+            bail!("node.advertise must be an address other nodes can reach (a real IP and port), got {a}");
+        }
+        if clustered && self.node.listen.ip().is_unspecified() && self.node.advertise.is_none() {
+            bail!(
+                "node.listen is {} (every interface): set node.advertise to the address other nodes use to reach this one",
+                self.node.listen
+            );
+        }
+        if let Some(level) = self.log.as_ref().and_then(|l| l.level.as_deref()) {
+            crate::logging::parse_filter(level).context("log.level")?;
+        }
         if !clustered && (self.manager.is_some() || self.meta.is_some()) {
             bail!("[manager] and [meta] need node.cluster_file (run `shingle format` first)");
         }
@@ -303,6 +330,17 @@ impl NodeConfig {
                     "manager.out_after_ms ({}) must be 0 (never) or at least down_after_ms ({})",
                     m.out_after_ms,
                     m.down_after_ms
+                );
+            }
+        }
+        if let Some(m) = &self.meta {
+            if m.rebuild_rate.0 == 0 {
+                bail!("meta.rebuild_rate must be more than 0 (it is a bandwidth limit; 0 would stall rebuilds)");
+            }
+            if m.repair_interval_ms < 100 {
+                bail!(
+                    "meta.repair_interval_ms must be at least 100, got {}",
+                    m.repair_interval_ms
                 );
             }
         }
@@ -362,5 +400,99 @@ mod tests {
         assert!(toml::from_str::<NodeConfig>(&typo).is_err());
         let bad: NodeConfig = toml::from_str(&ok.replace("\"1MiB\"", "\"1000\"")).expect("parse");
         assert!(bad.validate().is_err());
+    }
+
+    /// The keys a section accepts, from serde's "unknown field" error (it lists them all).
+    fn accepted_keys<T: serde::de::DeserializeOwned + std::fmt::Debug>() -> Vec<String> {
+        let e = toml::from_str::<T>("__probe = 1")
+            .expect_err("probe key accepted")
+            .to_string();
+        let list = e
+            .split("expected")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no key list in: {e}"));
+        list.split('`').skip(1).step_by(2).map(str::to_string).collect()
+    }
+
+    #[test]
+    fn reference_doc_examples_parse_and_validate() {
+        let doc = include_str!("../../docs/config-reference.md");
+        let mut nodes = 0;
+        let mut clusters = 0;
+        for block in doc.split("```toml\n").skip(1) {
+            let text = block.split("\n```").next().expect("closed block");
+            if text.contains("cluster_id") {
+                let c: ClusterFile = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+                c.validate().unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+                clusters += 1;
+            } else {
+                let c: NodeConfig = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+                c.validate().unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+                if nodes == 0 {
+                    // The complete example sets every role and table.
+                    assert!(c.manager.is_some() && c.meta.is_some() && c.data.is_some() && c.log.is_some());
+                }
+                nodes += 1;
+            }
+        }
+        assert!(
+            nodes >= 1 && clusters >= 1,
+            "examples missing: {nodes} node, {clusters} cluster"
+        );
+        // Every table and key the code accepts has its row in the reference.
+        for table in accepted_keys::<NodeConfig>() {
+            assert!(doc.contains(&format!("## `[{table}]`")), "no section for [{table}]");
+        }
+        let sections = [
+            ("node", accepted_keys::<NodeSection>()),
+            ("manager", accepted_keys::<ManagerSection>()),
+            ("meta", accepted_keys::<MetaSection>()),
+            ("data", accepted_keys::<DataSection>()),
+            ("log", accepted_keys::<LogSection>()),
+        ];
+        for (table, keys) in sections {
+            assert!(keys.len() >= 2, "{table}: {keys:?}");
+            for k in keys {
+                assert!(
+                    doc.contains(&format!("| `{table}.{k}` |")),
+                    "{table}.{k} is not documented"
+                );
+            }
+        }
+        for k in accepted_keys::<ClusterFile>() {
+            assert!(
+                doc.contains(&format!("| `{k}`")),
+                "cluster file key {k} is not documented"
+            );
+        }
+        // The node configs shown in the operations guide are valid too.
+        let ops = include_str!("../../docs/operations.md");
+        for block in ops.split("```toml\n").skip(1) {
+            let text = block.split("\n```").next().expect("closed block");
+            let c: NodeConfig = toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"));
+            c.validate().unwrap_or_else(|e| panic!("{e:#}\n{text}"));
+        }
+    }
+
+    #[test]
+    fn wildcard_listen_needs_advertise_and_meta_limits_hold() {
+        let base = "[node]\nid = 1\nlisten = \"0.0.0.0:7100\"\nsecret_file = \"/s\"\ncluster_file = \"/c\"\n";
+        let c: NodeConfig = toml::from_str(base).expect("parse");
+        assert!(format!("{:#}", c.validate().expect_err("no advertise")).contains("node.advertise"));
+        let ok: NodeConfig = toml::from_str(&format!("{base}advertise = \"10.0.0.1:7100\"\n")).expect("parse");
+        ok.validate().expect("valid");
+        let zero: NodeConfig = toml::from_str(&format!("{base}advertise = \"0.0.0.0:7100\"\n")).expect("parse");
+        assert!(zero.validate().is_err());
+        let with = |meta: &str| -> NodeConfig {
+            toml::from_str(&format!(
+                "{base}advertise = \"10.0.0.1:7100\"\n[meta]\ndir = \"/m\"\n{meta}"
+            ))
+            .expect("parse")
+        };
+        assert!(with("rebuild_rate = 0\n").validate().is_err());
+        assert!(with("repair_interval_ms = 0\n").validate().is_err());
+        with("rebuild_rate = \"10MiB\"\nrepair_interval_ms = 100\n")
+            .validate()
+            .expect("valid");
     }
 }

@@ -105,6 +105,11 @@ fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<
         }
         None => Command::new(exe),
     };
+    // `shingle --log-format json dev` gives its nodes the same format (the environment
+    // variable is inherited anyway).
+    if let Some(f) = crate::logging::cli_format() {
+        cmd.env(crate::logging::FORMAT_ENV, f.as_str());
+    }
     let mut child = cmd
         .args(["serve", "--config"])
         .arg(config)

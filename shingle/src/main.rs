@@ -10,6 +10,7 @@ mod cli;
 mod config;
 mod dev;
 mod local;
+mod logging;
 mod serve;
 
 use anyhow::Result;
@@ -19,6 +20,10 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(name = "shingle", version, about)]
 struct Cli {
+    /// Log format on stderr: text, or one JSON object per line (overrides the node
+    /// config's `[log] format`; the level is set by SHINGLE_LOG or `[log] level`).
+    #[arg(long, global = true, value_enum, env = logging::FORMAT_ENV, value_name = "FORMAT")]
+    log_format: Option<logging::LogFormat>,
     #[command(subcommand)]
     command: Command,
 }
@@ -103,16 +108,23 @@ fn main() -> Result<()> {
         return dev::fstab_helper(&args);
     }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+    // A node's config is read before logging starts: its `[log]` table sets the format and level.
+    let node = match &cli.command {
+        Command::Serve { config } => Some(config::NodeConfig::load(config)?),
+        _ => None,
+    };
+    let log = node.as_ref().map(|n| {
+        let l = n.log.as_ref();
+        (
+            l.map(|l| l.format).unwrap_or_default(),
+            l.and_then(|l| l.level.as_deref()),
         )
-        .with_writer(std::io::stderr)
-        .init();
+    });
+    logging::init(cli.log_format, log);
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(async move {
         match cli.command {
-            Command::Serve { config } => serve::run(&config).await,
+            Command::Serve { .. } => serve::run(anyhow::Context::context(node, "no node config")?).await,
             Command::Keygen { out } => keygen(&out),
             Command::Format(a) => format(a),
             Command::Dev(a) => dev::dev(a).await,

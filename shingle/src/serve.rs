@@ -14,14 +14,13 @@ use shingle_meta::manager::{Manager, ManagerConfig, ManagerSlot};
 use shingle_meta::map::{ClusterMap, NodeInfo, NodeState, Roles};
 use shingle_meta::service::{MetaConfig, MetaNode};
 use shingle_transport::{ClusterSecret, RegionTable, Router, Server, TcpClient, TransportConfig};
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-/// Runs a node until SIGINT or SIGTERM, then shuts down gracefully.
-pub async fn run(config_path: &Path) -> Result<()> {
-    let cfg = NodeConfig::load(config_path)?;
+/// Runs a node (its config loaded and validated) until SIGINT or SIGTERM, then shuts
+/// down gracefully.
+pub async fn run(cfg: NodeConfig) -> Result<()> {
     let secret = ClusterSecret::from_file(&cfg.node.secret_file)
         .with_context(|| format!("load cluster secret {}", cfg.node.secret_file.display()))?;
     let transport = TransportConfig {
@@ -173,11 +172,13 @@ pub async fn run(config_path: &Path) -> Result<()> {
             )));
         }
     }
+    // Handlers first: whoever reads the line below may send SIGTERM at once.
+    let shutdown = Shutdown::install()?;
     // Scripts and tests read this line to learn the port when listening on :0.
     println!("shingle: node listening on {}", server.local_addr());
     info!(addr = %server.local_addr(), id = node_id.0, data = cfg.data.is_some(), meta = meta.is_some(),
         manager = manager.is_some(), "node started");
-    wait_for_signal().await?;
+    shutdown.wait().await;
     info!("shutting down");
     if let Some(t) = gc_task {
         t.abort();
@@ -225,12 +226,33 @@ async fn gc_loop(store: Arc<ChunkStore<Arc<dyn ZonedDevice>>>, free_below: u32) 
     }
 }
 
-pub async fn wait_for_signal() -> Result<()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut term = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("wait for SIGINT")?,
-        _ = term.recv() => {}
+/// SIGINT and SIGTERM, caught from the moment this is made (a signal that arrives before
+/// [`Shutdown::wait`] is polled still counts, instead of killing the process).
+pub struct Shutdown {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+}
+
+impl Shutdown {
+    /// Installs the handlers.
+    pub fn install() -> Result<Self> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Shutdown {
+            int: signal(SignalKind::interrupt()).context("install SIGINT handler")?,
+            term: signal(SignalKind::terminate()).context("install SIGTERM handler")?,
+        })
     }
+
+    /// Waits for either signal.
+    pub async fn wait(mut self) {
+        tokio::select! {
+            _ = self.int.recv() => {}
+            _ = self.term.recv() => {}
+        }
+    }
+}
+
+pub async fn wait_for_signal() -> Result<()> {
+    Shutdown::install()?.wait().await;
     Ok(())
 }
