@@ -5,7 +5,9 @@
 #                                 lost, nothing acknowledged by a partitioned host
 #   fabric-tests/run.sh zoned     zoned block device tests in the QEMU guest
 #   fabric-tests/run.sh rdma      the transport conformance suite and the RDMA path tests
-#                                 over soft-RoCE in the QEMU guest (REQUIRE_RDMA=1 there)
+#                                 over soft-RoCE in the QEMU guest (REQUIRE_RDMA=1 there),
+#                                 then end to end: 6 `shingle serve` processes, EC files read
+#                                 over RDMA (checked), again with a node down
 #   fabric-tests/run.sh rdma-bench  RDMA remote read against ib_read_bw and TCP, in the guest
 #   fabric-tests/run.sh all       netns, zoned and rdma
 # A rig this machine cannot run prints "SKIP <rig>: <reason>" and does not fail.
@@ -65,16 +67,26 @@ rdma() {
   fi
   mapfile -t bins < <(test_bins -p shingle-transport --features rdma --test conformance_rdma --test rdma_paths)
   [ "${#bins[@]}" = 2 ] || { echo "rdma: expected two test binaries, got: ${bins[*]}" >&2; return 1; }
-  # One guest boot for both binaries; a missing device inside the guest is a failure.
+  cargo build -q --release -p shingle --features rdma
+  local shingle
+  shingle=$(readlink -f target/release/shingle)
+  # One guest boot for everything; a missing device inside the guest is a failure. The
+  # nodes must serve over RDMA (required) on rxe0; the bench's client reads on rxe1.
   out=$(REQUIRE_RDMA=1 SHINGLE_GUEST_SKIP_OK=1 bash fabric-tests/guest/run.sh --rdma -- \
-    bash -c 'for b; do "$b" --test-threads=1 || exit 1; done' rdma-tests "${bins[@]}" 2>&1) || {
+    bash -c 'shingle=$1; shift
+      for b; do "$b" --test-threads=1 || exit 1; done
+      SHINGLE_RDMA=required SHINGLE_RDMA_DEVICE=$SHINGLE_RDMA_DEV0 \
+        "$shingle" bench fabric --files 6 --file-kib 4096 --client-device "$SHINGLE_RDMA_DEV1"' \
+    rdma-tests "$shingle" "${bins[@]}" 2>&1) || {
     echo "$out"; echo "rdma rig: FAILED" >&2; return 1; }
   if grep -q '^SKIP' <<<"$out"; then
     grep '^SKIP' <<<"$out" | sed 's/^SKIP/SKIP rdma/'
     return 0
   fi
-  grep -E 'rdma: rxe|test result' <<<"$out" || true
+  grep -E 'rdma: rxe|test result|^read over|^one node down|^wrote' <<<"$out" || true
   [ "$(grep -c 'test result: ok' <<<"$out")" = 2 ] || { echo "$out"; echo "rdma rig: FAILED" >&2; return 1; }
+  grep -q '"rdma": "[1-9][0-9]* reads over RDMA, 0 fallbacks"' <<<"$out" || {
+    echo "$out"; echo "rdma rig: the end-to-end reads did not go over RDMA" >&2; return 1; }
   echo "rdma rig: ok"
 }
 

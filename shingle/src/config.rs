@@ -58,6 +58,8 @@ pub struct NodeConfig {
     pub meta: Option<MetaSection>,
     /// Log format and level (`SHINGLE_LOG` and `--log-format` override them).
     pub log: Option<LogSection>,
+    /// RDMA for remote reads (`SHINGLE_RDMA*` variables override it; default auto).
+    pub rdma: Option<crate::fabric::RdmaSettings>,
 }
 
 /// `[log]`
@@ -293,6 +295,9 @@ impl NodeConfig {
 
     /// Checks values that parse but make no sense.
     pub fn validate(&self) -> Result<()> {
+        if let Some(r) = &self.rdma {
+            r.validate()?;
+        }
         let f = self.node.max_frame_bytes.0;
         if !(4096..=1 << 30).contains(&f) {
             bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
@@ -430,7 +435,13 @@ mod tests {
                 c.validate().unwrap_or_else(|e| panic!("{e:#}\n{text}"));
                 if nodes == 0 {
                     // The complete example sets every role and table.
-                    assert!(c.manager.is_some() && c.meta.is_some() && c.data.is_some() && c.log.is_some());
+                    assert!(
+                        c.manager.is_some()
+                            && c.meta.is_some()
+                            && c.data.is_some()
+                            && c.log.is_some()
+                            && c.rdma.is_some()
+                    );
                 }
                 nodes += 1;
             }
@@ -449,6 +460,7 @@ mod tests {
             ("meta", accepted_keys::<MetaSection>()),
             ("data", accepted_keys::<DataSection>()),
             ("log", accepted_keys::<LogSection>()),
+            ("rdma", accepted_keys::<crate::fabric::RdmaSettings>()),
         ];
         for (table, keys) in sections {
             assert!(keys.len() >= 2, "{table}: {keys:?}");

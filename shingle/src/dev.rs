@@ -278,6 +278,7 @@ pub async fn connect(
     let secret = ClusterSecret::from_file(secret_file)
         .with_context(|| format!("load cluster secret {}", secret_file.display()))?;
     let tcp = TcpClient::new(TransportConfig::default(), secret);
+    crate::fabric::attach(&crate::fabric::RdmaSettings::default().with_env()?, &tcp)?;
     let wc = WatchConfig {
         managers: cf.manager_addrs(),
         node: None,

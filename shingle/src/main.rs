@@ -9,6 +9,7 @@ mod bench;
 mod cli;
 mod config;
 mod dev;
+mod fabric;
 mod local;
 mod logging;
 mod serve;
@@ -96,6 +97,8 @@ enum BenchCommand {
     /// Node kills under a scan and a writer: read stalls, degraded throughput, rebuild,
     /// three-down EIO, full read-back.
     Failover(bench::failover::FailoverBenchArgs),
+    /// EC files read end to end over RDMA vs TCP on a local cluster (soft-RoCE guest rig).
+    Fabric(bench::fabric::FabricBenchArgs),
     /// The writer the failover bench runs inside a partitioned rig host.
     #[command(hide = true)]
     IsoWriter(bench::failover::IsoWriterArgs),
@@ -135,6 +138,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
             Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
             Command::Bench(BenchCommand::Failover(a)) => bench::failover::run(a).await,
+            Command::Bench(BenchCommand::Fabric(a)) => bench::fabric::run(a).await,
             Command::Bench(BenchCommand::IsoWriter(a)) => bench::failover::iso_writer(a).await,
             Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
             Command::Tool(t) => cli::run(t).await,

@@ -29,6 +29,10 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     };
     let regions = Arc::new(RegionTable::new());
     let peers = TcpClient::new(transport.clone(), secret.clone());
+    let rdma = cfg.rdma.clone().unwrap_or_default().with_env()?;
+    rdma.validate()?;
+    // Nodes read each other's shards too (repair, rebuild).
+    crate::fabric::attach(&rdma, &peers)?;
     let mut router = Router::new();
     let mut gc_task = None;
     if let Some(d) = &cfg.data {
@@ -94,6 +98,9 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let slot = ManagerSlot::new();
     if cfg.manager.is_some() {
         router = router.merge(slot.router());
+    }
+    if cfg.data.is_some() {
+        router = crate::fabric::export(&rdma, router, &regions)?;
     }
     let server = Server::bind(cfg.node.listen, transport, secret, router, regions)
         .await

@@ -45,7 +45,10 @@ fn args() -> Args {
             "--depth" => a.depth = v().parse().expect("--depth"),
             "--region-mib" => a.region_mib = v().parse().expect("--region-mib"),
             "--sizes-kib" => {
-                a.sizes = v().split(',').map(|s| s.parse::<u32>().expect("--sizes-kib") << 10).collect();
+                a.sizes = v()
+                    .split(',')
+                    .map(|s| s.parse::<u32>().expect("--sizes-kib") << 10)
+                    .collect();
             }
             "--lat-reads" => a.lat_reads = v().parse().expect("--lat-reads"),
             "--json" => a.json = Some(v()),
@@ -75,7 +78,9 @@ async fn throughput(c: &TcpClient, addr: SocketAddr, key: RegionKey, size: u32, 
                 let off = (i % slots) * size as usize;
                 let (r, b) = c.read(addr, key, off as u64, size, buf).await;
                 r.expect("read");
-                assert!(b.len() == size as usize && b[0] == byte_at(off) && b[b.len() - 1] == byte_at(off + b.len() - 1));
+                assert!(
+                    b.len() == size as usize && b[0] == byte_at(off) && b[b.len() - 1] == byte_at(off + b.len() - 1)
+                );
                 bytes += size as u64;
                 buf = b;
                 i += depth;
@@ -116,9 +121,15 @@ async fn main() {
     let export = RdmaExport::new(dev0, regions.clone());
     let ip = std::env::var("SHINGLE_RDMA_ADDR0").unwrap_or_else(|_| "127.0.0.1".into());
     let bind: SocketAddr = format!("{ip}:0").parse().expect("SHINGLE_RDMA_ADDR0");
-    let server = Server::bind(bind, TransportConfig::default(), secret(), export.routes(Router::new()), regions)
-        .await
-        .expect("bind");
+    let server = Server::bind(
+        bind,
+        TransportConfig::default(),
+        secret(),
+        export.routes(Router::new()),
+        regions,
+    )
+    .await
+    .expect("bind");
     let addr = server.local_addr();
     let rdma = TcpClient::new(TransportConfig::default(), secret());
     let reader = RdmaReader::new(Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client RDMA device"));
@@ -126,8 +137,14 @@ async fn main() {
     let tcp = TcpClient::new(TransportConfig::default(), secret());
     let mut out: Vec<(String, f64)> = Vec::new();
     // Warm up both paths (queue pair, key resolution, TCP connections).
-    rdma.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("rdma warm-up");
-    tcp.read(addr, key, 0, 4096, BytesMut::new()).await.0.expect("tcp warm-up");
+    rdma.read(addr, key, 0, 4096, BytesMut::new())
+        .await
+        .0
+        .expect("rdma warm-up");
+    tcp.read(addr, key, 0, 4096, BytesMut::new())
+        .await
+        .0
+        .expect("tcp warm-up");
     for &size in &a.sizes {
         for (name, c) in [("rdma", &rdma), ("tcp", &tcp)] {
             let g = throughput(c, addr, key, size, a.depth, a.secs).await;

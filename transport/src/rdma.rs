@@ -676,7 +676,9 @@ impl RdmaReader {
         self.fallbacks.fetch_add(1, Ordering::Relaxed);
         match why {
             RdmaError::NotOffered => info!(%peer, "peer serves no RDMA; reading it over TCP"),
-            _ => warn!(%peer, error = %why, "RDMA to this peer failed; reading it over TCP for {period:?}, then reconnecting"),
+            _ => {
+                warn!(%peer, error = %why, "RDMA to this peer failed; reading it over TCP for {period:?}, then reconnecting")
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 //! Benchmarks, each runnable with one command (`shingle bench <what>`).
 
 pub mod ec;
+pub mod fabric;
 pub mod failover;
 pub mod loader;
 pub mod meta;
