@@ -43,6 +43,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   if cargo fuzz --version >/dev/null 2>&1; then
     fuzz transport frame_decode
     fuzz transport control_messages
+    fuzz transport rdma_fragments
     fuzz data chunk_record
     fuzz data shard_messages
     fuzz meta meta_messages

@@ -22,6 +22,7 @@ pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod error;
+pub mod fragment;
 pub mod frame;
 pub mod health;
 #[cfg(feature = "rdma")]
