@@ -125,6 +125,9 @@ EOF_IP
 
 [[ $zoned == 1 ]] && setup_zoned
 [[ $rdma == 1 ]] && setup_rdma
+# Registered RDMA memory is pinned and counts against the memlock limit (8 MiB by
+# default), as on a real host where the unit sets LimitMEMLOCK=infinity.
+[[ $rdma == 1 ]] && ulimit -l unlimited
 
 read -r up _ </proc/uptime
 echo "$up" >"$io/started"

@@ -115,16 +115,21 @@ impl RdmaSettings {
 }
 
 /// Serves remote reads of `regions` over RDMA too, when the settings and the host allow.
-pub fn export(s: &RdmaSettings, router: Router, regions: &Arc<RegionTable>) -> Result<Router> {
+pub fn export(
+    s: &RdmaSettings,
+    router: Router,
+    regions: &Arc<RegionTable>,
+    config: &shingle_transport::TransportConfig,
+) -> Result<Router> {
     #[cfg(feature = "rdma")]
     if let Some(dev) = open(s)? {
         tracing::info!(device = dev.name(), "serving remote reads over RDMA too");
-        let export = shingle_transport::rdma::RdmaExport::new(dev, regions.clone());
+        let export = shingle_transport::rdma::RdmaExport::new(dev, regions.clone(), config);
         return Ok(export.routes(router));
     }
     #[cfg(not(feature = "rdma"))]
     {
-        let _ = regions;
+        let _ = (regions, config);
         not_built(s)?;
     }
     Ok(router)

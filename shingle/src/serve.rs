@@ -100,7 +100,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         router = router.merge(slot.router());
     }
     if cfg.data.is_some() {
-        router = crate::fabric::export(&rdma, router, &regions)?;
+        router = crate::fabric::export(&rdma, router, &regions, &transport)?;
     }
     let server = Server::bind(cfg.node.listen, transport, secret, router, regions)
         .await

@@ -118,7 +118,7 @@ async fn main() {
     let data: Vec<u8> = (0..a.region_mib << 20).map(byte_at).collect();
     let key = regions.register(Bytes::from(data));
     let dev0 = Device::open(&Rdma::config("SHINGLE_RDMA_DEV0")).expect("server RDMA device");
-    let export = RdmaExport::new(dev0, regions.clone());
+    let export = RdmaExport::new(dev0, regions.clone(), &TransportConfig::default());
     let ip = std::env::var("SHINGLE_RDMA_ADDR0").unwrap_or_else(|_| "127.0.0.1".into());
     let bind: SocketAddr = format!("{ip}:0").parse().expect("SHINGLE_RDMA_ADDR0");
     let server = Server::bind(

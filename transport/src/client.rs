@@ -336,12 +336,19 @@ impl TcpClient {
         });
         let c = conn.clone();
         let max_frame = cfg.max_frame_bytes;
+        #[cfg(feature = "rdma")]
+        let rdma = self.inner.rdma.get().cloned();
         tokio::spawn(async move {
             let reason = tokio::select! {
                 r = reader_loop(&c, rd, max_frame) => r,
                 _ = c.closed.cancelled() => "closed".into(),
             };
             c.close(reason);
+            // The peer's queue pair most likely went with the connection (restart).
+            #[cfg(feature = "rdma")]
+            if let Some(r) = rdma {
+                r.peer_disconnected(peer);
+            }
         });
         debug!(%peer, "connected");
         Ok(conn)
@@ -550,6 +557,30 @@ async fn reader_loop(conn: &Conn, rd: tokio::net::tcp::OwnedReadHalf, max_frame:
 
 impl RpcChannel for TcpClient {
     async fn call_raw(
+        &self,
+        peer: SocketAddr,
+        kind: MsgKind,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> Result<Bytes, TransportError> {
+        // Service calls (and pings) go over the peer's RDMA queue pair when there is one;
+        // the RDMA handshake and key resolution always go over TCP.
+        #[cfg(feature = "rdma")]
+        if let Some(r) = self.inner.rdma.get()
+            && (kind.0 >= MsgKind::FIRST_SERVICE || kind == MsgKind::PING)
+        {
+            let timeout = opts.timeout.unwrap_or(self.inner.config.request_timeout);
+            if let Some(res) = r.call(self, peer, kind, &payload, timeout).await {
+                return res;
+            }
+        }
+        self.call_tcp(peer, kind, payload, opts).await
+    }
+}
+
+impl TcpClient {
+    /// A call over TCP whatever else is attached (the RDMA handshake uses it).
+    pub(crate) async fn call_tcp(
         &self,
         peer: SocketAddr,
         kind: MsgKind,

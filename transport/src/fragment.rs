@@ -8,7 +8,8 @@
 //! ```text
 //! 0      1      2       4                 12            16
 //! | 0xF7 | flags | 0u16 | message id u64 | total u32 | data ...
-//! flags: FIRST 0x1, LAST 0x2 (a one-fragment message has both), NOOP 0x4 (a probe; no data)
+//! flags: FIRST 0x1, LAST 0x2 (a one-fragment message has both), NOOP 0x4 (a probe; no
+//! data), CLOSE 0x8 (the sender closes the queue pair; no data)
 //! ```
 //!
 //! An RC queue pair delivers SENDs in order and one task posts all fragments of a
@@ -26,6 +27,7 @@ const MAGIC: u8 = 0xF7;
 const FIRST: u8 = 0x1;
 const LAST: u8 = 0x2;
 const NOOP: u8 = 0x4;
+const CLOSE: u8 = 0x8;
 
 /// Why a fragment was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +73,8 @@ pub enum FragmentError {
 pub enum Piece {
     /// A probe: nothing to deliver.
     Noop,
+    /// The peer is closing the queue pair: calls waiting on it fail now.
+    Close,
     /// Part of a message; more fragments follow.
     Partial,
     /// A whole message.
@@ -110,17 +114,17 @@ impl Reassembler {
             return Err(FragmentError::Magic(h[0]));
         }
         let flags = h[1];
-        if flags & !(FIRST | LAST | NOOP) != 0 || h[2] != 0 || h[3] != 0 {
+        if flags & !(FIRST | LAST | NOOP | CLOSE) != 0 || h[2] != 0 || h[3] != 0 {
             return Err(FragmentError::Flags(flags));
         }
         let id = u64::from_le_bytes([h[4], h[5], h[6], h[7], h[8], h[9], h[10], h[11]]);
         let total = u32::from_le_bytes([h[12], h[13], h[14], h[15]]);
         let data = &frag[FRAGMENT_HEADER..];
-        if flags & NOOP != 0 {
-            if flags != NOOP || !data.is_empty() || total != 0 {
+        if flags & (NOOP | CLOSE) != 0 {
+            if (flags != NOOP && flags != CLOSE) || !data.is_empty() || total != 0 {
                 return Err(FragmentError::Flags(flags));
             }
-            return Ok(Piece::Noop);
+            return Ok(if flags == NOOP { Piece::Noop } else { Piece::Close });
         }
         if total as usize > self.max_message {
             return Err(FragmentError::TooLarge {
@@ -190,6 +194,14 @@ pub fn noop() -> [u8; FRAGMENT_HEADER] {
     h
 }
 
+/// The header of a close notice.
+pub fn close() -> [u8; FRAGMENT_HEADER] {
+    let mut h = [0u8; FRAGMENT_HEADER];
+    h[0] = MAGIC;
+    h[1] = CLOSE;
+    h
+}
+
 /// Cuts `message` into fragments whose data is at most `data_max` bytes: (header, data).
 pub fn split(id: u64, message: &[u8], data_max: usize) -> impl Iterator<Item = ([u8; FRAGMENT_HEADER], &[u8])> {
     let total = message.len() as u32;
@@ -228,6 +240,7 @@ mod tests {
             Ok(Piece::Complete(8, Bytes::new()))
         );
         assert_eq!(r.push(&noop()), Ok(Piece::Noop));
+        assert_eq!(r.push(&close()), Ok(Piece::Close));
     }
 
     #[test]
@@ -303,7 +316,7 @@ mod tests {
                 match r.push(&f).expect("valid fragment") {
                     Piece::Complete(id, b) => got[id as usize] = Some(b.to_vec()),
                     Piece::Partial => {}
-                    Piece::Noop => prop_assert!(false, "no probes sent"),
+                    Piece::Noop | Piece::Close => prop_assert!(false, "no probes sent"),
                 }
             }
             for (i, m) in msgs.iter().enumerate() {

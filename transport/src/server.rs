@@ -63,7 +63,12 @@ where
 #[derive(Clone, Default)]
 pub struct Router {
     handlers: HashMap<MsgKind, Arc<dyn Handler>>,
+    /// Run by [`Server::shutdown`] with the grace period (e.g. draining RDMA queue pairs).
+    shutdown_hooks: Vec<ShutdownHook>,
 }
+
+/// Work a graceful shutdown waits for, given the grace period.
+pub(crate) type ShutdownHook = Arc<dyn Fn(Duration) -> BoxFuture<()> + Send + Sync>;
 
 impl Router {
     /// An empty router (the transport still answers PING and REMOTE_READ).
@@ -125,6 +130,14 @@ impl Router {
             let prev = self.handlers.insert(k, h);
             assert!(prev.is_none(), "message kind {k} registered twice");
         }
+        self.shutdown_hooks.extend(other.shutdown_hooks);
+        self
+    }
+
+    /// Adds work a graceful shutdown runs (after the TCP connections drained).
+    #[cfg_attr(not(feature = "rdma"), allow(dead_code))]
+    pub(crate) fn on_shutdown(mut self, hook: ShutdownHook) -> Self {
+        self.shutdown_hooks.push(hook);
         self
     }
 }
@@ -143,6 +156,7 @@ pub struct Server {
     shutdown: CancellationToken,
     tracker: TaskTracker,
     grace: Duration,
+    hooks: Vec<ShutdownHook>,
 }
 
 /// Connections accepted at most at once per server.
@@ -163,6 +177,7 @@ impl Server {
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let grace = config.shutdown_grace;
+        let hooks = router.shutdown_hooks.clone();
         let shared = Arc::new(Shared {
             config,
             secret,
@@ -177,6 +192,7 @@ impl Server {
             shutdown,
             tracker,
             grace,
+            hooks,
         })
     }
 
@@ -190,10 +206,12 @@ impl Server {
     pub async fn shutdown(self) {
         self.shutdown.cancel();
         self.tracker.close();
-        if tokio::time::timeout(self.grace + Duration::from_secs(1), self.tracker.wait())
-            .await
-            .is_err()
-        {
+        let hooks = futures_join(self.hooks.iter().map(|h| h(self.grace)));
+        let (tcp, ()) = tokio::join!(
+            tokio::time::timeout(self.grace + Duration::from_secs(1), self.tracker.wait()),
+            hooks
+        );
+        if tcp.is_err() {
             warn!(addr = %self.local_addr, "shutdown grace period ran out with requests in flight");
         }
     }
@@ -345,29 +363,7 @@ async fn serve_request(
         let result = match header.kind {
             MsgKind::PING => Ok(payload),
             MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
-            kind => match shared.router.handlers.get(&kind) {
-                None => Err(Status::new(
-                    Code::UnknownKind,
-                    format!("no handler for message kind {kind}"),
-                )),
-                Some(h) => {
-                    let ctx = CallContext {
-                        peer,
-                        kind,
-                        deadline: deadline.map(|d| Instant::now() + d),
-                    };
-                    let fut = CatchUnwind(h.handle(ctx, payload));
-                    match deadline {
-                        Some(d) => tokio::time::timeout(d, fut).await.unwrap_or_else(|_| {
-                            Err(Status::new(
-                                Code::DeadlineExceeded,
-                                format!("deadline of {d:?} passed on the server"),
-                            ))
-                        }),
-                        None => fut.await,
-                    }
-                }
-            },
+            kind => dispatch(&shared.router, peer, kind, deadline, payload).await,
         };
         let (rh, body) = match result {
             Ok(b) if b.len() <= shared.config.max_frame_bytes as usize => {
@@ -399,6 +395,38 @@ async fn serve_request(
     }
     .instrument(span)
     .await
+}
+
+/// Runs the router's handler of `kind` (within `deadline`; a panic becomes `Internal`).
+/// Shared by the TCP connections and the RDMA queue pairs.
+pub(crate) async fn dispatch(
+    router: &Router,
+    peer: SocketAddr,
+    kind: MsgKind,
+    deadline: Option<Duration>,
+    payload: Bytes,
+) -> Result<Bytes, Status> {
+    let Some(h) = router.handlers.get(&kind) else {
+        return Err(Status::new(
+            Code::UnknownKind,
+            format!("no handler for message kind {kind}"),
+        ));
+    };
+    let ctx = CallContext {
+        peer,
+        kind,
+        deadline: deadline.map(|d| Instant::now() + d),
+    };
+    let fut = CatchUnwind(h.handle(ctx, payload));
+    match deadline {
+        Some(d) => tokio::time::timeout(d, fut).await.unwrap_or_else(|_| {
+            Err(Status::new(
+                Code::DeadlineExceeded,
+                format!("deadline of {d:?} passed on the server"),
+            ))
+        }),
+        None => fut.await,
+    }
 }
 
 fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
@@ -446,5 +474,13 @@ impl Future for CatchUnwind {
                 Poll::Ready(Err(Status::new(Code::Internal, format!("handler panicked: {what}"))))
             }
         }
+    }
+}
+
+/// Awaits every future (the hooks run side by side).
+async fn futures_join(futs: impl Iterator<Item = BoxFuture<()>>) {
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    for h in handles {
+        let _ = h.await;
     }
 }

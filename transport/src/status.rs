@@ -33,6 +33,10 @@ pub enum Code {
     OutOfBounds = 9,
     /// The sender's cluster map is older than the server's.
     StaleEpoch = 10,
+    /// Remote read over RDMA: the server's NIC cannot register this region (for
+    /// example a shared read-only file mapping on a kernel before 6.2, which pins
+    /// pages for writing); read it over TCP.
+    NotRegistrable = 11,
     /// A service-defined error; see `app_code`.
     Application = 100,
 }
@@ -51,6 +55,7 @@ impl Code {
             8 => Code::StaleGeneration,
             9 => Code::OutOfBounds,
             10 => Code::StaleEpoch,
+            11 => Code::NotRegistrable,
             100 => Code::Application,
             _ => Code::Unknown,
         }

@@ -125,3 +125,81 @@ async fn a_peer_without_rdma_is_read_over_tcp() {
     assert_eq!(c.fabric(addr), "tcp");
     s.shutdown().await;
 }
+
+/// RPCs go over RDMA SENDs once a queue pair is up (large messages in several
+/// fragments, errors typed as over TCP); a region the server's NIC cannot register
+/// (a shared read-only file mapping on kernels before 6.2) is read over TCP while the
+/// peer stays on RDMA for everything else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpcs_go_over_rdma_and_an_unpinnable_region_is_read_over_tcp() {
+    use shingle_transport::conformance::{Echo, EchoMsg, echo_router};
+    use shingle_transport::{CallOptions, Code, RpcChannel};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    if skip() {
+        return;
+    }
+    let regions = Arc::new(RegionTable::new());
+    let mem = pattern(200_000, 5);
+    let kmem = regions.register(Bytes::from(mem.clone()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("region.bin");
+    let on_disk = pattern(1 << 20, 6);
+    std::fs::write(&path, &on_disk).expect("write");
+    let kfile = regions.register_file(&path).expect("map");
+    let handled = Arc::new(AtomicUsize::new(0));
+    let router = echo_router(handled.clone(), Arc::new(AtomicUsize::new(0)));
+    let (server, addr) = Rdma::serve(router, regions.clone(), TransportConfig::default(), secret())
+        .await
+        .expect("serve");
+    let c = TcpClient::new(TransportConfig::default(), secret());
+    let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
+    let reader = RdmaReader::new(dev);
+    assert!(c.attach_rdma(reader.clone()));
+
+    // The first read sets up the queue pair; calls then ride on it.
+    let (r, _) = c.read(addr, kmem, 0, 10, BytesMut::new()).await;
+    r.expect("read over RDMA");
+    let before = reader.stats();
+    for len in [0usize, 1, 4000, 100_000, 3 << 20] {
+        let data = Bytes::from(pattern(len, len as u8));
+        let req = EchoMsg {
+            data: data.clone(),
+            delay_ms: 0,
+            fail_with: 0,
+        };
+        let reply = c.call::<Echo>(addr, &req, CallOptions::default()).await.expect("echo");
+        assert!(reply.data == data, "echo of {len} bytes differs");
+    }
+    let req = EchoMsg {
+        data: Bytes::new(),
+        delay_ms: 0,
+        fail_with: 42,
+    };
+    match c.call::<Echo>(addr, &req, CallOptions::default()).await {
+        Err(TransportError::Remote { status, .. }) => {
+            assert_eq!((status.code, status.app_code), (Code::Application, 42));
+        }
+        other => panic!("expected the handler's error, got {other:?}"),
+    }
+    assert_eq!(handled.load(Ordering::SeqCst), 6);
+    assert_eq!(reader.stats().calls, before.calls + 6, "every call went over RDMA");
+
+    // The file mapping: read correctly whichever way it goes, and never at the cost
+    // of the peer's RDMA.
+    let (r, buf) = c.read(addr, kfile, 4096, 65_536, BytesMut::new()).await;
+    r.expect("read of the file region");
+    assert!(buf[..] == on_disk[4096..4096 + 65_536], "file region bytes differ");
+    let s = reader.stats();
+    assert_eq!(s.fallbacks, 0, "the peer did not fall back");
+    assert_eq!(
+        s.reads + s.tcp_regions,
+        before.reads + before.tcp_regions + 1,
+        "one read, over RDMA or (unpinnable region) over TCP: {s:?}"
+    );
+    let (r, buf) = c.read(addr, kmem, 1000, 50_000, buf).await;
+    r.expect("memory region after the file region");
+    assert!(buf[..] == mem[1000..51_000]);
+    assert_eq!(reader.stats().reads, s.reads + 1, "still on RDMA");
+    assert_eq!(c.fabric(addr), "rdma");
+    Rdma::stop(server).await;
+}
