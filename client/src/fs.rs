@@ -10,6 +10,11 @@
 //! on flush, fsync and close (close-to-open consistency, as with NFS). A partial stripe
 //! that already exists is read, modified and rewritten under a new version. Memory per
 //! open file is bounded by [`ClientConfig`].
+//!
+//! Traces: what a stripe read or write met on the way (parity used, hedged shard
+//! reads, the fabric, shards left out) is recorded on the span of the operation that
+//! needed it (`degraded`, `hedged`, `fabric` of `fs.read`, `fs.write`, ...); readahead
+//! runs in an `fs.readahead` span, a child of the read that started it.
 
 use bytes::{Bytes, BytesMut};
 use shingle_data::ec::EcPolicy;
@@ -23,7 +28,7 @@ use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
 use tokio::sync::OnceCell;
-use tracing::{debug, warn};
+use tracing::{Instrument, Span, debug, warn};
 
 /// Client settings.
 #[derive(Clone, Debug)]
@@ -361,6 +366,17 @@ impl Client {
         if !r.failed.is_empty() || r.hedged > 0 {
             debug!(ino = ino.0, stripe = s, failed = ?r.failed, hedged = r.hedged, "degraded or hedged stripe read");
         }
+        // On the operation's span (fields it does not have are ignored).
+        let span = Span::current();
+        if r.degraded {
+            span.record("degraded", true);
+        }
+        if r.hedged > 0 {
+            span.record("hedged", true);
+        }
+        if let Some(f) = r.fabric {
+            span.record("fabric", f);
+        }
         Ok(r.data)
     }
 
@@ -429,6 +445,7 @@ impl Client {
             .map(|a| a.and_then(|a| by_addr.get(&a)).map_or(0, |id| id.0))
             .collect();
         if nodes.contains(&0) {
+            Span::current().record("degraded", true);
             debug!(
                 ino = ino.0,
                 stripe = s,
@@ -474,11 +491,22 @@ impl OpenFile {
                     && let Source::Cell(cell, rec) = st.source(next, &c)
                 {
                     let (c2, layout, ino) = (c.clone(), st.layout.clone(), self.ino);
-                    tokio::spawn(async move {
-                        let _ = cell
-                            .get_or_init(|| async { c2.fetch_stripe(ino, &layout, next, &rec).await })
-                            .await;
-                    });
+                    let span = tracing::info_span!(
+                        "fs.readahead",
+                        ino = ino.0,
+                        stripe = next,
+                        degraded = false,
+                        hedged = false,
+                        fabric = tracing::field::Empty,
+                    );
+                    tokio::spawn(
+                        async move {
+                            let _ = cell
+                                .get_or_init(|| async { c2.fetch_stripe(ino, &layout, next, &rec).await })
+                                .await;
+                        }
+                        .instrument(span),
+                    );
                 }
             }
             (parts, size, st.layout.clone())

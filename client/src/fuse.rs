@@ -6,6 +6,11 @@
 //! service checks them again for every change, with the caller's uid, gid and groups.
 //! Entries and attributes are cached by the kernel for `ttl`; files are opened without
 //! `keep_cache`, so an open sees what other clients closed (close-to-open).
+//!
+//! Traces: every request runs in an `fs.<op>` span (`fs.read`, `fs.lookup`, ...) with
+//! the operation, inode, offsets and byte counts, and what happened on the way (errno;
+//! for reads: degraded, hedged, fabric, retries) — the root of one trace per kernel
+//! request, parent of the namespace, stripe and RPC spans below it.
 
 use crate::fs::{Client, OpenFile};
 use fuser::{
@@ -23,6 +28,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle;
+use tracing::{Instrument, Span};
+
+/// The span of one kernel request: `$name` with `op`, `ino` and the fields given.
+macro_rules! op_span {
+    ($name:literal, $op:expr, $ino:expr $(, $($field:tt)*)?) => {
+        tracing::info_span!(
+            $name,
+            op = $op,
+            ino = $ino,
+            errno = tracing::field::Empty,
+            otel.status_code = tracing::field::Empty
+            $(, $($field)*)?
+        )
+    };
+}
 
 /// Mount settings.
 #[derive(Clone, Debug)]
@@ -66,7 +86,9 @@ pub struct ShingleFs {
     next_fh: AtomicU64,
 }
 
+/// The kernel's errno for `e`, recorded on the request's span.
 fn errno(e: Errno) -> fuser::Errno {
+    shingle_meta::client::record_errno(&Span::current(), e);
     fuser::Errno::from_i32(e.code())
 }
 
@@ -151,6 +173,11 @@ impl ShingleFs {
         }
     }
 
+    /// Runs a request's work on the runtime, inside its span.
+    fn run(&self, span: Span, work: impl std::future::Future<Output = ()> + Send + 'static) {
+        self.rt.spawn(work.instrument(span));
+    }
+
     fn fh(&self) -> u64 {
         self.next_fh.fetch_add(1, Ordering::Relaxed)
     }
@@ -172,16 +199,27 @@ impl ShingleFs {
         reply: ReplyEntry,
     ) {
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
-        self.rt.spawn(async move {
-            let r = c
-                .meta()
-                .mknod(&cr, Ino(parent.0), &name, k, perm, rdev, target.as_deref())
-                .await;
-            match r {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!(
+                "fs.mknod",
+                match k {
+                    FileKind::Dir => "mkdir",
+                    FileKind::Symlink => "symlink",
+                    _ => "mknod",
+                },
+                parent.0
+            ),
+            async move {
+                let r = c
+                    .meta()
+                    .mknod(&cr, Ino(parent.0), &name, k, perm, rdev, target.as_deref())
+                    .await;
+                match r {
+                    Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 }
 
@@ -195,7 +233,7 @@ impl Filesystem for ShingleFs {
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let (c, name, ttl) = (self.client.clone(), name.as_bytes().to_vec(), self.ttl);
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.lookup", "lookup", parent.0), async move {
             match c.lookup(Ino(parent.0), &name).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 Err(e) => reply.error(errno(e)),
@@ -205,7 +243,7 @@ impl Filesystem for ShingleFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (c, ttl) = (self.client.clone(), self.ttl);
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.getattr", "getattr", ino.0), async move {
             match c.getattr(Ino(ino.0)).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
@@ -240,7 +278,7 @@ impl Filesystem for ShingleFs {
             atime: when(atime),
             mtime: when(mtime),
         };
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
             match c.setattr(&cr, Ino(ino.0), set).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
@@ -250,7 +288,7 @@ impl Filesystem for ShingleFs {
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.readlink", "readlink", ino.0), async move {
             match c.meta().readlink(Ino(ino.0)).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(e)),
@@ -285,7 +323,7 @@ impl Filesystem for ShingleFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
             match c.meta().unlink(&cr, Ino(parent.0), &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -295,7 +333,7 @@ impl Filesystem for ShingleFs {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.rmdir", "rmdir", parent.0), async move {
             match c.meta().rmdir(&cr, Ino(parent.0), &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -326,53 +364,63 @@ impl Filesystem for ShingleFs {
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         let (c, cr) = (self.client.clone(), creds(req));
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
-        self.rt.spawn(async move {
-            let r = c
-                .meta()
-                .rename(
-                    &cr,
-                    Ino(parent.0),
-                    &name,
-                    Ino(newparent.0),
-                    &newname,
-                    noreplace,
-                    exchange,
-                )
-                .await;
-            match r {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!("fs.rename", "rename", parent.0, newparent = newparent.0),
+            async move {
+                let r = c
+                    .meta()
+                    .rename(
+                        &cr,
+                        Ino(parent.0),
+                        &name,
+                        Ino(newparent.0),
+                        &newname,
+                        noreplace,
+                        exchange,
+                    )
+                    .await;
+                match r {
+                    Ok(()) => reply.ok(),
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), newname.as_bytes().to_vec(), self.ttl);
-        self.rt.spawn(async move {
-            match c.meta().link(&cr, Ino(ino.0), Ino(newparent.0), &name).await {
-                Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!("fs.link", "link", ino.0, newparent = newparent.0),
+            async move {
+                match c.meta().link(&cr, Ino(ino.0), Ino(newparent.0), &name).await {
+                    Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 
     fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
-        self.rt.spawn(async move {
-            match c.open_cached(&cr, Ino(ino.0)).await {
-                Ok((f, unchanged)) => {
-                    files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
-                    // Unchanged since this client last saw it: keep the cached pages.
-                    let flags = if unchanged {
-                        FopenFlags::FOPEN_KEEP_CACHE
-                    } else {
-                        FopenFlags::empty()
-                    };
-                    reply.opened(FileHandle(fh), flags);
+        self.run(
+            op_span!("fs.open", "open", ino.0, keep_cache = tracing::field::Empty),
+            async move {
+                match c.open_cached(&cr, Ino(ino.0)).await {
+                    Ok((f, unchanged)) => {
+                        files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                        // Unchanged since this client last saw it: keep the cached pages.
+                        Span::current().record("keep_cache", unchanged);
+                        let flags = if unchanged {
+                            FopenFlags::FOPEN_KEEP_CACHE
+                        } else {
+                            FopenFlags::empty()
+                        };
+                        reply.opened(FileHandle(fh), flags);
+                    }
+                    Err(e) => reply.error(errno(e)),
                 }
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+            },
+        );
     }
 
     fn read(
@@ -391,16 +439,34 @@ impl Filesystem for ShingleFs {
             return;
         };
         tracing::trace!(ino = f.ino.0, offset, size, "read");
-        self.rt.spawn(async move {
-            let mut r = f.read(offset, size).await;
-            if r == Err(Errno::EAGAIN) {
-                r = f.read(offset, size).await;
-            }
-            match r {
-                Ok(b) => reply.data(&b),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!(
+                "fs.read",
+                "read",
+                f.ino.0,
+                offset,
+                len = size,
+                bytes = tracing::field::Empty,
+                retries = 0u32,
+                degraded = false,
+                hedged = false,
+                fabric = tracing::field::Empty
+            ),
+            async move {
+                let mut r = f.read(offset, size).await;
+                if r == Err(Errno::EAGAIN) {
+                    Span::current().record("retries", 1u32);
+                    r = f.read(offset, size).await;
+                }
+                match r {
+                    Ok(b) => {
+                        Span::current().record("bytes", b.len());
+                        reply.data(&b)
+                    }
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 
     fn write(
@@ -420,12 +486,22 @@ impl Filesystem for ShingleFs {
             return;
         };
         let data = data.to_vec();
-        self.rt.spawn(async move {
-            match f.write(offset, &data).await {
-                Ok(n) => reply.written(n),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!(
+                "fs.write",
+                "write",
+                f.ino.0,
+                offset,
+                bytes = data.len(),
+                degraded = false
+            ),
+            async move {
+                match f.write(offset, &data).await {
+                    Ok(n) => reply.written(n),
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 
     fn flush(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _lock_owner: LockOwner, reply: ReplyEmpty) {
@@ -433,7 +509,7 @@ impl Filesystem for ShingleFs {
             reply.error(fuser::Errno::EBADF);
             return;
         };
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.flush", "flush", f.ino.0, degraded = false), async move {
             match f.flush().await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -452,17 +528,20 @@ impl Filesystem for ShingleFs {
         reply: ReplyEmpty,
     ) {
         let f = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
-        self.rt.spawn(async move {
-            let r = match f {
-                Some(f) => f.flush().await,
-                None => Ok(()),
-            };
-            match r {
-                // An unlinked file has nothing left to commit to.
-                Ok(()) | Err(Errno::ENOENT) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+        self.run(
+            op_span!("fs.release", "release", _ino.0, degraded = false),
+            async move {
+                let r = match f {
+                    Some(f) => f.flush().await,
+                    None => Ok(()),
+                };
+                match r {
+                    // An unlinked file has nothing left to commit to.
+                    Ok(()) | Err(Errno::ENOENT) => reply.ok(),
+                    Err(e) => reply.error(errno(e)),
+                }
+            },
+        );
     }
 
     fn fsync(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _datasync: bool, reply: ReplyEmpty) {
@@ -496,7 +575,7 @@ impl Filesystem for ShingleFs {
             return;
         };
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.readdir", "readdir", _ino.0, offset), async move {
             let mut h = h.lock().await;
             if h.parent.is_none() {
                 match c.meta().get_inode(h.dir).await {
@@ -560,7 +639,7 @@ impl Filesystem for ShingleFs {
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
         let c = self.client.clone();
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.statfs", "statfs", _ino.0), async move {
             let s = c.statfs().await;
             let bs = 4096u64;
             reply.statfs(
@@ -601,7 +680,7 @@ impl Filesystem for ShingleFs {
             name.as_bytes().to_vec(),
             value.to_vec(),
         );
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
             match c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -611,7 +690,7 @@ impl Filesystem for ShingleFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.getxattr", "getxattr", ino.0), async move {
             match c.meta().getxattr(&cr, Ino(ino.0), &name).await {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
                 Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
@@ -623,7 +702,7 @@ impl Filesystem for ShingleFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let (c, cr) = (self.client.clone(), creds(req));
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.listxattr", "listxattr", ino.0), async move {
             match c.meta().listxattr(&cr, Ino(ino.0)).await {
                 Ok(names) => {
                     let mut buf = Vec::new();
@@ -646,7 +725,7 @@ impl Filesystem for ShingleFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
-        self.rt.spawn(async move {
+        self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
             match c.meta().removexattr(&cr, Ino(ino.0), &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -667,22 +746,25 @@ impl Filesystem for ShingleFs {
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
         let (files, fh) = (self.files.clone(), self.fh());
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
-        self.rt.spawn(async move {
-            let a = match c
-                .meta()
-                .mknod(&cr, Ino(parent.0), &name, k, mode & !umask & 0o7777, 0, None)
-                .await
-            {
-                Ok(a) => a,
-                Err(e) => return reply.error(errno(e)),
-            };
-            match c.open(&cr, a.ino).await {
-                Ok(f) => {
-                    files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
-                    reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
+        self.run(
+            op_span!("fs.create", "create", parent.0, degraded = false),
+            async move {
+                let a = match c
+                    .meta()
+                    .mknod(&cr, Ino(parent.0), &name, k, mode & !umask & 0o7777, 0, None)
+                    .await
+                {
+                    Ok(a) => a,
+                    Err(e) => return reply.error(errno(e)),
+                };
+                match c.open(&cr, a.ino).await {
+                    Ok(f) => {
+                        files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                        reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
+                    }
+                    Err(e) => reply.error(errno(e)),
                 }
-                Err(e) => reply.error(errno(e)),
-            }
-        });
+            },
+        );
     }
 }

@@ -11,6 +11,10 @@
 //!   stripe, fetched from their nodes, and store it.
 //!
 //! Store I/O is blocking and runs on tokio's blocking pool.
+//!
+//! Traces: each request runs in a `data.<request>` span (ino, stripe, shard, bytes;
+//! `staged` for a resolve answered from the stage cache), a child of the transport's
+//! `rpc.server` span and so of the caller's operation.
 
 use crate::chunk::ChunkKey;
 use crate::ec::EcPolicy;
@@ -21,6 +25,16 @@ use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router,
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use tracing::field::Empty;
+use tracing::{Instrument, Span, info_span};
+
+/// A handler span named `$name` for shard `$id` (an `Option<ShardId>`).
+macro_rules! shard_span {
+    ($name:literal, $id:expr $(, $($field:tt)*)?) => {{
+        let id = $id.unwrap_or_default();
+        info_span!($name, ino = id.ino, stripe = id.stripe, shard = id.shard $(, $($field)*)?)
+    }};
+}
 
 /// A shard's name on the wire.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, prost::Message)]
@@ -373,6 +387,11 @@ where
     }
 
     async fn write(&self, req: WriteShardRequest) -> Result<WriteShardResponse, Status> {
+        let span = shard_span!("data.write", req.id, bytes = req.data.len());
+        self.write_inner(req).instrument(span).await
+    }
+
+    async fn write_inner(&self, req: WriteShardRequest) -> Result<WriteShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         self.stage().invalidate(&self.regions, &key);
         let loc = self
@@ -385,8 +404,14 @@ where
     }
 
     async fn resolve(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
+        let span = shard_span!("data.resolve", req.id, bytes = Empty, staged = Empty);
+        self.resolve_inner(req).instrument(span).await
+    }
+
+    async fn resolve_inner(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         let hit = self.stage().get(&key, req.version);
+        Span::current().record("staged", hit.is_some());
         let (r, crc, version) = match hit {
             Some(h) => h,
             None => {
@@ -406,6 +431,7 @@ where
                 (r, h.payload_crc, h.version)
             }
         };
+        Span::current().record("bytes", r.len);
         Ok(ResolveResponse {
             region: r.region,
             generation: r.generation,
@@ -416,6 +442,11 @@ where
     }
 
     async fn delete(&self, req: DeleteShardRequest) -> Result<DeleteShardResponse, Status> {
+        let span = shard_span!("data.delete", req.id);
+        self.delete_inner(req).instrument(span).await
+    }
+
+    async fn delete_inner(&self, req: DeleteShardRequest) -> Result<DeleteShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         self.stage().invalidate(&self.regions, &key);
         let version = (req.version != 0).then_some(req.version);
@@ -424,6 +455,11 @@ where
     }
 
     async fn repair(&self, req: RepairShardRequest) -> Result<RepairShardResponse, Status> {
+        let span = shard_span!("data.repair", req.id, sources = req.sources.len(), bytes = Empty);
+        self.repair_inner(req).instrument(span).await
+    }
+
+    async fn repair_inner(&self, req: RepairShardRequest) -> Result<RepairShardResponse, Status> {
         let bad = |m: String| Status::new(shingle_transport::Code::InvalidRequest, m);
         let key = req.id.ok_or_else(missing_id)?.key()?;
         let k = u8::try_from(req.k).map_err(|_| bad("k out of range".into()))?;
@@ -479,6 +515,7 @@ where
             s.put(key, version, &rebuilt, crc)
         })
         .await?;
+        Span::current().record("bytes", len);
         tracing::info!(%key, bytes = len, "shard repaired");
         Ok(RepairShardResponse { bytes: len })
     }

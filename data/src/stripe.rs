@@ -12,6 +12,11 @@
 //!   is suspected or fails; a shard that finds no node is left out, and the stripe is
 //!   durable once `min_shards` shards are (the repair scanner fills the gap later).
 //!   Where each shard went is returned, for the file's layout.
+//!
+//! Traces: a `stripe.read` / `stripe.write` span (ino, stripe, bytes; degraded, failed
+//! shards, hedged reads, fabric; shards stored, spares used) with one `shard.read` /
+//! `shard.write` span per shard request (shard, node, parity, hedge, fabric, bytes), the
+//! parent of that request's RPC spans. Facts known only at the end are recorded late.
 
 use crate::ec::{EcError, EcPolicy};
 use crate::service::{ShardId, ShardReadError, read_shard, write_shard};
@@ -21,6 +26,29 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tracing::field::Empty;
+use tracing::{Instrument, Span, info_span};
+
+/// Which fabric remote reads of a peer use now (`"rdma"` or `"tcp"`), for traces.
+pub trait Fabric {
+    /// The fabric of `peer`.
+    fn fabric(&self, peer: SocketAddr) -> &'static str;
+}
+
+impl Fabric for shingle_transport::TcpClient {
+    fn fabric(&self, peer: SocketAddr) -> &'static str {
+        shingle_transport::TcpClient::fabric(self, peer)
+    }
+}
+
+/// The fabric of a stripe read from the fabrics of its shard reads.
+fn combine(a: Option<&'static str>, b: &'static str) -> &'static str {
+    match a {
+        None => b,
+        Some(a) if a == b => a,
+        Some(_) => "mixed",
+    }
+}
 
 /// Why a stripe operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -73,6 +101,11 @@ pub struct StripeRead {
     pub failed: Vec<(usize, String)>,
     /// Shards read from a parity race after the hedge delay.
     pub hedged: usize,
+    /// Parity was part of the decode (a data shard failed, was missing or slow).
+    pub degraded: bool,
+    /// The fabric of the shard reads: `"rdma"`, `"tcp"`, or `"mixed"` (`None`: nothing
+    /// was fetched).
+    pub fabric: Option<&'static str>,
 }
 
 /// How long a write waits for a slow shard once the stripe is durable without it.
@@ -107,6 +140,41 @@ pub async fn write_stripe<C>(
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
+    let span = info_span!(
+        "stripe.write",
+        ino,
+        stripe,
+        bytes = data.len(),
+        k = policy.k,
+        m = policy.m,
+        stored = Empty,
+        spares = Empty,
+        degraded = Empty,
+        otel.status_code = Empty,
+    );
+    write_stripe_inner(
+        client, health, policy, targets, spares, min_shards, ino, stripe, version, data,
+    )
+    .instrument(span)
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn write_stripe_inner<C>(
+    client: &C,
+    health: &Arc<Health>,
+    policy: EcPolicy,
+    targets: &[SocketAddr],
+    spares: &[SocketAddr],
+    min_shards: usize,
+    ino: u64,
+    stripe: u64,
+    version: u64,
+    data: Bytes,
+) -> Result<Vec<Option<SocketAddr>>, StripeError>
+where
+    C: RpcChannel + Clone + Send + Sync + 'static,
+{
     let (k, n) = (usize::from(policy.k), policy.shard_count());
     if targets.len() != n {
         return Err(StripeError::WrongGroupSize {
@@ -115,6 +183,7 @@ where
         });
     }
     let shards = policy.encode_stripe_bytes(data)?;
+    let mut spares_used = 0usize;
     let mut spares: std::collections::VecDeque<SocketAddr> = spares
         .iter()
         .copied()
@@ -122,19 +191,26 @@ where
         .collect();
     let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let spawn = |i: usize, node: SocketAddr, shard: Bytes| {
+    let spawn = |i: usize, node: SocketAddr, shard: Bytes, spare: bool| {
         let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
         let id = ShardId {
             ino,
             stripe,
             shard: i as u32,
         };
-        tokio::spawn(async move {
-            let ticket = h.start(node);
-            let r = write_shard(&c, node, id, version, shard).await;
-            ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
-            let _ = tx.send((i, node, r.map(|_| ()).map_err(|e| e.to_string())));
-        });
+        let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= k, spare, otel.status_code = Empty);
+        tokio::spawn(
+            async move {
+                let ticket = h.start(node);
+                let r = write_shard(&c, node, id, version, shard).await;
+                ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
+                if r.is_err() {
+                    Span::current().record("otel.status_code", "error");
+                }
+                let _ = tx.send((i, node, r.map(|_| ()).map_err(|e| e.to_string())));
+            }
+            .instrument(span),
+        );
     };
     let mut pending = 0usize;
     let mut stored = 0usize;
@@ -146,12 +222,9 @@ where
             stored += 1;
             continue;
         }
-        let node = if suspects[i] {
-            spares.pop_front().unwrap_or(targets[i])
-        } else {
-            targets[i]
-        };
-        spawn(i, node, shard.clone());
+        let spare = if suspects[i] { spares.pop_front() } else { None };
+        spares_used += usize::from(spare.is_some());
+        spawn(i, spare.unwrap_or(targets[i]), shard.clone(), spare.is_some());
         pending += 1;
     }
     let mut errors: Vec<String> = Vec::new();
@@ -175,7 +248,8 @@ where
                 tracing::debug!(ino, stripe, shard = i, %node, error = %e, "shard write failed");
                 errors.push(format!("shard {i} on {node}: {e}"));
                 if let Some(spare) = spares.pop_front() {
-                    spawn(i, spare, shards[i].clone());
+                    spares_used += 1;
+                    spawn(i, spare, shards[i].clone(), true);
                     pending += 1;
                 }
             }
@@ -184,7 +258,12 @@ where
             give_up = Some(tokio::time::Instant::now() + WRITE_GIVE_UP);
         }
     }
+    let span = Span::current();
+    span.record("stored", stored);
+    span.record("spares", spares_used);
+    span.record("degraded", stored < n);
     if stored < min_shards.max(k) {
+        span.record("otel.status_code", "error");
         return Err(StripeError::WriteFailed {
             ino,
             stripe,
@@ -212,7 +291,39 @@ pub async fn read_stripe<C>(
     stripe_len: usize,
 ) -> Result<StripeRead, StripeError>
 where
-    C: RpcChannel + RemoteRead + Clone + Send + Sync + 'static,
+    C: RpcChannel + RemoteRead + Fabric + Clone + Send + Sync + 'static,
+{
+    let span = info_span!(
+        "stripe.read",
+        ino,
+        stripe,
+        bytes = stripe_len,
+        k = policy.k,
+        m = policy.m,
+        degraded = Empty,
+        failed = Empty,
+        hedged = Empty,
+        fabric = Empty,
+        otel.status_code = Empty,
+    );
+    read_stripe_inner(client, health, policy, nodes, ino, stripe, version, stripe_len)
+        .instrument(span)
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn read_stripe_inner<C>(
+    client: &C,
+    health: &Arc<Health>,
+    policy: EcPolicy,
+    nodes: &[Option<SocketAddr>],
+    ino: u64,
+    stripe: u64,
+    version: u64,
+    stripe_len: usize,
+) -> Result<StripeRead, StripeError>
+where
+    C: RpcChannel + RemoteRead + Fabric + Clone + Send + Sync + 'static,
 {
     let (k, n) = (usize::from(policy.k), policy.shard_count());
     if nodes.len() != n {
@@ -248,44 +359,68 @@ where
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut pending = 0usize;
     let mut hedge = Duration::ZERO;
-    let launch = |order: &mut std::collections::VecDeque<usize>, pending: &mut usize, hedge: &mut Duration| {
-        let Some(i) = order.pop_front() else { return false };
-        let Some(node) = nodes[i] else { return false };
-        *hedge = (*hedge).max(health.hedge_delay(node));
-        let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
-        let id = ShardId {
-            ino,
-            stripe,
-            shard: i as u32,
+    let launch =
+        |order: &mut std::collections::VecDeque<usize>, pending: &mut usize, hedge: &mut Duration, hedging: bool| {
+            let Some(i) = order.pop_front() else { return false };
+            let Some(node) = nodes[i] else { return false };
+            *hedge = (*hedge).max(health.hedge_delay(node));
+            let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
+            let id = ShardId {
+                ino,
+                stripe,
+                shard: i as u32,
+            };
+            let span = info_span!(
+                "shard.read",
+                shard = i,
+                %node,
+                parity = i >= k,
+                hedge = hedging,
+                bytes = Empty,
+                fabric = Empty,
+                otel.status_code = Empty,
+            );
+            tokio::spawn(
+                async move {
+                    let ticket = h.start(node);
+                    let r = read_shard(&c, node, id, version).await;
+                    ticket.finish(answered(&r));
+                    // After the read: a failed RDMA read was redone over TCP, and says so.
+                    let fabric = c.fabric(node);
+                    let span = Span::current();
+                    span.record("fabric", fabric);
+                    match &r {
+                        Ok(b) => span.record("bytes", b.len()),
+                        Err(_) => span.record("otel.status_code", "error"),
+                    };
+                    let _ = tx.send((i, r, fabric));
+                }
+                .instrument(span),
+            );
+            *pending += 1;
+            true
         };
-        tokio::spawn(async move {
-            let ticket = h.start(node);
-            let r = read_shard(&c, node, id, version).await;
-            ticket.finish(answered(&r));
-            let _ = tx.send((i, r));
-        });
-        *pending += 1;
-        true
-    };
     for _ in have..k {
-        if !launch(&mut order, &mut pending, &mut hedge) {
+        if !launch(&mut order, &mut pending, &mut hedge, false) {
             break;
         }
     }
+    let mut fabric: Option<&'static str> = None;
     let mut hedged = 0;
     let mut hedge_at = tokio::time::Instant::now() + hedge;
     while have < k && pending > 0 {
         match tokio::time::timeout_at(hedge_at, rx.recv()).await {
-            Ok(Some((i, r))) => {
+            Ok(Some((i, r, f))) => {
                 pending -= 1;
                 match r {
                     Ok(b) => {
                         shards[i] = Some(b);
                         have += 1;
+                        fabric = Some(combine(fabric, f));
                     }
                     Err(e) => {
                         failed.push((i, e.to_string()));
-                        launch(&mut order, &mut pending, &mut hedge);
+                        launch(&mut order, &mut pending, &mut hedge, false);
                     }
                 }
             }
@@ -293,7 +428,7 @@ where
             Err(_) => {
                 // Hedge: race one more shard per request still out, then wait twice as long.
                 for _ in 0..pending.min(k - have) {
-                    if launch(&mut order, &mut pending, &mut hedge) {
+                    if launch(&mut order, &mut pending, &mut hedge, true) {
                         hedged += 1;
                     }
                 }
@@ -301,6 +436,16 @@ where
                 hedge_at = tokio::time::Instant::now() + hedge;
             }
         }
+    }
+    let span = Span::current();
+    // Degraded: parity is part of the decode (a data shard failed, was missing, was on
+    // a suspected node, or lost a hedge race).
+    let degraded = shards[k..].iter().any(Option::is_some);
+    span.record("degraded", degraded);
+    span.record("failed", failed.len());
+    span.record("hedged", hedged);
+    if let Some(f) = fabric {
+        span.record("fabric", f);
     }
     let data = policy
         .decode_stripe(stripe_len, &shards)
@@ -313,6 +458,15 @@ where
                 .collect::<Vec<_>>()
                 .join("; "),
             source,
+        })
+        .inspect_err(|_| {
+            span.record("otel.status_code", "error");
         })?;
-    Ok(StripeRead { data, failed, hedged })
+    Ok(StripeRead {
+        data,
+        failed,
+        hedged,
+        degraded,
+        fabric,
+    })
 }

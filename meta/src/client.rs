@@ -9,6 +9,10 @@
 //! their anchor partition, which coordinates them; "stale map" answers trigger a map
 //! refresh. Everything is retried until `timeout`, then fails with the last errno
 //! (EIO when no server answered).
+//!
+//! Traces: reads run in an `ns.read` span, mutations in `ns.op`, listings in
+//! `ns.readdir` (op, partition, ino; the node that answered, retries, hedged requests),
+//! the parents of their RPCs' spans.
 
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
@@ -21,7 +25,8 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
-use tracing::debug;
+use tracing::field::Empty;
+use tracing::{Instrument, Span, debug, info_span};
 
 /// A namespace client. Clones share connections and the map.
 #[derive(Clone)]
@@ -94,13 +99,21 @@ impl MetaClient {
     {
         let deadline = Instant::now() + self.timeout;
         let mut pause = Duration::from_millis(5);
+        let mut tries = 0u32;
         loop {
             let v = self.view();
             let last = match attempt(v.clone()).await {
-                Ok(answer) => return answer,
+                Ok(answer) => {
+                    if tries > 0 {
+                        Span::current().record("retries", tries);
+                    }
+                    return answer;
+                }
                 Err(e) => e,
             };
+            tries += 1;
             if Instant::now() >= deadline {
+                Span::current().record("retries", tries - 1);
                 return Err(last);
             }
             self.refresh(&v).await;
@@ -114,6 +127,24 @@ impl MetaClient {
     /// delay gets the next raced against it. The first answer wins; slower requests run
     /// to their end in the background, so a member that hangs becomes suspected.
     async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
+        let span = info_span!(
+            "ns.read",
+            op = op.name(),
+            partition = p.0,
+            ino = op.ino().0,
+            node = Empty,
+            retries = 0u32,
+            hedged = Empty,
+            errno = Empty,
+            otel.status_code = Empty,
+        );
+        self.read_inner(p, op)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|e| record_errno(&span, *e))
+    }
+
+    async fn read_inner(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
         self.retry(|v| {
             let op = op.clone();
             async move {
@@ -137,19 +168,23 @@ impl MetaClient {
                         op: op.clone(),
                     };
                     let delay = self.health.hedge_delay(addr);
-                    tokio::spawn(async move {
-                        let ticket = me.health.start(addr);
-                        let r = {
-                            let _busy = Busy::new(&me.inflight, n);
-                            call(&me.client, addr, &req, me.rpc_timeout).await
-                        };
-                        ticket.finish(!matches!(r, Err(CallError::Transport(ref e)) if e.status().is_none()));
-                        let _ = tx.send((n, r));
-                    });
+                    tokio::spawn(
+                        async move {
+                            let ticket = me.health.start(addr);
+                            let r = {
+                                let _busy = Busy::new(&me.inflight, n);
+                                call(&me.client, addr, &req, me.rpc_timeout).await
+                            };
+                            ticket.finish(!matches!(r, Err(CallError::Transport(ref e)) if e.status().is_none()));
+                            let _ = tx.send((n, r));
+                        }
+                        .in_current_span(),
+                    );
                     Some(delay)
                 };
                 let mut last = Errno::EIO;
                 let mut pending = 0;
+                let mut hedged = 0u32;
                 let mut hedge_at = None;
                 if let Some(d) = launch(&mut next) {
                     pending += 1;
@@ -164,6 +199,8 @@ impl MetaClient {
                         // No answer within the hedge delay: race the next member.
                         hedge_at = launch(&mut next).map(|d| {
                             pending += 1;
+                            hedged += 1;
+                            Span::current().record("hedged", hedged);
                             tokio::time::Instant::now() + d
                         });
                         continue;
@@ -171,8 +208,14 @@ impl MetaClient {
                     let Some((n, r)) = got else { break };
                     pending -= 1;
                     match r {
-                        Ok(r) => return Ok(Ok(r)),
-                        Err(CallError::Errno(e)) if e != Errno::EAGAIN => return Ok(Err(e)),
+                        Ok(r) => {
+                            Span::current().record("node", n.0);
+                            return Ok(Ok(r));
+                        }
+                        Err(CallError::Errno(e)) if e != Errno::EAGAIN => {
+                            Span::current().record("node", n.0);
+                            return Ok(Err(e));
+                        }
                         Err(e) => {
                             debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
                             last = e.errno();
@@ -203,6 +246,23 @@ impl MetaClient {
 
     /// Runs a mutation at its coordinator.
     pub async fn op(&self, creds: &Creds, op: NsOp) -> Result<OpReply, Errno> {
+        let span = info_span!(
+            "ns.op",
+            op = op.name(),
+            partition = Empty,
+            ino = op.ino().0,
+            node = Empty,
+            retries = 0u32,
+            errno = Empty,
+            otel.status_code = Empty,
+        );
+        self.op_inner(creds, op)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|e| record_errno(&span, *e))
+    }
+
+    async fn op_inner(&self, creds: &Creds, op: NsOp) -> Result<OpReply, Errno> {
         self.retry(|v| {
             let req = Op {
                 epoch: v.map.epoch,
@@ -211,7 +271,13 @@ impl MetaClient {
             };
             async move {
                 let anchor = req.op.anchor(v.map.partitions);
-                let Some(addr) = v.primary(anchor).and_then(|n| v.addr(n)) else {
+                let primary = v.primary(anchor);
+                let span = Span::current();
+                span.record("partition", anchor.0);
+                if let Some(n) = primary {
+                    span.record("node", n.0);
+                }
+                let Some(addr) = primary.and_then(|n| v.addr(n)) else {
                     return Err(Errno::EIO);
                 };
                 match call(&self.client, addr, &req, self.timeout.min(Duration::from_secs(15))).await {
@@ -291,6 +357,23 @@ impl MetaClient {
     /// One page of `dir`: up to `limit` entries with names after `after`, in name order,
     /// from every partition (in parallel, one request per node).
     pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
+        let span = info_span!(
+            "ns.readdir",
+            op = "readdir",
+            ino = dir.0,
+            nodes = Empty,
+            entries = Empty,
+            retries = 0u32,
+            errno = Empty,
+            otel.status_code = Empty,
+        );
+        self.readdir_inner(dir, after, limit)
+            .instrument(span.clone())
+            .await
+            .inspect_err(|e| record_errno(&span, *e))
+    }
+
+    async fn readdir_inner(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
         let deadline = Instant::now() + self.timeout;
         let v = self.view();
         let mut todo: Vec<PartitionId> = (0..v.map.partitions).map(PartitionId).collect();
@@ -299,6 +382,11 @@ impl MetaClient {
         while !todo.is_empty() {
             let v = self.view();
             let by_node = cover(&v, &todo, attempt);
+            if attempt == 0 {
+                Span::current().record("nodes", by_node.len());
+            } else {
+                Span::current().record("retries", attempt);
+            }
             let calls = by_node.into_iter().map(|(n, parts)| {
                 let v = v.clone();
                 let after = after.map(<[u8]>::to_vec);
@@ -348,6 +436,7 @@ impl MetaClient {
         }
         out.sort_by(|a, b| a.name.cmp(&b.name));
         out.truncate(limit as usize);
+        Span::current().record("entries", out.len());
         Ok(out)
     }
 
@@ -525,6 +614,15 @@ impl MetaClient {
             }
         });
         join_all(calls).await
+    }
+}
+
+/// Records a failed operation's errno on its span (an I/O error also marks the span as
+/// failed; ENOENT and the like are answers, not failures).
+pub fn record_errno(span: &Span, e: Errno) {
+    span.record("errno", e.code());
+    if e == Errno::EIO {
+        span.record("otel.status_code", "error");
     }
 }
 

@@ -116,8 +116,21 @@ fn kind_char(k: FileKind) -> char {
     }
 }
 
-/// Runs a tool.
+/// Runs a tool: one trace (span `tool`, attribute `op`) when traces are exported.
 pub async fn run(t: Tool) -> Result<()> {
+    use tracing::Instrument;
+    let op = match &t {
+        Tool::Status { .. } => "status",
+        Tool::Ls { .. } => "ls",
+        Tool::Stat { .. } => "stat",
+        Tool::Put { .. } => "put",
+        Tool::Get { .. } => "get",
+        Tool::Setlayout { .. } => "setlayout",
+    };
+    run_tool(t).instrument(tracing::info_span!("tool", op)).await
+}
+
+async fn run_tool(t: Tool) -> Result<()> {
     let c = match &t {
         Tool::Status { cluster, .. }
         | Tool::Ls { cluster, .. }

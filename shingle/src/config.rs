@@ -60,6 +60,8 @@ pub struct NodeConfig {
     pub log: Option<LogSection>,
     /// RDMA for remote reads (`SHINGLE_RDMA*` variables override it; default auto).
     pub rdma: Option<crate::fabric::RdmaSettings>,
+    /// OpenTelemetry traces over OTLP (`OTEL_*` variables override it; default off).
+    pub trace: Option<crate::telemetry::TraceSection>,
 }
 
 /// `[log]`
@@ -298,6 +300,9 @@ impl NodeConfig {
         if let Some(r) = &self.rdma {
             r.validate()?;
         }
+        if let Some(t) = &self.trace {
+            t.validate()?;
+        }
         let f = self.node.max_frame_bytes.0;
         if !(4096..=1 << 30).contains(&f) {
             bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
@@ -441,6 +446,7 @@ mod tests {
                             && c.data.is_some()
                             && c.log.is_some()
                             && c.rdma.is_some()
+                            && c.trace.is_some()
                     );
                 }
                 nodes += 1;
@@ -461,6 +467,7 @@ mod tests {
             ("data", accepted_keys::<DataSection>()),
             ("log", accepted_keys::<LogSection>()),
             ("rdma", accepted_keys::<crate::fabric::RdmaSettings>()),
+            ("trace", accepted_keys::<crate::telemetry::TraceSection>()),
         ];
         for (table, keys) in sections {
             assert!(keys.len() >= 2, "{table}: {keys:?}");

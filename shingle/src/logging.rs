@@ -2,8 +2,11 @@
 //!
 //! The format comes from `--log-format` / `SHINGLE_LOG_FORMAT`, else the node config's
 //! `[log] format`, else text. The level filter comes from `SHINGLE_LOG`, else the node
-//! config's `[log] level`, else [`DEFAULT_FILTER`].
+//! config's `[log] level`, else [`DEFAULT_FILTER`]. When traces are exported
+//! (`crate::telemetry`), a tracing-opentelemetry layer sits next to the log output, with
+//! its own filter.
 
+use crate::telemetry::Tracing;
 use anyhow::{Result, bail};
 use serde::Deserialize;
 use std::sync::OnceLock;
@@ -77,8 +80,16 @@ pub fn parse_filter(s: &str) -> Result<EnvFilter> {
 }
 
 /// Installs the global subscriber. `cli` is `--log-format` (or `SHINGLE_LOG_FORMAT`);
-/// `config` is the node config's `[log]` format and level, for `shingle serve`.
-pub fn init(cli: Option<LogFormat>, config: Option<(LogFormat, Option<&str>)>) {
+/// `config` is the node config's `[log]` format and level, for `shingle serve`; `traces`
+/// adds the OpenTelemetry layer next to the log output when an OTLP endpoint is set.
+///
+/// The two outputs filter separately: the log level (`SHINGLE_LOG`, `[log] level`)
+/// decides what is written to stderr, [`trace_filter`] what becomes spans (so a quiet
+/// log still gets full traces, and a debug log adds no spans).
+pub fn init(cli: Option<LogFormat>, config: Option<(LogFormat, Option<&str>)>, traces: Option<&Tracing>) {
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     if let Some(f) = cli {
         let _ = CLI_FORMAT.set(f);
     }
@@ -90,13 +101,28 @@ pub fn init(cli: Option<LogFormat>, config: Option<(LogFormat, Option<&str>)>) {
             .and_then(|l| parse_filter(l).ok())
             .unwrap_or_else(|| DEFAULT_FILTER.into())
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Text => builder.init(),
-        LogFormat::Json => builder.json().with_ansi(false).init(),
-    }
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let fmt = match format {
+        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Json => fmt.json().with_ansi(false).with_filter(filter).boxed(),
+    };
+    let otel = traces.map(|t| {
+        use opentelemetry::trace::TracerProvider as _;
+        tracing_opentelemetry::layer()
+            .with_tracer(t.provider().tracer("shingle"))
+            // Thread names mean nothing for tasks that move between worker threads.
+            .with_threads(false)
+            .with_filter(trace_filter())
+    });
+    tracing_subscriber::registry().with(fmt).with(otel).init();
+}
+
+/// What becomes spans (and span events) when traces are exported: Shingle's own spans
+/// and events at info and above (`shingle=info`); nothing from libraries (Raft, HTTP,
+/// the exporter itself).
+fn trace_filter() -> tracing_subscriber::filter::Targets {
+    // "shingle" is a prefix of every crate of the workspace (shingle_meta, ...).
+    tracing_subscriber::filter::Targets::new().with_target("shingle", tracing::Level::INFO)
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod fabric;
 mod local;
 mod logging;
 mod serve;
+mod telemetry;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
@@ -123,9 +124,17 @@ fn main() -> Result<()> {
             l.and_then(|l| l.level.as_deref()),
         )
     });
-    logging::init(cli.log_format, log);
+    // Traces: OTEL_* variables for every command, `[trace]` for a node.
+    let identity = identity(&cli.command, node.as_ref());
+    let setup = telemetry::resolve(
+        node.as_ref().and_then(|n| n.trace.as_ref()),
+        |k| std::env::var(k).ok(),
+        &identity.service,
+    )?;
+    let traces = setup.map(|s| telemetry::Tracing::start(&s, &identity)).transpose()?;
+    logging::init(cli.log_format, log, traces.as_ref());
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(async move {
+    let result = rt.block_on(async move {
         match cli.command {
             Command::Serve { .. } => serve::run(anyhow::Context::context(node, "no node config")?).await,
             Command::Keygen { out } => keygen(&out),
@@ -143,7 +152,55 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
             Command::Tool(t) => cli::run(t).await,
         }
-    })
+    });
+    // Tasks still running end (and close their spans) with the runtime; then the spans
+    // still queued are exported before the process exits.
+    drop(rt);
+    if let Some(t) = &traces {
+        t.shutdown();
+    }
+    result
+}
+
+/// Who this process is in traces: `shingle-<roles>` for a node (`shingle-meta-data`),
+/// `shingle-client` for a mount, `shingle-bench`, `shingle-tool`.
+fn identity(command: &Command, node: Option<&config::NodeConfig>) -> telemetry::Identity {
+    match (command, node) {
+        (Command::Serve { .. }, Some(n)) => {
+            let roles: Vec<&str> = [
+                ("manager", n.manager.is_some()),
+                ("meta", n.meta.is_some()),
+                ("data", n.data.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(r, on)| on.then_some(r))
+            .collect();
+            telemetry::Identity {
+                service: format!(
+                    "shingle-{}",
+                    if roles.is_empty() {
+                        "node".into()
+                    } else {
+                        roles.join("-")
+                    }
+                ),
+                node_id: n.node.id,
+                roles: Some(roles.join(",")),
+            }
+        }
+        (Command::Dev(_) | Command::Mount(_), _) => telemetry::Identity {
+            service: "shingle-client".into(),
+            ..Default::default()
+        },
+        (Command::Bench(_), _) => telemetry::Identity {
+            service: "shingle-bench".into(),
+            ..Default::default()
+        },
+        _ => telemetry::Identity {
+            service: "shingle-tool".into(),
+            ..Default::default()
+        },
+    }
 }
 
 fn format(a: FormatArgs) -> Result<()> {

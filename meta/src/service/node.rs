@@ -16,6 +16,12 @@
 //!
 //! **Fencing**: a member refuses batches and installs carrying an epoch older than its
 //! map, so a partitioned old primary cannot get a write acknowledged.
+//!
+//! **Traces**: the handlers of reads, operations, batches and replication run in
+//! `meta.read`, `meta.op`, `meta.execute`, `meta.replicate` (and `meta.fetch`,
+//! `meta.alloc`, `meta.lock`, `meta.install`) spans with the operation, partition,
+//! inode, batch size, replicas and retries: children of the transport's `rpc.server`
+//! span, so a client operation's trace shows the coordinator and every replica.
 
 use super::locks::LockTable;
 use super::replica::{PartMeta, Replica};
@@ -34,7 +40,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::field::Empty;
+use tracing::{Instrument, Span, debug, info, info_span, warn};
 
 /// Settings of the namespace service on one node.
 #[derive(Clone, Debug)]
@@ -517,7 +524,12 @@ impl MetaNode {
     /// A batch whose caller stopped waiting (`deadline` passed while it queued) is not
     /// applied: the caller retries it, and applying the stale copy too would apply it
     /// twice. Markers queued for forgetting here ride along.
-    async fn primary_write(
+    async fn primary_write(&self, p: PartitionId, ops: Vec<PartOp>, deadline: Option<Instant>) -> Result<(), Status> {
+        let span = info_span!("meta.execute", partition = p.0, ops = ops.len(), replicas = Empty);
+        self.primary_write_inner(p, ops, deadline).instrument(span).await
+    }
+
+    async fn primary_write_inner(
         &self,
         p: PartitionId,
         mut ops: Vec<PartOp>,
@@ -554,6 +566,7 @@ impl MetaNode {
             .filter(|n| *n != self.me())
             .filter_map(|n| v.addr(n))
             .collect();
+        Span::current().record("replicas", others.len());
         let local = self.inner.store.commit(vec![write]);
         let remote = crate::client::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
         let (local, remote) = tokio::join!(local, remote);
@@ -883,6 +896,7 @@ impl MetaNode {
         self.primary_slot(anchor)?;
         let deadline = Instant::now() + self.inner.cfg.op_timeout;
         let mut pause = Duration::from_millis(2);
+        let mut busy = 0u32;
         loop {
             let owner = super::locks::owner_id(self.me().0, random_u64());
             let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
@@ -892,6 +906,8 @@ impl MetaNode {
             }
             match r {
                 Err(Retry::Busy) if Instant::now() < deadline => {
+                    busy += 1;
+                    Span::current().record("retries", busy);
                     tokio::time::sleep(pause + Duration::from_micros(random_u64() % 2000)).await;
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }
@@ -1252,31 +1268,73 @@ impl MetaNode {
     pub fn router(&self) -> Router {
         let mut r = Router::new();
         // Reads are served from any caught-up copy whatever the caller's epoch.
-        r = self.route::<Read, _, _>(r, |n, _, req| async move { n.on_read(&req.op) });
-        r = self.route::<Op, _, _>(r, |n, _, req| async move { n.on_op(req).await });
-        r = self.route::<Fetch, _, _>(r, |n, _, req| async move {
-            n.check_epoch(req.epoch).await?;
-            n.on_fetch(&req)
+        r = self.route::<Read, _, _>(r, |n, _, req| {
+            let parts = n.view().map.partitions;
+            let partition = match &req.op {
+                ReadOp::Lookup { parent, name } => Some(crate::placement::dentry_partition(*parent, name, parts).0),
+                ReadOp::ReadDir { .. } => None,
+                op => Some(op.ino().partition().0),
+            };
+            let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
+            async move { n.on_read(&req.op) }.instrument(span)
+        });
+        r = self.route::<Op, _, _>(r, |n, _, req| {
+            let parts = n.view().map.partitions;
+            let span = info_span!(
+                "meta.op",
+                op = req.op.name(),
+                partition = req.op.anchor(parts).0,
+                ino = req.op.ino().0,
+                retries = 0u32,
+            );
+            async move { n.on_op(req).await }.instrument(span)
+        });
+        r = self.route::<Fetch, _, _>(r, |n, _, req| {
+            let span = info_span!("meta.fetch", inodes = req.inodes.len(), dentries = req.dentries.len());
+            async move {
+                n.check_epoch(req.epoch).await?;
+                n.on_fetch(&req)
+            }
+            .instrument(span)
         });
         r = self.route::<Execute, _, _>(r, |n, ctx, req| async move {
             n.check_epoch(req.epoch).await?;
             n.primary_write(req.partition, req.ops, ctx.deadline).await
         });
-        r = self.route::<Alloc, _, _>(r, |n, _, req| async move {
-            n.check_epoch(req.epoch).await?;
-            n.on_alloc(req).await
-        });
-        r = self.route::<Lock, _, _>(r, |n, _, req| async move {
-            if req.release {
-                n.inner.locks.release(&req.keys, req.owner);
-                return Ok(true);
+        r = self.route::<Alloc, _, _>(r, |n, _, req| {
+            let span = info_span!("meta.alloc", partition = req.partition.0);
+            async move {
+                n.check_epoch(req.epoch).await?;
+                n.on_alloc(req).await
             }
-            let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
-            let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
-            Ok(n.inner.locks.lock(&req.keys, req.owner, lease, wait).await)
+            .instrument(span)
         });
-        r = self.route::<Replicate, _, _>(r, |n, _, req| async move { n.on_replicate(req).await });
-        r = self.route::<Install, _, _>(r, |n, _, req| async move { n.on_install(req).await });
+        r = self.route::<Lock, _, _>(r, |n, _, req| {
+            let span = info_span!("meta.lock", keys = req.keys.len(), release = req.release);
+            async move {
+                if req.release {
+                    n.inner.locks.release(&req.keys, req.owner);
+                    return Ok(true);
+                }
+                let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
+                let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
+                Ok(n.inner.locks.lock(&req.keys, req.owner, lease, wait).await)
+            }
+            .instrument(span)
+        });
+        r = self.route::<Replicate, _, _>(r, |n, _, req| {
+            let span = info_span!(
+                "meta.replicate",
+                partition = req.partition.0,
+                lsn = req.lsn,
+                ops = req.ops.len()
+            );
+            async move { n.on_replicate(req).await }.instrument(span)
+        });
+        r = self.route::<Install, _, _>(r, |n, _, req| {
+            let span = info_span!("meta.install", partition = req.part.id.0, lsn = req.lsn);
+            async move { n.on_install(req).await }.instrument(span)
+        });
         r = self.route::<SyncMe, _, _>(r, |n, _, req| async move { n.on_sync_me(req).await });
         r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req) });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });

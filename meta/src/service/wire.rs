@@ -102,6 +102,32 @@ pub enum ReadOp {
     },
 }
 
+impl ReadOp {
+    /// The operation's name (a trace attribute).
+    pub fn name(&self) -> &'static str {
+        match self {
+            ReadOp::Lookup { .. } => "lookup",
+            ReadOp::GetAttr(_) => "getattr",
+            ReadOp::GetInode(_) => "get_inode",
+            ReadOp::GetXattr { .. } => "getxattr",
+            ReadOp::ListXattr { .. } => "listxattr",
+            ReadOp::ReadDir { .. } => "readdir",
+        }
+    }
+
+    /// The inode it reads (the directory, for a lookup or a listing).
+    pub fn ino(&self) -> Ino {
+        match self {
+            ReadOp::Lookup { parent: ino, .. }
+            | ReadOp::GetAttr(ino)
+            | ReadOp::GetInode(ino)
+            | ReadOp::GetXattr { ino, .. }
+            | ReadOp::ListXattr { ino, .. }
+            | ReadOp::ReadDir { dir: ino, .. } => *ino,
+        }
+    }
+}
+
 /// Replies to [`Read`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ReadReply {
@@ -260,6 +286,40 @@ impl NsOp {
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
             | NsOp::RelocateShards { ino, .. } => ino.partition(),
+        }
+    }
+
+    /// The operation's name (a trace attribute).
+    pub fn name(&self) -> &'static str {
+        match self {
+            NsOp::Mknod { .. } => "mknod",
+            NsOp::Link { .. } => "link",
+            NsOp::Unlink { .. } => "unlink",
+            NsOp::Rmdir { .. } => "rmdir",
+            NsOp::Rename { .. } => "rename",
+            NsOp::SetAttr { .. } => "setattr",
+            NsOp::SetXattr { .. } => "setxattr",
+            NsOp::RemoveXattr { .. } => "removexattr",
+            NsOp::SetLayout { .. } => "setlayout",
+            NsOp::CommitWrite { .. } => "commit_write",
+            NsOp::RelocateShards { .. } => "relocate_shards",
+        }
+    }
+
+    /// The inode it changes (the directory, for operations on names).
+    pub fn ino(&self) -> Ino {
+        match self {
+            NsOp::Mknod { parent: ino, .. }
+            | NsOp::Unlink { parent: ino, .. }
+            | NsOp::Rmdir { parent: ino, .. }
+            | NsOp::Rename { parent: ino, .. }
+            | NsOp::Link { ino, .. }
+            | NsOp::SetAttr { ino, .. }
+            | NsOp::SetXattr { ino, .. }
+            | NsOp::RemoveXattr { ino, .. }
+            | NsOp::SetLayout { ino, .. }
+            | NsOp::CommitWrite { ino, .. }
+            | NsOp::RelocateShards { ino, .. } => *ino,
         }
     }
 
