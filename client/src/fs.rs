@@ -368,11 +368,14 @@ impl Client {
         }
         // On the operation's span (fields it does not have are ignored).
         let span = Span::current();
+        let m = shingle_metrics::get();
         if r.degraded {
             span.record("degraded", true);
+            m.degraded_reads.inc();
         }
         if r.hedged > 0 {
             span.record("hedged", true);
+            m.hedged_requests.inc_by(r.hedged as u64);
         }
         if let Some(f) = r.fabric {
             span.record("fabric", f);

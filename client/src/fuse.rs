@@ -31,17 +31,27 @@ use tokio::runtime::Handle;
 use tracing::{Instrument, Span};
 
 /// The span of one kernel request: `$name` with `op`, `ino` and the fields given.
+/// With the operation's name, for metrics.
 macro_rules! op_span {
-    ($name:literal, $op:expr, $ino:expr $(, $($field:tt)*)?) => {
-        tracing::info_span!(
-            $name,
-            op = $op,
-            ino = $ino,
-            errno = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty
-            $(, $($field)*)?
+    ($name:literal, $op:expr, $ino:expr $(, $($field:tt)*)?) => {{
+        let op: &'static str = $op;
+        (
+            op,
+            tracing::info_span!(
+                $name,
+                op = op,
+                ino = $ino,
+                errno = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty
+                $(, $($field)*)?
+            ),
         )
-    };
+    }};
+}
+
+tokio::task_local! {
+    /// The operation a request's task runs (its errors are counted under it).
+    static OP: &'static str;
 }
 
 /// Mount settings.
@@ -89,6 +99,12 @@ pub struct ShingleFs {
 /// The kernel's errno for `e`, recorded on the request's span.
 fn errno(e: Errno) -> fuser::Errno {
     shingle_meta::client::record_errno(&Span::current(), e);
+    let _ = OP.try_with(|&op| {
+        shingle_metrics::get()
+            .fs_op_errors
+            .get_or_create(&shingle_metrics::Op { op })
+            .inc();
+    });
     fuser::Errno::from_i32(e.code())
 }
 
@@ -173,9 +189,17 @@ impl ShingleFs {
         }
     }
 
-    /// Runs a request's work on the runtime, inside its span.
-    fn run(&self, span: Span, work: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.rt.spawn(work.instrument(span));
+    /// Runs a request's work on the runtime, inside its span, timed under its operation.
+    fn run(&self, (op, span): (&'static str, Span), work: impl std::future::Future<Output = ()> + Send + 'static) {
+        let started = std::time::Instant::now();
+        let timed = OP.scope(op, async move {
+            work.await;
+            shingle_metrics::get()
+                .fs_op_seconds
+                .get_or_create(&shingle_metrics::Op { op })
+                .observe(started.elapsed().as_secs_f64());
+        });
+        self.rt.spawn(timed.instrument(span));
     }
 
     fn fh(&self) -> u64 {
@@ -461,6 +485,7 @@ impl Filesystem for ShingleFs {
                 match r {
                     Ok(b) => {
                         Span::current().record("bytes", b.len());
+                        shingle_metrics::get().fs_read_bytes.inc_by(b.len() as u64);
                         reply.data(&b)
                     }
                     Err(e) => reply.error(errno(e)),
@@ -497,7 +522,10 @@ impl Filesystem for ShingleFs {
             ),
             async move {
                 match f.write(offset, &data).await {
-                    Ok(n) => reply.written(n),
+                    Ok(n) => {
+                        shingle_metrics::get().fs_write_bytes.inc_by(u64::from(n));
+                        reply.written(n)
+                    }
                     Err(e) => reply.error(errno(e)),
                 }
             },

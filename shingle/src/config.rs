@@ -62,6 +62,16 @@ pub struct NodeConfig {
     pub rdma: Option<crate::fabric::RdmaSettings>,
     /// OpenTelemetry traces over OTLP (`OTEL_*` variables override it; default off).
     pub trace: Option<crate::telemetry::TraceSection>,
+    /// Prometheus metrics (`SHINGLE_METRICS_LISTEN` overrides it; default off).
+    pub metrics: Option<MetricsSection>,
+}
+
+/// `[metrics]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address of the `/metrics` endpoint (HTTP), e.g. `0.0.0.0:9464`.
+    pub listen: SocketAddr,
 }
 
 /// `[log]`
@@ -447,6 +457,7 @@ mod tests {
                             && c.log.is_some()
                             && c.rdma.is_some()
                             && c.trace.is_some()
+                            && c.metrics.is_some()
                     );
                 }
                 nodes += 1;
@@ -468,9 +479,10 @@ mod tests {
             ("log", accepted_keys::<LogSection>()),
             ("rdma", accepted_keys::<crate::fabric::RdmaSettings>()),
             ("trace", accepted_keys::<crate::telemetry::TraceSection>()),
+            ("metrics", accepted_keys::<MetricsSection>()),
         ];
         for (table, keys) in sections {
-            assert!(keys.len() >= 2, "{table}: {keys:?}");
+            assert!(!keys.is_empty(), "{table}: {keys:?}");
             for k in keys {
                 assert!(
                     doc.contains(&format!("| `{table}.{k}` |")),

@@ -31,6 +31,9 @@ pub struct DevArgs {
     /// Zones per node's emulated zoned device (64 MiB each).
     #[arg(long, default_value_t = 64)]
     pub zones: u32,
+    /// Serve Prometheus metrics: the mount's on 127.0.0.1:PORT, node i's on PORT+i.
+    #[arg(long)]
+    pub metrics_port: Option<u16>,
 }
 
 /// Options of `shingle mount`. Runs in the foreground until SIGINT/SIGTERM (or an
@@ -52,6 +55,9 @@ pub struct MountArgs {
     /// Only the mounting user may use the mount (default: everyone, `allow_other`).
     #[arg(long)]
     pub private: bool,
+    /// Serve Prometheus metrics of this mount at http://ADDR/metrics.
+    #[arg(long, env = "SHINGLE_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 fn parse_ec(s: &str) -> Result<(u8, u8)> {
@@ -105,7 +111,25 @@ fn which(cmd: &str) -> Option<PathBuf> {
         .find(|p| p.exists())
 }
 
-async fn serve_mount(meta: MetaClient, ec: (u8, u8), mountpoint: &Path, mc: MountConfig) -> Result<()> {
+async fn serve_mount(
+    meta: MetaClient,
+    ec: (u8, u8),
+    mountpoint: &Path,
+    mc: MountConfig,
+    metrics: Option<std::net::SocketAddr>,
+) -> Result<()> {
+    let _metrics = match metrics {
+        Some(a) => {
+            let watch = meta.maps().clone();
+            shingle_metrics::on_scrape(move |m| shingle_metrics::set(&m.map_epoch, watch.current().epoch.0));
+            let e = shingle_metrics::http::Endpoint::bind(a)
+                .await
+                .with_context(|| format!("metrics endpoint on {a}"))?;
+            println!("shingle: metrics at http://{}/metrics", e.local_addr());
+            Some(e)
+        }
+        None => None,
+    };
     let cfg = ClientConfig {
         ec,
         ..ClientConfig::default()
@@ -300,7 +324,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
         allow_other: !a.private,
         ..MountConfig::default()
     };
-    serve_mount(meta, (cf.ec_k, cf.ec_m), &a.mountpoint, mc).await
+    serve_mount(meta, (cf.ec_k, cf.ec_m), &a.mountpoint, mc, a.metrics_listen).await
 }
 
 /// `shingle dev`.
@@ -333,6 +357,7 @@ pub async fn dev(a: DevArgs) -> Result<()> {
         manager_toml: String::new(),
         meta_toml: String::new(),
         netns: None,
+        metrics_port: a.metrics_port,
     };
     println!("shingle: starting {} nodes in {}", a.nodes, a.data.display());
     let mut cluster = LocalCluster::start_or_resume(&spec)?;
@@ -346,7 +371,8 @@ pub async fn dev(a: DevArgs) -> Result<()> {
         cluster.cluster_file.display(),
         cluster.secret_file.display()
     );
-    let r = serve_mount(meta, ec, &a.mount, MountConfig::default()).await;
+    let metrics = a.metrics_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+    let r = serve_mount(meta, ec, &a.mount, MountConfig::default(), metrics).await;
     println!("shingle: stopping the cluster");
     cluster.stop();
     r

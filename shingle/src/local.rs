@@ -43,6 +43,8 @@ pub struct LocalSpec {
     /// Run node i in network namespace `{prefix}h{i}` at 10.77.0.i:7100 (the hosts of
     /// `fabric-tests/netns/rig.sh`) instead of on 127.0.0.1.
     pub netns: Option<String>,
+    /// Serve each node's `/metrics` on port `base + id` of its address.
+    pub metrics_port: Option<u16>,
 }
 
 impl LocalSpec {
@@ -241,6 +243,12 @@ fn write_node_config(
             spec.zones.0,
             spec.zones.1
         );
+    }
+    if let Some(base) = spec.metrics_port {
+        let port = base
+            .checked_add(u16::try_from(id).unwrap_or(u16::MAX))
+            .context("metrics port out of range")?;
+        cfg += &format!("\n[metrics]\nlisten = \"{}\"\n", SocketAddr::new(listen.ip(), port));
     }
     let config = ndir.join("node.toml");
     std::fs::write(&config, cfg)?;

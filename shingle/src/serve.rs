@@ -18,6 +18,72 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+/// Where the `/metrics` endpoint listens: `SHINGLE_METRICS_LISTEN`, else `[metrics]
+/// listen`, else nowhere (`SHINGLE_METRICS_LISTEN=off` turns a configured one off).
+fn metrics_listen(cfg: &NodeConfig) -> Result<Option<std::net::SocketAddr>> {
+    match std::env::var("SHINGLE_METRICS_LISTEN") {
+        Ok(v) if v == "off" => Ok(None),
+        Ok(v) if !v.is_empty() => v
+            .parse()
+            .map(Some)
+            .with_context(|| format!("SHINGLE_METRICS_LISTEN={v:?} is not an address like 0.0.0.0:9464")),
+        _ => Ok(cfg.metrics.as_ref().map(|m| m.listen)),
+    }
+}
+
+/// Copies state kept elsewhere (zones, repair, Raft) into the metrics at each scrape.
+fn scrape_hooks(
+    store: Option<Arc<ChunkStore<Arc<dyn ZonedDevice>>>>,
+    manager: Option<Manager>,
+    meta: Option<MetaNode>,
+    map: tokio::sync::watch::Receiver<Arc<ClusterMap>>,
+) {
+    use shingle_metrics::{State, counter_to, set};
+    shingle_metrics::on_scrape(move |m| {
+        set(&m.map_epoch, map.borrow().epoch.0);
+        if let Some(s) = &store {
+            let st = s.stats();
+            set(
+                &m.zones.get_or_create(&State { state: "total" }),
+                u64::from(st.zones_total),
+            );
+            set(
+                &m.zones.get_or_create(&State { state: "free" }),
+                u64::from(st.zones_free),
+            );
+            set(
+                &m.store_bytes.get_or_create(&State { state: "capacity" }),
+                st.capacity_bytes,
+            );
+            set(
+                &m.store_bytes.get_or_create(&State { state: "written" }),
+                st.written_bytes,
+            );
+            set(&m.store_bytes.get_or_create(&State { state: "live" }), st.live_bytes);
+            set(&m.chunks, st.chunks);
+            counter_to(&m.store_user_written_bytes, st.user_bytes_written);
+            counter_to(&m.gc_moved_bytes, st.gc_bytes_moved);
+            counter_to(&m.gc_zones_reset, st.gc_zones_reset);
+        }
+        if let Some(n) = &meta {
+            let r = n.repair_stats();
+            set(&m.repair_shards_todo, r.todo);
+            set(&m.repair_shards_done, r.done);
+            set(&m.repair_moves_todo, r.moves_todo);
+            set(&m.repair_moves_done, r.moved);
+            set(&m.repair_unreadable_stripes, r.unreadable);
+            set(&m.repair_running, u64::from(r.running));
+            counter_to(&m.repair_passes, r.passes);
+        }
+        if let Some(mg) = &manager {
+            let r = mg.metrics();
+            set(&m.raft_term, r.term);
+            set(&m.raft_leader, u64::from(r.role == shingle_meta::manager::Role::Leader));
+            set(&m.raft_applied_index, r.last_applied_index.unwrap_or(0));
+        }
+    });
+}
+
 /// Runs a node (its config loaded and validated) until SIGINT or SIGTERM, then shuts
 /// down gracefully.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
@@ -35,6 +101,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     crate::fabric::attach(&rdma, &peers)?;
     let mut router = Router::new();
     let mut gc_task = None;
+    let mut store_of_node = None;
     if let Some(d) = &cfg.data {
         std::fs::create_dir_all(&d.dir).with_context(|| format!("create data dir {}", d.dir.display()))?;
         let device: Arc<dyn ZonedDevice> = match &d.device {
@@ -65,6 +132,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         .await?
         .context("open chunk store")?;
         let store = Arc::new(store);
+        store_of_node = Some(store.clone());
         let service = ChunkService::new(store.clone(), regions.clone(), d.stage_cache.0, peers.clone());
         router = router.merge(service.router());
         gc_task = Some(tokio::spawn(gc_loop(store, d.gc_when_free_below)));
@@ -179,6 +247,17 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             )));
         }
     }
+    let _metrics = match metrics_listen(&cfg)? {
+        Some(a) => {
+            scrape_hooks(store_of_node, manager.clone(), meta.clone(), map_rx.clone());
+            let e = shingle_metrics::http::Endpoint::bind(a)
+                .await
+                .with_context(|| format!("metrics endpoint on {a}"))?;
+            info!(addr = %e.local_addr(), "metrics at http://{}/metrics", e.local_addr());
+            Some(e)
+        }
+        None => None,
+    };
     // Handlers first: whoever reads the line below may send SIGTERM at once.
     let shutdown = Shutdown::install()?;
     // Scripts and tests read this line to learn the port when listening on :0.

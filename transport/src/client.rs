@@ -563,6 +563,32 @@ impl RpcChannel for TcpClient {
         payload: Bytes,
         opts: CallOptions,
     ) -> Result<Bytes, TransportError> {
+        let m = shingle_metrics::get();
+        let _inflight = shingle_metrics::InFlight::new(&m.rpc_client_inflight);
+        let started = Instant::now();
+        let (r, fabric) = self.call_any(peer, kind, payload, opts).await;
+        let name = shingle_metrics::kind_name(kind.0);
+        m.rpc_client_seconds
+            .get_or_create(&shingle_metrics::KindFabric { kind: name, fabric })
+            .observe(started.elapsed().as_secs_f64());
+        if r.is_err() {
+            m.rpc_client_errors
+                .get_or_create(&shingle_metrics::Kind { kind: name })
+                .inc();
+        }
+        r
+    }
+}
+
+impl TcpClient {
+    /// A call over RDMA or TCP, and which it went over.
+    async fn call_any(
+        &self,
+        peer: SocketAddr,
+        kind: MsgKind,
+        payload: Bytes,
+        opts: CallOptions,
+    ) -> (Result<Bytes, TransportError>, &'static str) {
         // Service calls (and pings) go over the peer's RDMA queue pair when there is one;
         // the RDMA handshake and key resolution always go over TCP.
         #[cfg(feature = "rdma")]
@@ -571,10 +597,10 @@ impl RpcChannel for TcpClient {
         {
             let timeout = opts.timeout.unwrap_or(self.inner.config.request_timeout);
             if let Some(res) = r.call(self, peer, kind, &payload, timeout).await {
-                return res;
+                return (res, "rdma");
             }
         }
-        self.call_tcp(peer, kind, payload, opts).await
+        (self.call_tcp(peer, kind, payload, opts).await, "tcp")
     }
 }
 
@@ -610,11 +636,33 @@ impl RemoteRead for TcpClient {
         #[cfg(feature = "rdma")]
         let buf = match self.inner.rdma.get() {
             Some(r) => match r.read(self, peer, key, offset, len, buf).await {
-                Ok(out) => return out,
+                Ok(out) => {
+                    if out.0.is_ok() {
+                        read_bytes("rdma", len);
+                    }
+                    return out;
+                }
                 Err(buf) => buf,
             },
             None => buf,
         };
+        let out = self.read_tcp(peer, key, offset, len, buf).await;
+        if out.0.is_ok() {
+            read_bytes("tcp", len);
+        }
+        out
+    }
+}
+
+fn read_bytes(fabric: &'static str, len: u32) {
+    shingle_metrics::get()
+        .remote_read_bytes
+        .get_or_create(&shingle_metrics::Fabric { fabric })
+        .inc_by(u64::from(len));
+}
+
+impl TcpClient {
+    async fn read_tcp(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
         let max = self.inner.config.max_frame_bytes;
         if len > max {
             return (Err(TransportError::TooLarge { len: len as usize, max }), buf);

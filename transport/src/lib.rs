@@ -44,3 +44,15 @@ pub use region::{AccessError, RegionKey, RegionTable};
 pub use rpc::{CallOptions, RemoteRead, Rpc, RpcChannel};
 pub use server::{CallContext, Router, Server};
 pub use status::{Code, Status};
+
+/// Names message kind `kind` after type `R` in metrics labels (`Lookup` rather than
+/// `0x0400`). Typed RPCs ([`Rpc`]) are named when registered or called; services with
+/// message traits of their own call this.
+pub fn name_kind<R: ?Sized>(kind: MsgKind) {
+    shingle_metrics::name_kind(kind.0, shingle_metrics::short_type_name::<R>());
+}
+
+/// Names message kind `kind` `name` in metrics labels.
+pub fn name_kind_as(kind: MsgKind, name: &'static str) {
+    shingle_metrics::name_kind(kind.0, name);
+}

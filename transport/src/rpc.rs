@@ -54,6 +54,7 @@ pub trait RpcChannel: Send + Sync {
     ) -> impl Future<Output = Result<R::Response, TransportError>> + Send + use<'_, Self, R> {
         // The request is encoded here, so the future does not borrow it.
         let payload = Bytes::from(prost::Message::encode_to_vec(req));
+        shingle_metrics::name_kind(R::KIND.0, shingle_metrics::short_type_name::<R>());
         async move {
             let reply = self.call_raw(peer, R::KIND, payload, opts).await?;
             <R::Response as prost::Message>::decode(reply).map_err(|e| TransportError::Decode {

@@ -112,6 +112,7 @@ impl Router {
         Fut: Future<Output = Result<R::Response, Status>> + Send + 'static,
     {
         let handler = Arc::new(handler);
+        shingle_metrics::name_kind(R::KIND.0, shingle_metrics::short_type_name::<R>());
         self.raw(R::KIND, move |ctx: CallContext, payload: Bytes| {
             let handler = handler.clone();
             async move {
@@ -406,12 +407,43 @@ pub(crate) async fn dispatch(
     deadline: Option<Duration>,
     payload: Bytes,
 ) -> Result<Bytes, Status> {
+    let m = shingle_metrics::get();
+    let name = shingle_metrics::kind_name(kind.0);
     let Some(h) = router.handlers.get(&kind) else {
+        m.rpc_server_requests
+            .get_or_create(&shingle_metrics::KindCode {
+                kind: name,
+                code: Code::UnknownKind.name(),
+            })
+            .inc();
         return Err(Status::new(
             Code::UnknownKind,
             format!("no handler for message kind {kind}"),
         ));
     };
+    let _inflight = shingle_metrics::InFlight::new(&m.rpc_server_inflight);
+    let started = Instant::now();
+    let r = handle(h, peer, kind, deadline, payload).await;
+    m.rpc_server_seconds
+        .get_or_create(&shingle_metrics::Kind { kind: name })
+        .observe(started.elapsed().as_secs_f64());
+    let code = match &r {
+        Ok(_) => "ok",
+        Err(s) => s.code.name(),
+    };
+    m.rpc_server_requests
+        .get_or_create(&shingle_metrics::KindCode { kind: name, code })
+        .inc();
+    r
+}
+
+async fn handle(
+    h: &Arc<dyn Handler>,
+    peer: SocketAddr,
+    kind: MsgKind,
+    deadline: Option<Duration>,
+    payload: Bytes,
+) -> Result<Bytes, Status> {
     let ctx = CallContext {
         peer,
         kind,
@@ -438,10 +470,14 @@ fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
             format!("remote read of {} bytes exceeds the frame limit", req.len),
         ));
     }
-    shared
+    let bytes = shared
         .regions
         .access(req.key(), req.offset, u64::from(req.len))
-        .map_err(|e| Status::from(&e))
+        .map_err(|e| Status::from(&e))?;
+    shingle_metrics::get()
+        .remote_read_served_bytes
+        .inc_by(bytes.len() as u64);
+    Ok(bytes)
 }
 
 impl From<&AccessError> for Status {

@@ -42,6 +42,25 @@ pub enum Code {
 }
 
 impl Code {
+    /// The code's name, as in metrics labels (`DeadlineExceeded`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Code::Unknown => "Unknown",
+            Code::UnknownKind => "UnknownKind",
+            Code::InvalidRequest => "InvalidRequest",
+            Code::DeadlineExceeded => "DeadlineExceeded",
+            Code::ShuttingDown => "ShuttingDown",
+            Code::Overloaded => "Overloaded",
+            Code::Internal => "Internal",
+            Code::UnknownRegion => "UnknownRegion",
+            Code::StaleGeneration => "StaleGeneration",
+            Code::OutOfBounds => "OutOfBounds",
+            Code::StaleEpoch => "StaleEpoch",
+            Code::NotRegistrable => "NotRegistrable",
+            Code::Application => "Application",
+        }
+    }
+
     /// Maps a wire value to a code.
     pub fn from_u32(v: u32) -> Code {
         match v {

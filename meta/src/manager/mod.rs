@@ -480,6 +480,9 @@ impl ManagerSlot {
                 })
             }
         };
+        shingle_transport::name_kind_as(kinds::APPEND_ENTRIES, "RaftAppendEntries");
+        shingle_transport::name_kind_as(kinds::VOTE, "RaftVote");
+        shingle_transport::name_kind_as(kinds::INSTALL_SNAPSHOT, "RaftInstallSnapshot");
         Router::new()
             .rpc::<rpc::Heartbeat, _, _>(heartbeat)
             .raw(kinds::APPEND_ENTRIES, append)

@@ -288,6 +288,11 @@ impl MetaNode {
         *self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()) = r;
     }
 
+    /// The repair scan's progress, as last reported.
+    pub fn repair_stats(&self) -> RepairStats {
+        self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
     fn view(&self) -> Arc<MapView> {
         self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -1349,6 +1354,7 @@ impl MetaNode {
     {
         let node = self.clone();
         let f = Arc::new(f);
+        shingle_transport::name_kind::<R>(R::KIND);
         router.raw(R::KIND, move |ctx: CallContext, payload: Bytes| {
             let node = node.clone();
             let f = f.clone();

@@ -629,6 +629,7 @@ pub async fn call<C: RpcChannel, R: MetaRpc>(
     timeout: std::time::Duration,
 ) -> Result<R::Reply, CallError> {
     let payload = encode(req).map_err(|s| CallError::Transport(TransportError::Remote { peer, status: s }))?;
+    shingle_transport::name_kind::<R>(R::KIND);
     match client
         .call_raw(peer, R::KIND, payload, CallOptions::timeout(timeout))
         .await

@@ -109,6 +109,7 @@ pub async fn run(a: FabricBenchArgs) -> Result<()> {
         manager_toml: String::new(),
         meta_toml: String::new(),
         netns: None,
+        metrics_port: None,
     };
     eprintln!("# starting 6 nodes in {}", spec.dir.display());
     let mut cluster = LocalCluster::start(&spec)?;

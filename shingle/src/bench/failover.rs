@@ -462,6 +462,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
         meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
         netns: a.netns.clone(),
+        metrics_port: None,
     };
     eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
     let mut cluster = LocalCluster::start(&spec)?;

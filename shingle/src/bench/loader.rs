@@ -256,6 +256,7 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
         manager_toml: String::new(),
         meta_toml: String::new(),
         netns: None,
+        metrics_port: None,
     };
     let mut cluster = LocalCluster::start(&spec)?;
     let meta = cluster.meta_client().await?;

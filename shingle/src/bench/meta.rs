@@ -154,6 +154,7 @@ async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setu
         manager_toml: String::new(),
         meta_toml: String::new(),
         netns: None,
+        metrics_port: None,
     };
     let cluster = LocalCluster::start(&spec)?;
     let client = cluster.meta_client().await?;
