@@ -79,6 +79,30 @@ pub enum Tool {
         /// Policy, e.g. ec(8,3).
         policy: String,
     },
+    /// Read every file under a path back (checksums verified, parity used where
+    /// needed); fails when a file cannot be read whole. Progress on stderr.
+    Fsck {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Where to start.
+        #[arg(default_value = "/")]
+        path: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Verify every shard on every data node against its checksum; fails on corrupt
+    /// shards or unreachable nodes. Progress on stderr.
+    Scrub {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Seconds one node may take.
+        #[arg(long, default_value_t = 3600)]
+        node_timeout: u64,
+    },
 }
 
 fn errno(e: Errno, what: &str) -> anyhow::Error {
@@ -126,6 +150,8 @@ pub async fn run(t: Tool) -> Result<()> {
         Tool::Put { .. } => "put",
         Tool::Get { .. } => "get",
         Tool::Setlayout { .. } => "setlayout",
+        Tool::Fsck { .. } => "fsck",
+        Tool::Scrub { .. } => "scrub",
     };
     run_tool(t).instrument(tracing::info_span!("tool", op)).await
 }
@@ -137,13 +163,19 @@ async fn run_tool(t: Tool) -> Result<()> {
         | Tool::Stat { cluster, .. }
         | Tool::Put { cluster, .. }
         | Tool::Get { cluster, .. }
-        | Tool::Setlayout { cluster, .. } => cluster.clone(),
+        | Tool::Setlayout { cluster, .. }
+        | Tool::Fsck { cluster, .. }
+        | Tool::Scrub { cluster, .. } => cluster.clone(),
     };
     let (client, cf) = connect(&c).await?;
     let meta = client.meta().clone();
     let root = Creds::root();
     match t {
         Tool::Status { json, wait: None, .. } => status(&client, &cf, json).await.map(|_| ()),
+        Tool::Fsck { path, json, .. } => crate::check::fsck(&client, &path, json).await,
+        Tool::Scrub { json, node_timeout, .. } => {
+            crate::check::scrub(&client, json, Duration::from_secs(node_timeout)).await
+        }
         Tool::Status {
             json, wait: Some(secs), ..
         } => wait_healthy(&client, &cf, json, Duration::from_secs(secs)).await,

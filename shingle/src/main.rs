@@ -6,12 +6,14 @@
 //! and `shingle-client`.
 
 mod bench;
+mod check;
 mod cli;
 mod config;
 mod dev;
 mod fabric;
 mod local;
 mod logging;
+mod progress;
 mod serve;
 mod telemetry;
 
