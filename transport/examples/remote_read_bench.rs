@@ -4,7 +4,9 @@
 //! clients in one process: one reading over RDMA (`$SHINGLE_RDMA_DEV1`), one over TCP, to
 //! the server's address `$SHINGLE_RDMA_ADDR0` (loopback when unset). For each read size
 //! it measures throughput with `--depth` reads in flight for `--secs` seconds, and the
-//! latency of single 4 KiB reads. Every read's bytes are checked. Prints one
+//! latency of single 4 KiB reads, and the latency of small RPCs (an echo of 64 bytes:
+//! SEND fragments on the queue pair versus the TCP connection). Every read's bytes are
+//! checked. Prints one
 //! `key=value` line per figure (and the same as JSON with `--json FILE`).
 //!
 //!   fabric-tests/guest/run.sh --rdma -- fabric-tests/guest/rdma-bench.sh
@@ -12,9 +14,11 @@
 //! (which also runs `ib_read_bw` in the same guest and prints the ratio).
 
 use bytes::{Bytes, BytesMut};
-use shingle_transport::conformance::{Rdma, secret};
+use shingle_transport::conformance::{Echo, EchoMsg, Rdma, echo_router, secret};
 use shingle_transport::rdma::{Device, RdmaExport, RdmaReader};
-use shingle_transport::{RegionKey, RegionTable, RemoteRead, Router, Server, TcpClient, TransportConfig};
+use shingle_transport::{
+    CallOptions, RegionKey, RegionTable, RemoteRead, RpcChannel, Server, TcpClient, TransportConfig,
+};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -111,6 +115,24 @@ async fn latency(c: &TcpClient, addr: SocketAddr, key: RegionKey, reads: usize) 
     (lat[lat.len() / 2], lat[lat.len() * 99 / 100])
 }
 
+async fn rpc_latency(c: &TcpClient, addr: SocketAddr, calls: usize) -> (f64, f64) {
+    let mut lat = Vec::with_capacity(calls);
+    let data = Bytes::from(vec![7u8; 64]);
+    for _ in 0..calls {
+        let req = EchoMsg {
+            data: data.clone(),
+            delay_ms: 0,
+            fail_with: 0,
+        };
+        let t = Instant::now();
+        let r = c.call::<Echo>(addr, &req, CallOptions::default()).await.expect("echo");
+        lat.push(t.elapsed().as_secs_f64() * 1e6);
+        assert_eq!(r.data, data);
+    }
+    lat.sort_by(f64::total_cmp);
+    (lat[lat.len() / 2], lat[lat.len() * 99 / 100])
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = args();
@@ -125,7 +147,7 @@ async fn main() {
         bind,
         TransportConfig::default(),
         secret(),
-        export.routes(Router::new()),
+        export.routes(echo_router(Default::default(), Default::default())),
         regions,
     )
     .await
@@ -156,9 +178,17 @@ async fn main() {
         out.push((format!("{name}_4k_p50_us"), p50));
         out.push((format!("{name}_4k_p99_us"), p99));
     }
+    let calls_before = reader.stats().calls;
+    for (name, c) in [("rdma", &rdma), ("tcp", &tcp)] {
+        let (p50, p99) = rpc_latency(c, addr, a.lat_reads).await;
+        out.push((format!("{name}_rpc_p50_us"), p50));
+        out.push((format!("{name}_rpc_p99_us"), p99));
+    }
     let s = reader.stats();
     assert_eq!(s.fallbacks, 0, "the RDMA client fell back to TCP");
+    assert_eq!(s.calls - calls_before, a.lat_reads as u64, "the RDMA client's calls went over TCP");
     out.push(("rdma_reads".into(), s.reads as f64));
+    out.push(("rdma_calls".into(), s.calls as f64));
     for (k, v) in &out {
         println!("{k}={v:.3}");
     }
