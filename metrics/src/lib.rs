@@ -76,7 +76,8 @@ pub struct State {
 pub struct Metrics {
     /// Requests handled, by kind and answer.
     pub rpc_server_requests: Family<KindCode, Counter>,
-    /// Time to handle a request, by kind (queueing in the server included).
+    /// Time to handle a request, by kind: from dispatch to the handler's answer (time
+    /// waiting for a connection's in-flight slot is not included).
     pub rpc_server_seconds: Family<Kind, Histogram>,
     /// Requests being handled now.
     pub rpc_server_inflight: Gauge,
@@ -198,7 +199,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "rpc_server",
-            "Time to handle a request, by kind",
+            "Time to handle a request, by kind (dispatch to answer)",
             s.clone(),
             m.rpc_server_seconds.clone(),
         );

@@ -55,9 +55,22 @@ pub struct MountArgs {
     /// Only the mounting user may use the mount (default: everyone, `allow_other`).
     #[arg(long)]
     pub private: bool,
-    /// Serve Prometheus metrics of this mount at http://ADDR/metrics.
-    #[arg(long, env = "SHINGLE_METRICS_LISTEN")]
-    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// Serve Prometheus metrics of this mount at http://ADDR/metrics (`off`: none).
+    #[arg(long, env = "SHINGLE_METRICS_LISTEN", value_parser = parse_metrics_listen)]
+    pub metrics_listen: Option<MetricsListen>,
+}
+
+/// A metrics address, or none (`off`).
+#[derive(Clone, Copy, Debug)]
+pub struct MetricsListen(Option<std::net::SocketAddr>);
+
+fn parse_metrics_listen(s: &str) -> Result<MetricsListen, String> {
+    if s == "off" || s.is_empty() {
+        return Ok(MetricsListen(None));
+    }
+    s.parse()
+        .map(|a| MetricsListen(Some(a)))
+        .map_err(|_| format!("'{s}' is not an address like 0.0.0.0:9465 (or off)"))
 }
 
 fn parse_ec(s: &str) -> Result<(u8, u8)> {
@@ -324,7 +337,14 @@ pub async fn mount(a: MountArgs) -> Result<()> {
         allow_other: !a.private,
         ..MountConfig::default()
     };
-    serve_mount(meta, (cf.ec_k, cf.ec_m), &a.mountpoint, mc, a.metrics_listen).await
+    serve_mount(
+        meta,
+        (cf.ec_k, cf.ec_m),
+        &a.mountpoint,
+        mc,
+        a.metrics_listen.and_then(|m| m.0),
+    )
+    .await
 }
 
 /// `shingle dev`.

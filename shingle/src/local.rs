@@ -116,6 +116,9 @@ fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<
         .args(["serve", "--config"])
         .arg(config)
         .env("SHINGLE_LOG", log)
+        // Each node's metrics address is in its config (`--metrics-port`): one address
+        // inherited by all of them would make all but the first fail to start.
+        .env_remove("SHINGLE_METRICS_LISTEN")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(err)

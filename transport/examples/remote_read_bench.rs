@@ -186,7 +186,11 @@ async fn main() {
     }
     let s = reader.stats();
     assert_eq!(s.fallbacks, 0, "the RDMA client fell back to TCP");
-    assert_eq!(s.calls - calls_before, a.lat_reads as u64, "the RDMA client's calls went over TCP");
+    assert_eq!(
+        s.calls - calls_before,
+        a.lat_reads as u64,
+        "the RDMA client's calls went over TCP"
+    );
     out.push(("rdma_reads".into(), s.reads as f64));
     out.push(("rdma_calls".into(), s.calls as f64));
     for (k, v) in &out {

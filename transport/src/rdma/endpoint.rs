@@ -8,7 +8,7 @@
 
 use super::{Device, RdmaError};
 use crate::fragment::{FRAGMENT_HEADER, Piece, Reassembler};
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue, WorkCompletionStatus};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -212,7 +212,33 @@ impl Endpoint {
     }
 
     /// One RDMA READ of `n` ≤ [`BOUNCE_BYTES`] bytes at `addr`.
-    pub(super) async fn read(&self, addr: u64, rkey: u32, n: usize, timeout: Duration) -> Result<Vec<u8>, RdmaError> {
+    /// READs `n` bytes at (`addr`, `rkey`) and appends them to `out` (one copy, out of
+    /// the bounce buffer). `out` comes back in every case.
+    pub(super) async fn read_into(
+        &self,
+        addr: u64,
+        rkey: u32,
+        n: usize,
+        timeout: Duration,
+        mut out: BytesMut,
+    ) -> (Result<(), RdmaError>, BytesMut) {
+        match self
+            .read_with(addr, rkey, n, timeout, |bytes| out.extend_from_slice(bytes))
+            .await
+        {
+            Ok(()) => (Ok(()), out),
+            Err(e) => (Err(e), out),
+        }
+    }
+
+    async fn read_with(
+        &self,
+        addr: u64,
+        rkey: u32,
+        n: usize,
+        timeout: Duration,
+        take: impl FnOnce(&[u8]),
+    ) -> Result<(), RdmaError> {
         let _permit = self
             .dev
             .bounce_permits
@@ -248,9 +274,9 @@ impl Endpoint {
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(Ok(()))) => {
-                let out = bounce.mem[..n].to_vec();
+                take(&bounce.mem[..n]);
                 self.dev.bounce.lock().unwrap_or_else(|p| p.into_inner()).push(bounce);
-                Ok(out)
+                Ok(())
             }
             Ok(Ok(Err(e))) => {
                 // Failed or flushed: the NIC is done with the buffer, but the queue pair

@@ -386,6 +386,22 @@ impl RdmaReader {
         let timeout = tcp.config().request_timeout;
         let mut done = 0usize;
         let total = len as usize;
+        // The common case, one piece: straight into the caller's buffer. The READ runs in
+        // a task of its own, so a caller dropping this future never frees memory the NIC
+        // may still write.
+        if total <= BOUNCE_BYTES {
+            let ep = conn.ep.clone();
+            let at = target.addr + offset;
+            let task = tokio::spawn(async move { ep.read_into(at, target.rkey, total, timeout, buf).await });
+            return match task.await {
+                Ok((Ok(()), buf)) => {
+                    self.reads.fetch_add(1, Ordering::Relaxed);
+                    Ok((Ok(()), buf))
+                }
+                Ok((Err(e), buf)) => Err((e, buf)),
+                Err(e) => Err((RdmaError::Post(format!("read task: {e}")), BytesMut::new())),
+            };
+        }
         // Pieces of up to a bounce buffer, all in flight at once.
         let mut pieces = Vec::new();
         while done < total {
@@ -398,7 +414,8 @@ impl RdmaReader {
             .map(|&(at, n)| {
                 let conn = conn.ep.clone();
                 tokio::spawn(async move {
-                    conn.read(target.addr + offset + at as u64, target.rkey, n, timeout)
+                    let piece = BytesMut::with_capacity(n);
+                    conn.read_into(target.addr + offset + at as u64, target.rkey, n, timeout, piece)
                         .await
                 })
             })
@@ -406,9 +423,9 @@ impl RdmaReader {
         let mut failed = None;
         for r in reads {
             match r.await {
-                Ok(Ok(bytes)) if failed.is_none() => buf.extend_from_slice(&bytes),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => failed = failed.or(Some(e)),
+                Ok((Ok(()), bytes)) if failed.is_none() => buf.extend_from_slice(&bytes),
+                Ok((Ok(()), _)) => {}
+                Ok((Err(e), _)) => failed = failed.or(Some(e)),
                 Err(e) => failed = failed.or(Some(RdmaError::Post(format!("read task: {e}")))),
             }
         }
