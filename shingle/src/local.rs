@@ -98,7 +98,13 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
 
 fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<(Child, SocketAddr)> {
     let exe = std::env::current_exe().context("locate the shingle binary")?;
-    let err = std::fs::File::create(stderr).with_context(|| format!("create {}", stderr.display()))?;
+    // Appended: a node restarted (by `shingle dev` again, or a benchmark) keeps the log
+    // of its earlier runs.
+    let err = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(stderr)
+        .with_context(|| format!("open {}", stderr.display()))?;
     let mut cmd = match ns {
         Some(ns) => {
             let mut c = Command::new("ip");

@@ -298,4 +298,21 @@ fn tree_permissions_concurrency_big_files_and_remount() {
     assert_eq!(crc_file(&dev.path("big-dense")), dense);
     assert_eq!(std::fs::read_to_string(dev.path("open/mine")).expect("read"), "mine\n");
     drop(dev);
+
+    // Nothing above went wrong for the cluster (refused permissions are the callers'
+    // errors): no node logged a warning or an error.
+    let mut bad = Vec::new();
+    for i in 1..=6 {
+        let log = std::fs::read_to_string(data.join(format!("node{i}.log"))).unwrap_or_default();
+        bad.extend(
+            log.lines()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .map(|l| format!("node{i}: {l}")),
+        );
+    }
+    assert!(
+        bad.is_empty(),
+        "a healthy run logged warnings or errors:\n{}",
+        bad.join("\n")
+    );
 }
