@@ -25,7 +25,8 @@ pub fn owner_node(owner: u64) -> u64 {
 /// The locks hosted by one node.
 #[derive(Default)]
 pub struct LockTable {
-    held: Mutex<HashMap<u64, (u64, Instant)>>,
+    /// key → (owner, lease end, when the owner took or last renewed it).
+    held: Mutex<HashMap<u64, (u64, Instant, Instant)>>,
     freed: Notify,
 }
 
@@ -55,10 +56,10 @@ impl LockTable {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let free = keys
             .iter()
-            .all(|k| held.get(k).is_none_or(|(o, until)| *o == owner || *until <= now));
+            .all(|k| held.get(k).is_none_or(|(o, until, _)| *o == owner || *until <= now));
         if free {
             for k in keys {
-                held.insert(*k, (owner, now + lease));
+                held.insert(*k, (owner, now + lease, now));
             }
         }
         free
@@ -68,7 +69,7 @@ impl LockTable {
     pub fn release(&self, keys: &[u64], owner: u64) {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         for k in keys {
-            if held.get(k).is_some_and(|(o, _)| *o == owner) {
+            if held.get(k).is_some_and(|(o, _, _)| *o == owner) {
                 held.remove(k);
             }
         }
@@ -76,13 +77,14 @@ impl LockTable {
         self.freed.notify_waiters();
     }
 
-    /// Releases every lock whose owner's coordinator (see [`owner_node`]) matches
-    /// `dead`: a coordinator marked Down will not finish, so its keys need not wait out
-    /// their lease.
-    pub fn release_coordinators(&self, dead: impl Fn(u64) -> bool) -> usize {
+    /// Releases every lock for which `dead(coordinator node, taken at)` holds (see
+    /// [`owner_node`]): a coordinator marked Down will not finish, so its keys need not
+    /// wait out their lease. `taken at` tells the locks of a node's earlier life (taken
+    /// before it was seen down) from those it takes after it came back.
+    pub fn release_coordinators(&self, dead: impl Fn(u64, Instant) -> bool) -> usize {
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
         let before = held.len();
-        held.retain(|_, (owner, _)| !dead(owner_node(*owner)));
+        held.retain(|_, (owner, _, taken)| !dead(owner_node(*owner), *taken));
         let n = before - held.len();
         drop(held);
         if n > 0 {
@@ -110,8 +112,24 @@ mod tests {
         let lease = Duration::from_secs(30);
         assert!(t.lock(&[10, 11], a, lease, Duration::ZERO).await);
         assert!(!t.lock(&[10], b, lease, Duration::ZERO).await);
-        assert_eq!(t.release_coordinators(|n| n == 3), 2);
+        assert_eq!(t.release_coordinators(|n, _| n == 3), 2);
         assert!(t.lock(&[10], b, lease, Duration::ZERO).await);
+    }
+
+    #[tokio::test]
+    async fn a_restarted_coordinators_old_locks_go_and_its_new_ones_stay() {
+        let t = LockTable::default();
+        let lease = Duration::from_secs(30);
+        let (old, new) = (owner_id(6, 1), owner_id(6, 2));
+        assert!(t.lock(&[1], old, lease, Duration::ZERO).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let seen_down = Instant::now();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        // Back up: it coordinates again.
+        assert!(t.lock(&[2], new, lease, Duration::ZERO).await);
+        assert_eq!(t.release_coordinators(|n, taken| n == 6 && taken <= seen_down), 1);
+        assert!(t.lock(&[1], owner_id(7, 1), lease, Duration::ZERO).await);
+        assert!(!t.lock(&[2], owner_id(7, 1), lease, Duration::ZERO).await);
     }
 
     #[tokio::test]

@@ -1201,7 +1201,8 @@ impl MetaNode {
     /// primary of, not driven here, and seen on two sweeps in a row.
     async fn sweep_intents(&self) {
         let mut seen: HashMap<u64, u32> = HashMap::new();
-        let mut down_since: HashMap<u64, Instant> = HashMap::new();
+        // Node → (when it was seen down, whether it has been seen up since).
+        let mut down_since: HashMap<u64, (Instant, bool)> = HashMap::new();
         loop {
             tokio::time::sleep(Duration::from_secs(2)).await;
             if self.inner.stopped.load(Ordering::Relaxed) {
@@ -1211,26 +1212,39 @@ impl MetaNode {
             let me = self.me();
             // Locks held by coordinators on nodes that went down: free them once the
             // intents those coordinators left have had time to be redone (by their
-            // partitions' new primaries, after two sweeps), long before the lease.
+            // partitions' new primaries, after two sweeps), long before the lease. A
+            // node that came back meanwhile lost its coordinations with its memory:
+            // the locks it took before it was seen down go too (not those it took
+            // since).
             let now = Instant::now();
-            down_since.retain(|n, _| !v.map.is_up(NodeId(*n)));
-            for n in v.map.nodes.values().filter(|n| !v.map.is_up(n.id)) {
-                down_since.entry(n.id.0).or_insert(now);
+            for n in v.map.nodes.values() {
+                let up = v.map.is_up(n.id);
+                match down_since.get_mut(&n.id.0) {
+                    // Down again after coming back: the newest life ended now.
+                    Some((t, back)) if !up && *back => (*t, *back) = (now, false),
+                    Some((_, back)) => *back |= up,
+                    None if !up => {
+                        down_since.insert(n.id.0, (now, false));
+                    }
+                    None => {}
+                }
             }
-            let dead: Vec<u64> = down_since
+            let dead: HashMap<u64, Instant> = down_since
                 .iter()
-                .filter(|(_, t)| now.saturating_duration_since(**t) >= DEAD_COORDINATOR_LOCKS)
-                .map(|(n, _)| *n)
+                .filter(|(n, (t, _))| **n != me.0 && now.saturating_duration_since(*t) >= DEAD_COORDINATOR_LOCKS)
+                .map(|(n, (t, _))| (*n, *t))
                 .collect();
             if !dead.is_empty() {
                 let freed = self
                     .inner
                     .locks
-                    .release_coordinators(|n| n != me.0 && dead.contains(&n));
+                    .release_coordinators(|n, taken| dead.get(&n).is_some_and(|seen| taken <= *seen));
                 if freed > 0 {
-                    info!(locks = freed, nodes = ?dead, "released locks of coordinators that are down");
+                    info!(locks = freed, nodes = ?dead.keys().collect::<Vec<_>>(), "released locks of coordinators that were down");
                 }
             }
+            // Done with a node once it is up again and its old locks are released.
+            down_since.retain(|n, _| !v.map.is_up(NodeId(*n)) || !dead.contains_key(n));
             let pending: Vec<(PartitionId, Intent)> = self
                 .primary_slots(&v)
                 .into_iter()

@@ -445,9 +445,15 @@ async fn wait_until(client: &Client, limit: Duration, settled: bool) -> Result<f
 
 /// Runs the benchmark.
 pub async fn run(a: FailoverBenchArgs) -> Result<()> {
-    let tmp = tempfile::Builder::new()
+    let mut tmp = tempfile::Builder::new()
         .prefix("shingle-failover-")
         .tempdir_in("/var/tmp")?;
+    // SHINGLE_KEEP_CLUSTER=1 keeps the cluster's folder (node logs, stores) to look into
+    // after a run, failed or not.
+    if std::env::var_os("SHINGLE_KEEP_CLUSTER").is_some() {
+        tmp.disable_cleanup(true);
+        eprintln!("# keeping {}", tmp.path().display());
+    }
     let spec = LocalSpec {
         dir: tmp.path().join("cluster"),
         nodes: 8,
