@@ -102,8 +102,11 @@ pub fn init(cli: Option<LogFormat>, config: Option<(LogFormat, Option<&str>)>, t
             .unwrap_or_else(|| DEFAULT_FILTER.into())
     });
     let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    // Colours only for a person at a terminal: a log file (a node's stderr under
+    // `shingle dev`, systemd, kubectl logs) gets plain text that grep finds.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
     let fmt = match format {
-        LogFormat::Text => fmt.with_filter(filter).boxed(),
+        LogFormat::Text => fmt.with_ansi(colour).with_filter(filter).boxed(),
         LogFormat::Json => fmt.json().with_ansi(false).with_filter(filter).boxed(),
     };
     let otel = traces.map(|t| {

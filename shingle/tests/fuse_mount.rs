@@ -306,7 +306,9 @@ fn tree_permissions_concurrency_big_files_and_remount() {
         let log = std::fs::read_to_string(data.join(format!("node{i}.log"))).unwrap_or_default();
         bad.extend(
             log.lines()
-                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .filter(|l| {
+                    l.contains(" WARN ") || l.contains(" ERROR ") || l.contains("WARN\x1b") || l.contains("ERROR\x1b")
+                })
                 .map(|l| format!("node{i}: {l}")),
         );
     }

@@ -304,7 +304,12 @@ fn prometheus_scrapes_every_process_of_a_dev_cluster() {
     for l in &logs {
         let text = std::fs::read_to_string(l).unwrap_or_default();
         for line in text.lines() {
-            if line.contains(" WARN ") || line.contains(" ERROR ") {
+            // Plain text (or coloured, should a terminal's escapes ever reach a file).
+            if line.contains(" WARN ")
+                || line.contains(" ERROR ")
+                || line.contains("WARN\x1b")
+                || line.contains("ERROR\x1b")
+            {
                 bad.push(format!(
                     "{}: {line}",
                     l.file_name().and_then(|f| f.to_str()).unwrap_or("?")
