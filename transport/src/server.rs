@@ -408,11 +408,11 @@ pub(crate) async fn dispatch(
     payload: Bytes,
 ) -> Result<Bytes, Status> {
     let m = shingle_metrics::get();
-    let name = shingle_metrics::kind_name(kind.0);
     let Some(h) = router.handlers.get(&kind) else {
+        // One series for all of them: a peer cannot grow the label set.
         m.rpc_server_requests
             .get_or_create(&shingle_metrics::KindCode {
-                kind: name,
+                kind: "unknown",
                 code: Code::UnknownKind.name(),
             })
             .inc();
@@ -421,6 +421,7 @@ pub(crate) async fn dispatch(
             format!("no handler for message kind {kind}"),
         ));
     };
+    let name = shingle_metrics::kind_name(kind.0);
     let _inflight = shingle_metrics::InFlight::new(&m.rpc_server_inflight);
     let started = Instant::now();
     let r = handle(h, peer, kind, deadline, payload).await;
