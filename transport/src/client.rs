@@ -602,9 +602,7 @@ impl TcpClient {
         }
         (self.call_tcp(peer, kind, payload, opts).await, "tcp")
     }
-}
 
-impl TcpClient {
     /// A call over TCP whatever else is attached (the RDMA handshake uses it).
     pub(crate) async fn call_tcp(
         &self,
