@@ -30,8 +30,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle;
 use tracing::{Instrument, Span};
 
-/// The span of one kernel request: `$name` with `op`, `ino` and the fields given.
-/// With the operation's name, for metrics.
+/// The span of one kernel request (`$name` with `op`, `ino` and the fields given),
+/// paired with the operation's name for the metrics.
 macro_rules! op_span {
     ($name:literal, $op:expr, $ino:expr $(, $($field:tt)*)?) => {{
         let op: &'static str = $op;
