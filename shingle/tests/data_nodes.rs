@@ -6,7 +6,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::spawn;
+use common::{corrupt_first_record, spawn};
 use shingle_data::ec::EcPolicy;
 use shingle_data::service::{
     DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
@@ -311,26 +311,6 @@ async fn reachable(c: &TcpClient, addr: SocketAddr) {
 }
 
 /// Flips a payload byte of the first record in the first non-empty zone file.
-fn corrupt_first_record(zones: &Path) {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(zones)
-        .expect("zones dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("zone-") && !n.to_string_lossy().contains('.'))
-        })
-        .collect();
-    files.sort();
-    for f in files {
-        let mut bytes = std::fs::read(&f).expect("zone file");
-        if bytes.len() > 200 {
-            bytes[64 + 100] ^= 0x5a;
-            std::fs::write(&f, bytes).expect("write zone file");
-            return;
-        }
-    }
-    panic!("no record to corrupt");
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn full_node_refuses_with_enospc_and_keeps_its_data() {

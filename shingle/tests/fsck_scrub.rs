@@ -6,8 +6,8 @@
 
 mod common;
 
-use common::{Cluster, Spec};
-use std::path::{Path, PathBuf};
+use common::{Cluster, Spec, corrupt_first_record};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -32,27 +32,6 @@ fn json(o: &Output) -> serde_json::Value {
             String::from_utf8_lossy(&o.stderr)
         )
     })
-}
-
-fn corrupt_first_record(zones: &Path) {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(zones)
-        .expect("zones dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| {
-            p.file_name()
-                .is_some_and(|n| n.to_string_lossy().starts_with("zone-") && !n.to_string_lossy().contains('.'))
-        })
-        .collect();
-    files.sort();
-    for f in files {
-        let mut bytes = std::fs::read(&f).expect("zone file");
-        if bytes.len() > 200 {
-            bytes[64 + 100] ^= 0x5a;
-            std::fs::write(&f, bytes).expect("write zone file");
-            return;
-        }
-    }
-    panic!("no record to corrupt in {}", zones.display());
 }
 
 #[test]

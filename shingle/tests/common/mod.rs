@@ -229,3 +229,26 @@ impl Cluster {
         }
     }
 }
+
+/// Flips a byte inside the first record of the first non-empty zone file under `zones`
+/// (a data node's emulated device): that shard's checksum no longer matches.
+pub fn corrupt_first_record(zones: &Path) {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(zones)
+        .expect("zones dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("zone-") && !n.to_string_lossy().contains('.'))
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        let mut bytes = std::fs::read(&f).expect("zone file");
+        if bytes.len() > 200 {
+            bytes[64 + 100] ^= 0x5a;
+            std::fs::write(&f, bytes).expect("write zone file");
+            return;
+        }
+    }
+    panic!("no record to corrupt in {}", zones.display());
+}
