@@ -33,7 +33,9 @@ pub trait TransportUnderTest: Send + Sync + 'static {
         regions: Arc<RegionTable>,
         config: TransportConfig,
         secret: ClusterSecret,
-    ) -> impl Future<Output = std::io::Result<(Self::Server, SocketAddr)>> + Send;
+    ) -> impl Future<Output = std::io::Result<(Self::Server, SocketAddr)>> + Send {
+        Self::serve_at(SocketAddr::from(([127, 0, 0, 1], 0)), router, regions, config, secret)
+    }
 
     /// Starts a server on a given address (to restart on the same port).
     fn serve_at(
@@ -629,15 +631,6 @@ impl TransportUnderTest for Tcp {
     type Client = crate::client::TcpClient;
     type Server = crate::server::Server;
 
-    async fn serve(
-        router: Router,
-        regions: Arc<RegionTable>,
-        config: TransportConfig,
-        secret: ClusterSecret,
-    ) -> std::io::Result<(Self::Server, SocketAddr)> {
-        Self::serve_at(SocketAddr::from(([127, 0, 0, 1], 0)), router, regions, config, secret).await
-    }
-
     async fn serve_at(
         addr: SocketAddr,
         router: Router,
@@ -659,7 +652,8 @@ impl TransportUnderTest for Tcp {
     }
 }
 
-/// The RDMA implementation: TCP for RPCs, one-sided RDMA READ for remote reads. The
+/// The RDMA implementation: RPCs as SENDs on the queue pair (set up over TCP), one-sided
+/// RDMA READ for remote reads. The
 /// server uses `$SHINGLE_RDMA_DEV0` and the client `$SHINGLE_RDMA_DEV1` (the guest rig's
 /// two soft-RoCE devices; the first device when unset), GID index
 /// `$SHINGLE_RDMA_GID_INDEX` (default 1).
@@ -685,15 +679,6 @@ impl Rdma {
 impl TransportUnderTest for Rdma {
     type Client = crate::client::TcpClient;
     type Server = crate::server::Server;
-
-    async fn serve(
-        router: Router,
-        regions: Arc<RegionTable>,
-        config: TransportConfig,
-        secret: ClusterSecret,
-    ) -> std::io::Result<(Self::Server, SocketAddr)> {
-        Self::serve_at(SocketAddr::from(([127, 0, 0, 1], 0)), router, regions, config, secret).await
-    }
 
     async fn serve_at(
         addr: SocketAddr,

@@ -10,6 +10,7 @@
 //! (non-zero exit) when a byte differs, when the RDMA client read nothing or called
 //! nothing over RDMA, or when it fell back to TCP (beyond the killed node).
 
+use super::failover::content;
 use crate::fabric::{RdmaMode, RdmaSettings};
 use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Context, Result, bail};
@@ -37,19 +38,6 @@ pub struct FabricBenchArgs {
     /// Write the figures here as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-}
-
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
 }
 
 /// Reads every file through `client`, checks it; returns MiB/s.

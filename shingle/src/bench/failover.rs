@@ -145,7 +145,7 @@ fn set_link(prefix: &str, id: u64, up: bool) -> Result<()> {
 }
 
 /// Deterministic file contents (xorshift64*), so every read can be checked.
-fn content(seed: u64, len: usize) -> Vec<u8> {
+pub(crate) fn content(seed: u64, len: usize) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut out = Vec::with_capacity(len + 8);
     while out.len() < len {
