@@ -1,11 +1,14 @@
 //! The chunk service of a data node, on the transport.
 //!
 //! - `WriteShard`: append a shard durably (acknowledged only after group commit).
-//! - `Resolve`: find a shard, verify it, and stage its payload in a registered region;
-//!   the reply carries the region key, so the client reads the bytes with the
-//!   remote-read verb (one-sided RDMA READ where there is RDMA) and verifies the crc32c
-//!   end to end. Staged payloads are an LRU cache bounded in bytes; evicting one
-//!   revokes its key, and an overwrite or delete revokes it at once.
+//! - `Resolve`: find a shard version, verify it, and stage its payload in a registered
+//!   region; the reply carries the region key, so the client reads the bytes (all of
+//!   them, or just the byte range it asked for) with the remote-read verb (one-sided
+//!   RDMA READ where there is RDMA) and verifies the crc32c of what it read end to end.
+//!   Staged payloads are an LRU cache bounded in bytes; evicting one revokes its key,
+//!   and a rewrite or delete of that version revokes it at once. Versions are immutable
+//!   and stored side by side (see the store), so a new version never disturbs readers
+//!   of an older one.
 //! - `DeleteShard`, `Scrub`, `Stat`.
 //! - `RepairShard`: rebuild this node's copy of a shard from k other shards of its
 //!   stripe, fetched from their nodes, and store it.
@@ -18,7 +21,7 @@
 
 use crate::chunk::ChunkKey;
 use crate::ec::EcPolicy;
-use crate::store::{ChunkStore, StoreError};
+use crate::store::{ChunkStore, StoreError, VKey};
 use crate::zone::ZonedDevice;
 use bytes::{Bytes, BytesMut};
 use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status, TransportError};
@@ -107,9 +110,15 @@ pub struct ResolveRequest {
     /// Which shard.
     #[prost(message, optional, tag = "1")]
     pub id: Option<ShardId>,
-    /// Required version; 0 accepts the stored one.
+    /// Required version; 0 takes the newest stored one.
     #[prost(uint64, tag = "2")]
     pub version: u64,
+    /// Start of the byte range the caller will read (with `range_len`).
+    #[prost(uint64, tag = "3")]
+    pub range_offset: u64,
+    /// Length of the byte range the caller will read; 0: the whole payload.
+    #[prost(uint64, tag = "4")]
+    pub range_len: u64,
 }
 
 /// A staged shard: read `payload_len` bytes at offset 0 of the region.
@@ -130,6 +139,9 @@ pub struct ResolveResponse {
     /// Stored version.
     #[prost(uint64, tag = "5")]
     pub version: u64,
+    /// crc32c of the requested byte range (of the payload when no range was asked for).
+    #[prost(uint32, tag = "6")]
+    pub range_crc: u32,
 }
 
 impl ResolveResponse {
@@ -276,15 +288,14 @@ pub mod errno {
     pub const ENOSPC: u32 = 28;
     /// Payload does not match its checksum.
     pub const EILSEQ: u32 = 84;
-    /// A newer version is stored.
-    pub const ESTALE: u32 = 116;
+    /// The requested byte range lies outside the shard.
+    pub const EINVAL: u32 = 22;
 }
 
 fn status(e: StoreError) -> Status {
     let code = match &e {
         StoreError::NotFound(_) => errno::ENOENT,
         StoreError::NoSpace => errno::ENOSPC,
-        StoreError::StaleVersion { .. } => errno::ESTALE,
         StoreError::BadChecksum { .. } => errno::EILSEQ,
         StoreError::TooLarge(_) => errno::EFBIG,
         _ => errno::EIO,
@@ -300,39 +311,45 @@ fn missing_id() -> Status {
 struct StageCache {
     budget: u64,
     used: u64,
-    entries: HashMap<ChunkKey, (u64, RegionKey, u32)>,
-    order: VecDeque<ChunkKey>,
+    entries: HashMap<VKey, (RegionKey, u32, Bytes)>,
+    order: VecDeque<VKey>,
 }
 
 impl StageCache {
-    fn get(&self, key: &ChunkKey, version: u64) -> Option<(RegionKey, u32, u64)> {
-        self.entries
-            .get(key)
-            .filter(|(v, _, _)| version == 0 || *v == version)
-            .map(|(v, r, crc)| (*r, *crc, *v))
+    fn get(&self, vk: &VKey) -> Option<(RegionKey, u32, Bytes)> {
+        self.entries.get(vk).cloned()
     }
 
-    fn invalidate(&mut self, regions: &RegionTable, key: &ChunkKey) {
-        if let Some((_, r, _)) = self.entries.remove(key) {
-            regions.revoke(r);
-            self.used = self.used.saturating_sub(r.len);
-            self.order.retain(|k| k != key);
+    /// Drops the staged copy of version `version` of `key` (every version for `None`).
+    fn invalidate(&mut self, regions: &RegionTable, key: &ChunkKey, version: Option<u64>) {
+        let gone: Vec<VKey> = self
+            .entries
+            .keys()
+            .filter(|(k, v)| k == key && version.is_none_or(|w| w == *v))
+            .copied()
+            .collect();
+        for vk in gone {
+            if let Some((r, _, _)) = self.entries.remove(&vk) {
+                regions.revoke(r);
+                self.used = self.used.saturating_sub(r.len);
+                self.order.retain(|k| *k != vk);
+            }
         }
     }
 
-    fn insert(&mut self, regions: &RegionTable, key: ChunkKey, version: u64, payload: Bytes, crc: u32) -> RegionKey {
-        self.invalidate(regions, &key);
+    fn insert(&mut self, regions: &RegionTable, vk: VKey, payload: Bytes, crc: u32) -> RegionKey {
+        self.invalidate(regions, &vk.0, Some(vk.1));
         while self.used + payload.len() as u64 > self.budget {
             let Some(old) = self.order.pop_front() else { break };
-            if let Some((_, r, _)) = self.entries.remove(&old) {
+            if let Some((r, _, _)) = self.entries.remove(&old) {
                 regions.revoke(r);
                 self.used = self.used.saturating_sub(r.len);
             }
         }
-        let r = regions.register(payload);
+        let r = regions.register(payload.clone());
         self.used += r.len;
-        self.entries.insert(key, (version, r, crc));
-        self.order.push_back(key);
+        self.entries.insert(vk, (r, crc, payload));
+        self.order.push_back(vk);
         r
     }
 }
@@ -393,7 +410,7 @@ where
 
     async fn write_inner(&self, req: WriteShardRequest) -> Result<WriteShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
-        self.stage().invalidate(&self.regions, &key);
+        self.stage().invalidate(&self.regions, &key, Some(req.version));
         let loc = self
             .blocking(move |s| s.put(key, req.version, &req.data, req.crc))
             .await?;
@@ -410,26 +427,40 @@ where
 
     async fn resolve_inner(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
-        let hit = self.stage().get(&key, req.version);
+        let version = if req.version != 0 {
+            req.version
+        } else {
+            // The newest stored version.
+            self.store.lookup(&key).map(|e| e.version).ok_or_else(|| {
+                Status::application(errno::ENOENT, format!("{key} not found"))
+            })?
+        };
+        let hit = self.stage().get(&(key, version));
         Span::current().record("staged", hit.is_some());
-        let (r, crc, version) = match hit {
+        let (r, crc, payload) = match hit {
             Some(h) => h,
             None => {
-                let (h, payload) = self.blocking(move |s| s.get(&key)).await?;
-                if req.version != 0 && h.version != req.version {
-                    return Err(Status::application(
-                        errno::ESTALE,
-                        format!(
-                            "{key}: stored version {} is not the requested {}",
-                            h.version, req.version
-                        ),
-                    ));
-                }
+                let (h, payload) = self.blocking(move |s| s.get_version(&key, version)).await?;
                 let r = self
                     .stage()
-                    .insert(&self.regions, key, h.version, payload, h.payload_crc);
-                (r, h.payload_crc, h.version)
+                    .insert(&self.regions, (key, version), payload.clone(), h.payload_crc);
+                (r, h.payload_crc, payload)
             }
+        };
+        let range_crc = if req.range_len == 0 {
+            crc
+        } else {
+            let end = req.range_offset.checked_add(req.range_len).filter(|e| *e <= r.len);
+            let Some(end) = end else {
+                return Err(Status::application(
+                    errno::EINVAL,
+                    format!(
+                        "{key} v{version}: range {}+{} outside its {} bytes",
+                        req.range_offset, req.range_len, r.len
+                    ),
+                ));
+            };
+            crc32c::crc32c(&payload[req.range_offset as usize..end as usize])
         };
         Span::current().record("bytes", r.len);
         Ok(ResolveResponse {
@@ -438,6 +469,7 @@ where
             region_len: r.len,
             crc,
             version,
+            range_crc,
         })
     }
 
@@ -448,8 +480,8 @@ where
 
     async fn delete_inner(&self, req: DeleteShardRequest) -> Result<DeleteShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
-        self.stage().invalidate(&self.regions, &key);
         let version = (req.version != 0).then_some(req.version);
+        self.stage().invalidate(&self.regions, &key, version);
         let existed = self.blocking(move |s| s.delete_if(&key, version)).await?;
         Ok(DeleteShardResponse { existed })
     }
@@ -471,7 +503,7 @@ where
         if want >= n {
             return Err(bad(format!("shard {want} is not in a {k}+{m} stripe")));
         }
-        if req.if_missing && self.store.lookup(&key).is_some_and(|e| e.version == req.version) {
+        if req.if_missing && self.store.lookup_version(&key, req.version).is_some() {
             return Ok(RepairShardResponse { bytes: 0 });
         }
         let mut shards: Vec<Option<Bytes>> = vec![None; n];
@@ -505,16 +537,10 @@ where
             .map_err(|e| Status::application(errno::EIO, format!("cannot rebuild {key}: {e}")))?;
         let crc = crc32c::crc32c(&rebuilt);
         let len = rebuilt.len() as u64;
-        self.stage().invalidate(&self.regions, &key);
         let version = req.version;
-        self.blocking(move |s| {
-            // A repair rewrites the same version: drop the corrupt copy first.
-            if s.lookup(&key).is_some_and(|e| e.version == version) {
-                s.delete(&key)?;
-            }
-            s.put(key, version, &rebuilt, crc)
-        })
-        .await?;
+        self.stage().invalidate(&self.regions, &key, Some(version));
+        // A repair rewrites the same version, which replaces the corrupt copy.
+        self.blocking(move |s| s.put(key, version, &rebuilt, crc)).await?;
         Span::current().record("bytes", len);
         tracing::info!(%key, bytes = len, "shard repaired");
         Ok(RepairShardResponse { bytes: len })
@@ -612,19 +638,37 @@ pub async fn read_shard<C: RpcChannel + RemoteRead>(
     id: ShardId,
     version: u64,
 ) -> Result<Bytes, ShardReadError> {
+    read_shard_range(client, node, id, version, 0, 0).await
+}
+
+/// Reads `len` bytes at `offset` of one shard version from `node` (`len` 0: the whole
+/// shard), verified end to end against the crc32c the node computed of that range.
+pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
+    client: &C,
+    node: SocketAddr,
+    id: ShardId,
+    version: u64,
+    offset: u64,
+    len: u64,
+) -> Result<Bytes, ShardReadError> {
     let mut attempt = 0;
     loop {
         attempt += 1;
-        let r = client
-            .call::<Resolve>(node, &ResolveRequest { id: Some(id), version }, Default::default())
-            .await?;
-        let len = u32::try_from(r.region_len).map_err(|_| ShardReadError::Checksum(id))?;
+        let req = ResolveRequest {
+            id: Some(id),
+            version,
+            range_offset: offset,
+            range_len: len,
+        };
+        let r = client.call::<Resolve>(node, &req, Default::default()).await?;
+        let (off, want) = if len == 0 { (0, r.region_len) } else { (offset, len) };
+        let want = u32::try_from(want).map_err(|_| ShardReadError::Checksum(id))?;
         let (res, buf) = client
-            .read(node, r.key(), 0, len, BytesMut::with_capacity(len as usize))
+            .read(node, r.key(), off, want, BytesMut::with_capacity(want as usize))
             .await;
         match res {
             Ok(()) => {
-                if crc32c::crc32c(&buf) != r.crc {
+                if crc32c::crc32c(&buf) != r.range_crc {
                     return Err(ShardReadError::Checksum(id));
                 }
                 return Ok(buf.freeze());

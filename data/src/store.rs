@@ -20,19 +20,26 @@
 //!   stale location (`ReadPastWritePointer` or a key/version mismatch) and look again.
 //! - Records appended but never committed are unreferenced garbage; GC reclaims them.
 //!
+//! ## Versions
+//! A chunk is named by its key *and* its version: writing version 7 of a shard stores it
+//! beside version 6, which stays readable until it is deleted by name. File layouts name
+//! the version they reference, so a rewrite of a stripe never disturbs a reader of the
+//! committed one, and a stored-but-uncommitted version never replaces a committed one.
+//! Rewriting the same version (repair of a corrupt copy, a GC move) replaces it.
+//!
 //! ## Rebuilding the index
-//! [`ChunkStore::rebuild_index`] scans every zone, keeps the newest record (highest version, then highest
-//! sequence number) per key, and writes a fresh index. There are no delete tombstones,
-//! so a rebuild can bring back chunks that were deleted while an older copy still sat
-//! in an unreset zone: they are unreferenced by metadata and readers check versions
-//! against the file layout, so they are never served as file data (the orphan sweep
-//! removes them).
+//! [`ChunkStore::rebuild_index`] scans every zone, keeps the newest record (highest
+//! sequence number) per key and version, and writes a fresh index. There are no delete
+//! tombstones, so a rebuild can bring back versions that were deleted while an older
+//! copy still sat in an unreset zone: they are unreferenced by metadata and readers name
+//! the version their layout holds, so they are never served as file data (the orphan
+//! sweep removes them).
 
 use crate::chunk::{self, CHUNK_HEADER_LEN, ChunkError, ChunkHeader, ChunkKey, MAX_CHUNK_PAYLOAD};
 use crate::zone::{ZoneError, ZoneId, ZoneState, ZonedDevice};
 use bytes::{Bytes, BytesMut};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, RwLock};
@@ -51,6 +58,20 @@ pub struct Location {
     pub zone: ZoneId,
     /// Byte offset of the record in the zone.
     pub offset: u64,
+}
+
+/// A chunk version: the index's key.
+pub type VKey = (ChunkKey, u64);
+
+/// Length of an index key: the chunk key, then the version (big-endian, so the versions
+/// of one chunk sort together, oldest first).
+const VKEY_LEN: usize = 26;
+
+fn vkey_bytes((key, version): &VKey) -> [u8; VKEY_LEN] {
+    let mut b = [0u8; VKEY_LEN];
+    b[..18].copy_from_slice(&key.to_bytes());
+    b[18..].copy_from_slice(&version.to_be_bytes());
+    b
 }
 
 /// Index entry of one chunk.
@@ -124,16 +145,6 @@ pub enum StoreError {
         /// The chunk.
         key: ChunkKey,
     },
-    /// A newer version of the chunk is already stored.
-    #[error("{key}: version {got} is older than the stored version {have}")]
-    StaleVersion {
-        /// The chunk.
-        key: ChunkKey,
-        /// Stored version.
-        have: u64,
-        /// Version offered.
-        got: u64,
-    },
     /// The chunk is too large for a zone or the format.
     #[error("chunk payload of {0} bytes is too large")]
     TooLarge(usize),
@@ -199,12 +210,19 @@ impl Default for StoreOptions {
 #[derive(Default)]
 struct ZoneAcct {
     live_bytes: u64,
-    keys: HashSet<ChunkKey>,
+    keys: HashSet<VKey>,
 }
 
 struct Index {
-    map: HashMap<ChunkKey, IndexEntry>,
+    map: BTreeMap<VKey, IndexEntry>,
     zones: Vec<ZoneAcct>,
+}
+
+impl Index {
+    /// The stored versions of `key`, oldest first.
+    fn versions(&self, key: &ChunkKey) -> impl DoubleEndedIterator<Item = (&VKey, &IndexEntry)> {
+        self.map.range((*key, 0)..=(*key, u64::MAX))
+    }
 }
 
 enum Op {
@@ -215,7 +233,7 @@ enum Op {
     },
     Delete {
         key: ChunkKey,
-        /// Only when this version is stored (after the batch's earlier puts).
+        /// This version only; `None`: every version stored when the delete applies.
         version: Option<u64>,
     },
 }
@@ -320,8 +338,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
             Database::create(index_path)?
         };
         let g = device.geometry();
-        let mut map = HashMap::new();
+        let mut map = BTreeMap::new();
         let mut leased = 0;
+        // Index keys of the first format named the chunk alone (one version per chunk);
+        // they are rewritten with their version.
+        let mut legacy: Vec<([u8; 18], IndexEntry)> = Vec::new();
         {
             let txn = db.begin_write()?;
             txn.open_table(CHUNKS)?;
@@ -331,18 +352,41 @@ impl<D: ZonedDevice> ChunkStore<D> {
             let t = r.open_table(CHUNKS)?;
             for item in t.iter()? {
                 let (k, v) = item?;
-                let key: &[u8; 18] = k
-                    .value()
-                    .try_into()
-                    .map_err(|_| StoreError::Index("index key of wrong length".into()))?;
                 let e = IndexEntry::decode(v.value())
                     .ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
-                map.insert(ChunkKey::from_bytes(key), e);
+                let kb = k.value();
+                let key = match kb.len() {
+                    VKEY_LEN => {
+                        let mut c = [0u8; 18];
+                        c.copy_from_slice(&kb[..18]);
+                        ChunkKey::from_bytes(&c)
+                    }
+                    18 => {
+                        let mut c = [0u8; 18];
+                        c.copy_from_slice(kb);
+                        legacy.push((c, e));
+                        ChunkKey::from_bytes(&c)
+                    }
+                    n => return Err(StoreError::Index(format!("index key of wrong length {n}"))),
+                };
+                map.insert((key, e.version), e);
             }
             let m = r.open_table(META)?;
             if let Some(v) = m.get("seq_leased")? {
                 leased = v.value();
             }
+        }
+        if !legacy.is_empty() {
+            let txn = db.begin_write()?;
+            {
+                let mut t = txn.open_table(CHUNKS)?;
+                for (c, e) in &legacy {
+                    t.remove(&c[..])?;
+                    t.insert(&vkey_bytes(&(ChunkKey::from_bytes(c), e.version))[..], &e.encode()[..])?;
+                }
+            }
+            txn.commit()?;
+            info!(chunks = legacy.len(), "chunk index keys rewritten with their versions");
         }
         let zones_info = device.report_zones()?;
         let mut zones: Vec<ZoneAcct> = (0..g.zone_count).map(|_| ZoneAcct::default()).collect();
@@ -350,8 +394,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
         for (k, e) in &map {
             let Some(z) = zones.get_mut(e.zone as usize) else {
                 return Err(StoreError::Index(format!(
-                    "{k} indexed in zone {} beyond the device",
-                    e.zone
+                    "{} v{} indexed in zone {} beyond the device",
+                    k.0, k.1, e.zone
                 )));
             };
             z.live_bytes += chunk::record_len(e.payload_len as usize, g.block_size);
@@ -359,7 +403,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             max_seq = max_seq.max(e.seq);
             let wp = zones_info.get(e.zone as usize).map_or(0, |i| i.write_pointer);
             if e.offset + chunk::record_len(e.payload_len as usize, g.block_size) > wp {
-                warn!(key = %k, zone = e.zone, "index points past the zone's write pointer; the chunk will read as missing");
+                warn!(key = %k.0, version = k.1, zone = e.zone, "index points past the zone's write pointer; the chunk will read as missing");
             }
         }
         let mut free = VecDeque::new();
@@ -413,6 +457,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
     }
 
     /// Stores `payload` as version `version` of `key` and returns once it is durable.
+    /// Other versions of the chunk stay as they are; the same version is replaced.
     /// `crc` is the writer's crc32c of the payload, checked before anything is written.
     pub fn put(&self, key: ChunkKey, version: u64, payload: &[u8], crc: u32) -> StoreResult<Location> {
         if payload.len() > MAX_CHUNK_PAYLOAD as usize
@@ -422,15 +467,6 @@ impl<D: ZonedDevice> ChunkStore<D> {
         }
         if crc32c::crc32c(payload) != crc {
             return Err(StoreError::BadChecksum { key });
-        }
-        if let Some(have) = self.lookup(&key) {
-            if have.version > version {
-                return Err(StoreError::StaleVersion {
-                    key,
-                    have: have.version,
-                    got: version,
-                });
-            }
         }
         let (loc, batch) = self.append(key, version, payload, crc, None, false)?;
         self.wait_durable(batch)?;
@@ -583,52 +619,54 @@ impl<D: ZonedDevice> ChunkStore<D> {
         for z in &zones {
             self.device.sync_zone(*z)?;
         }
-        // Decide which conditional moves still apply; only the syncer changes the
-        // index, so the decision holds until it is applied below.
-        let applies: Vec<bool> = {
+        // Turn the ops into index changes; only the syncer changes the index, so the
+        // decisions hold until they are applied below.
+        let changes: Vec<(VKey, Option<IndexEntry>)> = {
             let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
-            // Versions put earlier in this batch, for conditional deletes after them.
-            let mut batch: HashMap<ChunkKey, Option<u64>> = HashMap::new();
-            ops.iter()
-                .map(|op| match op {
+            // What this batch's earlier ops did, over the index.
+            let mut overlay: BTreeMap<VKey, Option<IndexEntry>> = BTreeMap::new();
+            for op in &ops {
+                match op {
                     Op::Put { key, entry, only_if_at } => {
-                        let apply = match (idx.map.get(key), only_if_at) {
+                        let vk = (*key, entry.version);
+                        let cur = overlay.get(&vk).copied().unwrap_or_else(|| idx.map.get(&vk).copied());
+                        // A GC move applies only where the index still points at the old copy.
+                        let apply = match (cur, only_if_at) {
                             (Some(cur), Some(at)) => cur.location() == *at,
                             (None, Some(_)) => false,
-                            (Some(cur), None) => cur.version <= entry.version,
-                            (None, None) => true,
+                            (_, None) => true,
                         };
                         if apply {
-                            batch.insert(*key, Some(entry.version));
+                            overlay.insert(vk, Some(*entry));
                         }
-                        apply
                     }
                     Op::Delete { key, version } => {
-                        let stored = batch
-                            .get(key)
-                            .copied()
-                            .unwrap_or_else(|| idx.map.get(key).map(|e| e.version));
-                        let apply = version.is_none_or(|v| stored == Some(v));
-                        if apply {
-                            batch.insert(*key, None);
+                        let mut gone: Vec<VKey> = match version {
+                            Some(v) => vec![(*key, *v)],
+                            None => idx.versions(key).map(|(vk, _)| *vk).collect(),
+                        };
+                        if version.is_none() {
+                            gone.extend(overlay.range((*key, 0)..=(*key, u64::MAX)).map(|(vk, _)| *vk));
                         }
-                        apply
+                        for vk in gone {
+                            overlay.insert(vk, None);
+                        }
                     }
-                })
-                .collect()
+                }
+            }
+            overlay.into_iter().collect()
         };
         let txn = self.db.begin_write()?;
         {
             let mut t = txn.open_table(CHUNKS)?;
-            for (op, apply) in ops.iter().zip(&applies) {
-                match op {
-                    Op::Put { key, entry, .. } if *apply => {
-                        t.insert(&key.to_bytes()[..], &entry.encode()[..])?;
+            for (vk, entry) in &changes {
+                match entry {
+                    Some(e) => {
+                        t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
                     }
-                    Op::Delete { key, .. } if *apply => {
-                        t.remove(&key.to_bytes()[..])?;
+                    None => {
+                        t.remove(&vkey_bytes(vk)[..])?;
                     }
-                    _ => {}
                 }
             }
             if let Some(l) = lease {
@@ -638,22 +676,22 @@ impl<D: ZonedDevice> ChunkStore<D> {
         }
         txn.commit()?;
         let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
-        for (op, apply) in ops.into_iter().zip(applies) {
-            match op {
-                Op::Put { key, entry, .. } if apply => {
-                    if let Some(old) = idx.map.insert(key, entry) {
-                        self.unaccount(&mut idx, &key, &old);
+        for (vk, entry) in changes {
+            let old = match entry {
+                Some(e) => {
+                    let old = idx.map.insert(vk, e);
+                    if let Some(old) = old {
+                        self.unaccount(&mut idx, &vk, &old);
                     }
-                    let z = &mut idx.zones[entry.zone as usize];
-                    z.live_bytes += chunk::record_len(entry.payload_len as usize, self.block_size);
-                    z.keys.insert(key);
+                    let z = &mut idx.zones[e.zone as usize];
+                    z.live_bytes += chunk::record_len(e.payload_len as usize, self.block_size);
+                    z.keys.insert(vk);
+                    continue;
                 }
-                Op::Delete { key, .. } if apply => {
-                    if let Some(old) = idx.map.remove(&key) {
-                        self.unaccount(&mut idx, &key, &old);
-                    }
-                }
-                Op::Put { .. } | Op::Delete { .. } => {}
+                None => idx.map.remove(&vk),
+            };
+            if let Some(old) = old {
+                self.unaccount(&mut idx, &vk, &old);
             }
         }
         drop(idx);
@@ -661,34 +699,51 @@ impl<D: ZonedDevice> ChunkStore<D> {
         Ok(())
     }
 
-    fn unaccount(&self, idx: &mut Index, key: &ChunkKey, old: &IndexEntry) {
+    fn unaccount(&self, idx: &mut Index, vk: &VKey, old: &IndexEntry) {
         let z = &mut idx.zones[old.zone as usize];
         z.live_bytes = z
             .live_bytes
             .saturating_sub(chunk::record_len(old.payload_len as usize, self.block_size));
-        z.keys.remove(key);
+        z.keys.remove(vk);
     }
 
-    /// The index entry of `key`, if stored.
+    /// The index entry of the newest stored version of `key`.
     pub fn lookup(&self, key: &ChunkKey) -> Option<IndexEntry> {
-        self.index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .get(key)
-            .copied()
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        idx.versions(key).next_back().map(|(_, e)| *e)
     }
 
-    /// Reads and verifies a chunk; returns its header and payload.
+    /// The index entry of version `version` of `key`, if stored.
+    pub fn lookup_version(&self, key: &ChunkKey, version: u64) -> Option<IndexEntry> {
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        idx.map.get(&(*key, version)).copied()
+    }
+
+    /// The stored versions of `key`, oldest first.
+    pub fn versions(&self, key: &ChunkKey) -> Vec<u64> {
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        idx.versions(key).map(|((_, v), _)| *v).collect()
+    }
+
+    /// Reads and verifies the newest version of a chunk; returns its header and payload.
     pub fn get(&self, key: &ChunkKey) -> StoreResult<(ChunkHeader, Bytes)> {
+        self.get_with(key, || self.lookup(key))
+    }
+
+    /// Reads and verifies version `version` of a chunk.
+    pub fn get_version(&self, key: &ChunkKey, version: u64) -> StoreResult<(ChunkHeader, Bytes)> {
+        self.get_with(key, || self.lookup_version(key, version))
+    }
+
+    fn get_with(&self, key: &ChunkKey, find: impl Fn() -> Option<IndexEntry>) -> StoreResult<(ChunkHeader, Bytes)> {
         let mut last = None;
         for _ in 0..3 {
-            let e = self.lookup(key).ok_or(StoreError::NotFound(*key))?;
+            let e = find().ok_or(StoreError::NotFound(*key))?;
             match self.read_entry(key, &e) {
                 Ok(r) => return Ok(r),
                 Err(err) => {
                     // A concurrent GC may have moved the chunk and reset the zone.
-                    if self.lookup(key) == Some(e) {
+                    if find() == Some(e) {
                         return Err(err);
                     }
                     last = Some(err);
@@ -705,17 +760,20 @@ impl<D: ZonedDevice> ChunkStore<D> {
             .map_err(|source| StoreError::Corrupt { key: *key, source })
     }
 
-    /// Deletes a chunk durably. Returns whether it existed.
+    /// Deletes every version of a chunk durably. Returns whether any existed.
     pub fn delete(&self, key: &ChunkKey) -> StoreResult<bool> {
         self.delete_if(key, None)
     }
 
-    /// Deletes a shard only if `version` is what is stored when the delete is applied
-    /// (in order with concurrent writes): a copy that a rebalance moved away, never a
-    /// newer one written since. `None` deletes whatever is stored. Returns whether the
-    /// key existed before.
+    /// Deletes version `version` of a chunk (in order with concurrent writes: a copy
+    /// that a rebalance moved away, or a version a commit replaced), never another one.
+    /// `None` deletes every version stored when the delete applies. Returns whether
+    /// that version (any version, for `None`) existed before.
     pub fn delete_if(&self, key: &ChunkKey, version: Option<u64>) -> StoreResult<bool> {
-        let existed = self.lookup(key).is_some();
+        let existed = match version {
+            Some(v) => self.lookup_version(key, v).is_some(),
+            None => self.lookup(key).is_some(),
+        };
         let batch = {
             let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             w.pending.push(Op::Delete { key: *key, version });
@@ -725,8 +783,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
         Ok(existed)
     }
 
-    /// Every indexed key (a snapshot).
-    pub fn keys(&self) -> Vec<ChunkKey> {
+    /// Every indexed chunk version (a snapshot).
+    pub fn keys(&self) -> Vec<VKey> {
         self.index
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -811,7 +869,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             idx.zones[victim.0 as usize]
                 .keys
                 .iter()
-                .filter_map(|k| idx.map.get(k).map(|e| (*k, *e)))
+                .filter_map(|vk| idx.map.get(vk).map(|e| (vk.0, *e)))
                 .collect()
         };
         let mut last_batch = 0;
@@ -851,11 +909,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
         Ok(true)
     }
 
-    /// Re-reads and verifies every chunk.
+    /// Re-reads and verifies every chunk version.
     pub fn scrub(&self) -> ScrubReport {
         let mut r = ScrubReport::default();
-        for key in self.keys() {
-            match self.get(&key) {
+        for (key, version) in self.keys() {
+            match self.get_version(&key, version) {
                 Ok(_) => r.checked += 1,
                 Err(StoreError::NotFound(_)) => {}
                 Err(e) => {
@@ -869,12 +927,12 @@ impl<D: ZonedDevice> ChunkStore<D> {
     }
 
     /// Rebuilds the index at `index_path` from the records on `device` (the index is
-    /// lost or damaged). Keeps the newest record per key: highest version, then highest
-    /// sequence number (the same order the index applies concurrent writes in).
+    /// lost or damaged). Keeps the newest record (highest sequence number) of each key
+    /// and version, the order the index applies rewrites of one version in.
     pub fn rebuild_index(device: &D, index_path: &Path) -> StoreResult<usize> {
         let g = device.geometry();
         let bs = u64::from(g.block_size);
-        let mut newest: HashMap<ChunkKey, IndexEntry> = HashMap::new();
+        let mut newest: HashMap<VKey, IndexEntry> = HashMap::new();
         let mut max_seq = 0;
         for info in device.report_zones()? {
             let mut off = 0;
@@ -905,10 +963,10 @@ impl<D: ZonedDevice> ChunkStore<D> {
                         crc: h.payload_crc,
                     };
                     max_seq = max_seq.max(h.seq);
-                    match newest.get(&h.key) {
-                        Some(cur) if (cur.version, cur.seq) >= (h.version, h.seq) => {}
+                    match newest.get(&(h.key, h.version)) {
+                        Some(cur) if cur.seq >= h.seq => {}
                         _ => {
-                            newest.insert(h.key, e);
+                            newest.insert((h.key, h.version), e);
                         }
                     }
                 } else {
@@ -924,8 +982,8 @@ impl<D: ZonedDevice> ChunkStore<D> {
         let txn = db.begin_write()?;
         {
             let mut t = txn.open_table(CHUNKS)?;
-            for (k, e) in &newest {
-                t.insert(&k.to_bytes()[..], &e.encode()[..])?;
+            for (vk, e) in &newest {
+                t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
             }
             let mut m = txn.open_table(META)?;
             m.insert("seq_leased", max_seq + SEQ_LEASE)?;

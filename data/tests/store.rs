@@ -51,14 +51,21 @@ fn put_get_overwrite_delete_and_reopen() {
         for i in 0..20 {
             put(&s, key(i), 1, &data(i, 1, 10_000 + i as usize)).expect("put");
         }
-        put(&s, key(3), 2, &data(3, 2, 5000)).expect("overwrite");
-        let e = put(&s, key(3), 1, &data(3, 1, 10)).expect_err("stale version");
-        assert!(matches!(e, StoreError::StaleVersion { have: 2, got: 1, .. }), "{e}");
+        // A new version is stored beside the old one; both stay readable by name.
+        put(&s, key(3), 2, &data(3, 2, 5000)).expect("new version");
+        assert_eq!(s.versions(&key(3)), vec![1, 2]);
+        assert_eq!(&s.get_version(&key(3), 1).expect("v1 kept").1[..], &data(3, 1, 10_003)[..]);
+        assert_eq!(s.get(&key(3)).expect("newest").0.version, 2);
+        // An older version written later does not hide the newest.
+        put(&s, key(7), 0, &data(7, 0, 100)).expect("older version");
+        assert_eq!(s.get(&key(7)).expect("newest").0.version, 1);
+        assert!(s.delete_if(&key(7), Some(0)).expect("delete v0"));
         let e = s.put(key(4), 5, b"payload", 1234).expect_err("bad crc");
         assert!(matches!(e, StoreError::BadChecksum { .. }), "{e}");
-        // A conditional delete of another version keeps the shard; of its own removes it.
+        // A delete of one version keeps the others.
         s.delete_if(&key(3), Some(1)).expect("delete v1");
         assert_eq!(s.get(&key(3)).expect("v2 kept").0.version, 2);
+        assert!(matches!(s.get_version(&key(3), 1), Err(StoreError::NotFound(_))));
         s.delete_if(&key(6), Some(1)).expect("delete v1");
         assert!(matches!(s.get(&key(6)), Err(StoreError::NotFound(_))));
         put(&s, key(6), 1, &data(6, 1, 10_006)).expect("put back");
@@ -128,9 +135,11 @@ fn gc_reclaims_garbage_and_keeps_every_live_chunk() {
     for i in 0..24 {
         put(&s, key(i), 1, &data(i, 1, len)).expect("put");
     }
-    // Make half of everything garbage: overwrite the even chunks.
+    // Make half of everything garbage: new versions of the even chunks, the old ones
+    // deleted (as a commit that replaced them would have them deleted).
     for i in (0..24).step_by(2) {
         put(&s, key(i), 2, &data(i, 2, len)).expect("overwrite");
+        assert!(s.delete_if(&key(i), Some(1)).expect("delete the old version"));
     }
     let before = s.stats();
     let r = s.gc(16, 0.4).expect("gc");
@@ -281,8 +290,9 @@ fn index_is_rebuilt_from_zones() {
     }
     std::fs::remove_file(dir.path().join("index.redb")).expect("lose the index");
     let dev = FileZonedDevice::open(&dir.path().join("dev")).expect("device");
+    // Every version comes back (v1 and v3 of the first four).
     let n = ChunkStore::rebuild_index(&dev, &dir.path().join("index.redb")).expect("rebuild");
-    assert_eq!(n, 12);
+    assert_eq!(n, 16);
     drop(dev);
     let s = open(dir.path(), 8);
     for i in 0..12 {
@@ -324,14 +334,21 @@ fn run_model(seed: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let faults = Faults::none();
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut model: HashMap<ChunkKey, (u64, usize)> = HashMap::new();
+    // Every stored version of each key, with its length.
+    let mut model: HashMap<ChunkKey, std::collections::BTreeMap<u64, usize>> = HashMap::new();
     let mut s = Some(faulty(dir.path(), faults.clone()));
     for step in 0..150 {
         let store = s.as_ref().expect("open store");
         let k = key(rng.below(30));
         match rng.below(100) {
             0..=54 => {
-                let v = model.get(&k).map_or(1, |(v, _)| v + rng.below(2));
+                // A new version, the newest again (a repair), or an older one.
+                let newest = model.get(&k).and_then(|m| m.keys().next_back().copied()).unwrap_or(0);
+                let v = match rng.below(4) {
+                    0 => newest.max(1),
+                    1 => rng.below(newest + 1),
+                    _ => newest + 1,
+                };
                 let len = 1 + rng.below(40_000) as usize;
                 let inject = rng.below(10) == 0;
                 if inject {
@@ -344,7 +361,7 @@ fn run_model(seed: u64) {
                 match put(store, k, v, &data(k.ino * 7 + u64::from(k.shard), v, len)) {
                     Ok(()) => {
                         assert!(!inject, "seed {seed} step {step}: a faulty write was acknowledged");
-                        model.insert(k, (v, len));
+                        model.entry(k).or_default().insert(v, len);
                     }
                     Err(StoreError::NoSpace) => {
                         store.gc(4, 0.0).expect("gc");
@@ -353,9 +370,16 @@ fn run_model(seed: u64) {
                 }
                 faults.heal();
             }
-            55..=64 => {
+            55..=59 => {
                 store.delete(&k).expect("delete");
                 model.remove(&k);
+            }
+            60..=64 => {
+                let v = model.get(&k).and_then(|m| m.keys().next().copied()).unwrap_or(1);
+                let existed = store.delete_if(&k, Some(v)).expect("delete version");
+                let had = model.get_mut(&k).is_some_and(|m| m.remove(&v).is_some());
+                assert_eq!(existed, had, "seed {seed} step {step}: {k} v{v}");
+                model.retain(|_, m| !m.is_empty());
             }
             65..=74 => {
                 store.gc(2, 0.3).expect("gc");
@@ -380,21 +404,25 @@ fn run_model(seed: u64) {
             }
             _ => {
                 // Verify everything against the model.
-                for (mk, (v, len)) in &model {
-                    let (h, p) = store
-                        .get(mk)
-                        .unwrap_or_else(|e| panic!("seed {seed} step {step}: {mk} lost: {e}"));
-                    assert_eq!(h.version, *v, "seed {seed} step {step}: {mk}");
-                    assert_eq!(
-                        &p[..],
-                        &data(mk.ino * 7 + u64::from(mk.shard), *v, *len)[..],
-                        "seed {seed} step {step}: {mk}"
-                    );
+                for (mk, versions) in &model {
+                    for (v, len) in versions {
+                        let (h, p) = store
+                            .get_version(mk, *v)
+                            .unwrap_or_else(|e| panic!("seed {seed} step {step}: {mk} v{v} lost: {e}"));
+                        assert_eq!(h.version, *v, "seed {seed} step {step}: {mk}");
+                        assert_eq!(
+                            &p[..],
+                            &data(mk.ino * 7 + u64::from(mk.shard), *v, *len)[..],
+                            "seed {seed} step {step}: {mk} v{v}"
+                        );
+                    }
+                    let newest = versions.keys().next_back().copied();
+                    assert_eq!(store.lookup(mk).map(|e| e.version), newest, "seed {seed} step {step}: {mk}");
                 }
                 assert_eq!(
                     store.keys().len(),
-                    model.len(),
-                    "seed {seed} step {step}: deleted chunks visible"
+                    model.values().map(|m| m.len()).sum::<usize>(),
+                    "seed {seed} step {step}: deleted chunk versions visible"
                 );
             }
         }
