@@ -16,7 +16,7 @@
 
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
-use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, SetAttr, StripeRec};
+use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, SetAttr, StripeWrite};
 use crate::service::MapView;
 use crate::service::wire::*;
 use shingle_transport::{Health, TcpClient};
@@ -443,7 +443,7 @@ impl MetaClient {
     fn attr(r: OpReply) -> Result<Attr, Errno> {
         match r {
             OpReply::Attr(a) => Ok(a),
-            OpReply::Done => Err(Errno::EIO),
+            OpReply::Done | OpReply::Versions(_) => Err(Errno::EIO),
         }
     }
 
@@ -569,14 +569,15 @@ impl MetaClient {
         self.op(creds, NsOp::SetLayout { ino, policy }).await.map(|_| ())
     }
 
-    /// Commits written stripes and the new size.
+    /// Commits written stripes and the new size; `ESTALE` when a stripe no longer has
+    /// the version its write was based on (another writer committed it first).
     pub async fn commit_write(
         &self,
         creds: &Creds,
         ino: Ino,
         policy: Layout,
         size: u64,
-        stripes: Vec<(u64, StripeRec)>,
+        stripes: Vec<StripeWrite>,
     ) -> Result<Attr, Errno> {
         let op = NsOp::CommitWrite {
             ino,
@@ -585,6 +586,14 @@ impl MetaClient {
             stripes,
         };
         Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Reserves `count` stripe versions of file `ino` for this writer; returns the first.
+    pub async fn reserve_versions(&self, creds: &Creds, ino: Ino, policy: Layout, count: u32) -> Result<u64, Errno> {
+        match self.op(creds, NsOp::ReserveVersions { ino, policy, count }).await? {
+            OpReply::Versions(first) => Ok(first),
+            _ => Err(Errno::EIO),
+        }
     }
 
     /// Resolves a slash-separated path from the root (no symlink following).

@@ -1004,34 +1004,78 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
     }
 
-    /// Commits written data: the new stripes (replacing older versions of the same
-    /// stripes) and the file size, which only grows here (truncation is `setattr`).
+    /// Hands out `count` stripe versions of file `ino` for a writer to store new stripe
+    /// versions under: returns the first; the range is the writer's alone. The file
+    /// takes `policy` if it has no data yet.
+    pub fn reserve_versions(&mut self, ino: Ino, policy: &Layout, count: u32, now: TimeNs) -> NsResult<u64> {
+        let _ = now;
+        let rec = self.rec(ino)?.clone();
+        if rec.attr.kind != FileKind::File {
+            return Err(Errno::EISDIR);
+        }
+        if count == 0 || !policy.policy_is_valid() {
+            return Err(Errno::EINVAL);
+        }
+        let mut new = rec;
+        let layout = Self::file_layout(&mut new, policy)?;
+        // Versions of files written before versions were handed out came from clocks.
+        let newest = layout.stripes.values().map(|r| r.version).max().unwrap_or(0);
+        let first = layout.next_version.max(newest + 1).max(1);
+        layout.next_version = first.checked_add(u64::from(count)).ok_or(Errno::EOVERFLOW)?;
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        Ok(first)
+    }
+
+    /// The layout of file record `new`, taking `policy` while it has no data.
+    fn file_layout<'a>(new: &'a mut InodeRec, policy: &Layout) -> NsResult<&'a mut Layout> {
+        let layout = new.layout.get_or_insert_with(|| policy.policy());
+        if layout.stripes.is_empty() && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+            let next = layout.next_version;
+            *layout = policy.policy();
+            layout.next_version = next;
+        }
+        if (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+            return Err(Errno::EINVAL);
+        }
+        Ok(layout)
+    }
+
+    /// Commits written data: the new stripe versions and the file size, which only
+    /// grows here (truncation is `setattr`). Compare-and-set: every stripe must still
+    /// have the version its write was based on, else nothing changes and the commit
+    /// fails with `ESTALE` (another writer committed that stripe first). A stripe that
+    /// already has the new version was committed by this same commit before (a retry).
+    /// New versions must have been handed out by [`Namespace::reserve_versions`].
     /// The writer has permission from its open; the file must still be a regular file.
     pub fn commit_write(
         &mut self,
         ino: Ino,
         policy: &Layout,
         size: u64,
-        stripes: &[(u64, StripeRec)],
+        stripes: &[StripeWrite],
         now: TimeNs,
     ) -> NsResult<Attr> {
         let rec = self.rec(ino)?.clone();
         if rec.attr.kind != FileKind::File {
             return Err(Errno::EISDIR);
         }
-        let mut new = rec;
-        let layout = new.layout.get_or_insert_with(|| policy.policy());
-        if layout.stripes.is_empty() && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
-            *layout = policy.policy();
-        }
-        if (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+        if !policy.policy_is_valid() {
             return Err(Errno::EINVAL);
         }
-        for (s, r) in stripes {
-            let newer = layout.stripes.get(s).is_none_or(|old| old.version < r.version);
-            if newer {
-                layout.stripes.insert(*s, r.clone());
+        let mut new = rec;
+        let layout = Self::file_layout(&mut new, policy)?;
+        for w in stripes {
+            if w.rec.version == 0 || w.rec.version >= layout.next_version || w.rec.len > layout.stripe_bytes() {
+                return Err(Errno::EINVAL);
             }
+            let cur = layout.stripes.get(&w.stripe).map_or(0, |r| r.version);
+            if cur != w.base && cur != w.rec.version {
+                return Err(Errno::ESTALE);
+            }
+        }
+        for w in stripes {
+            layout.stripes.insert(w.stripe, w.rec.clone());
         }
         new.attr.size = new.attr.size.max(size);
         new.attr.mtime = now;

@@ -14,4 +14,4 @@ pub mod types;
 
 pub use engine::{Namespace, Need, Plan, RenameFlags, XattrMode};
 pub use partition::{DentryVal, InodeRec, Intent, Mutation, Partition};
-pub use types::{Attr, Creds, DirEntry, Errno, FileKind, Layout, NsResult, SetAttr, StripeRec, TimeNs};
+pub use types::{Attr, Creds, DirEntry, Errno, FileKind, Layout, NsResult, SetAttr, StripeRec, StripeWrite, TimeNs};

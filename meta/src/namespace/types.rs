@@ -271,6 +271,10 @@ pub struct Layout {
     pub unit: u32,
     /// Written stripes by index.
     pub stripes: std::collections::BTreeMap<u64, StripeRec>,
+    /// The next stripe version the metadata service will hand out for this file
+    /// ([`crate::namespace::Namespace::reserve_versions`]): versions are unique per
+    /// file and never come from a client's clock.
+    pub next_version: u64,
 }
 
 impl Layout {
@@ -286,7 +290,15 @@ impl Layout {
             m: self.m,
             unit: self.unit,
             stripes: Default::default(),
+            next_version: 0,
         }
+    }
+
+    /// Whether the policy can hold data: 1 ≤ k, k + m ≤ 32, a unit that is a positive
+    /// multiple of 4 KiB.
+    pub fn policy_is_valid(&self) -> bool {
+        let k = usize::from(self.k);
+        k >= 1 && k + usize::from(self.m) <= 32 && self.unit != 0 && self.unit % 4096 == 0
     }
 
     /// Drops stripes that lie wholly at or beyond `size`.
@@ -306,6 +318,19 @@ pub struct StripeRec {
     pub len: u64,
     /// Node ids that took shards 0..k+m (a location hint).
     pub nodes: Vec<u64>,
+}
+
+/// One stripe of a commit: the record written, and the version it replaces (what the
+/// writer's read-modify-write was based on; 0: the stripe did not exist). The commit
+/// applies only where every stripe still has its base version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StripeWrite {
+    /// Stripe index.
+    pub stripe: u64,
+    /// The version this write replaces (0: none).
+    pub base: u64,
+    /// The new record.
+    pub rec: StripeRec,
 }
 
 /// A directory entry as READDIR returns it.

@@ -1451,6 +1451,7 @@ fn base_locks(op: &NsOp) -> Vec<u64> {
         | NsOp::RemoveXattr { ino, .. }
         | NsOp::SetLayout { ino, .. }
         | NsOp::CommitWrite { ino, .. }
+        | NsOp::ReserveVersions { ino, .. }
         | NsOp::RelocateShards { ino, .. } => vec![ino.0],
     };
     k.sort_unstable();
@@ -1533,6 +1534,9 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             size,
             stripes,
         } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
+        NsOp::ReserveVersions { ino, policy, count } => {
+            OpReply::Versions(ns.reserve_versions(*ino, policy, *count, now)?)
+        }
         NsOp::RelocateShards {
             ino,
             stripe,

@@ -24,7 +24,7 @@
 //! caller thought, answers `Code::StaleEpoch`: the caller refreshes its map and retries.
 
 use crate::ids::{Epoch, Ino, PartitionId};
-use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeRec};
+use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
 use crate::namespace::{Partition, RenameFlags, SetAttr, TimeNs, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
@@ -245,7 +245,8 @@ pub enum NsOp {
         /// Policy (no stripes).
         policy: Layout,
     },
-    /// Commits written stripes and the new size of a file.
+    /// Commits written stripes and the new size of a file (compare-and-set on the
+    /// versions the writes were based on).
     CommitWrite {
         /// File.
         ino: Ino,
@@ -254,7 +255,16 @@ pub enum NsOp {
         /// New size (grows only).
         size: u64,
         /// Stripes written.
-        stripes: Vec<(u64, StripeRec)>,
+        stripes: Vec<StripeWrite>,
+    },
+    /// Hands out stripe versions of a file to a writer.
+    ReserveVersions {
+        /// File.
+        ino: Ino,
+        /// The policy the writer will write with (taken by a file without data).
+        policy: Layout,
+        /// How many.
+        count: u32,
     },
     /// Records new shard locations of a stripe after a repair (root only).
     RelocateShards {
@@ -285,6 +295,7 @@ impl NsOp {
             | NsOp::RemoveXattr { ino, .. }
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
+            | NsOp::ReserveVersions { ino, .. }
             | NsOp::RelocateShards { ino, .. } => ino.partition(),
         }
     }
@@ -302,6 +313,7 @@ impl NsOp {
             NsOp::RemoveXattr { .. } => "removexattr",
             NsOp::SetLayout { .. } => "setlayout",
             NsOp::CommitWrite { .. } => "commit_write",
+            NsOp::ReserveVersions { .. } => "reserve_versions",
             NsOp::RelocateShards { .. } => "relocate_shards",
         }
     }
@@ -319,6 +331,7 @@ impl NsOp {
             | NsOp::RemoveXattr { ino, .. }
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
+            | NsOp::ReserveVersions { ino, .. }
             | NsOp::RelocateShards { ino, .. } => *ino,
         }
     }
@@ -345,6 +358,8 @@ pub enum OpReply {
     Done,
     /// Done; the inode's new attributes.
     Attr(Attr),
+    /// Done; the first of the stripe versions handed out.
+    Versions(u64),
 }
 meta_rpc!(Op, 0x0401, OpReply);
 

@@ -1,0 +1,97 @@
+//! Stripe versions handed out by the namespace and compare-and-set commits: the rules
+//! that make a stripe's committed version the one source of truth between writers.
+
+use shingle_meta::ids::Ino;
+use shingle_meta::namespace::types::{Creds, Errno, FileKind};
+use shingle_meta::namespace::{Layout, Namespace, StripeRec, StripeWrite};
+
+fn policy() -> Layout {
+    Layout {
+        k: 4,
+        m: 2,
+        unit: 1 << 20,
+        ..Default::default()
+    }
+}
+
+fn write(stripe: u64, base: u64, version: u64) -> StripeWrite {
+    StripeWrite {
+        stripe,
+        base,
+        rec: StripeRec {
+            version,
+            len: 4096,
+            nodes: vec![1, 2, 3, 4, 5, 6],
+        },
+    }
+}
+
+fn file(ns: &mut Namespace) -> Ino {
+    ns.mknod(&Creds::root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
+        .expect("create")
+        .ino
+}
+
+#[test]
+fn reservations_never_overlap_and_only_grow() {
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let a = ns.reserve_versions(f, &policy(), 10, 2).expect("reserve");
+    let b = ns.reserve_versions(f, &policy(), 5, 3).expect("reserve");
+    let c = ns.reserve_versions(f, &policy(), 1, 4).expect("reserve");
+    assert!(a >= 1);
+    assert_eq!(b, a + 10);
+    assert_eq!(c, b + 5);
+    assert_eq!(ns.reserve_versions(f, &policy(), 0, 5), Err(Errno::EINVAL));
+    let bad = Layout { k: 0, ..policy() };
+    assert_eq!(ns.reserve_versions(f, &bad, 4, 5), Err(Errno::EINVAL));
+    assert_eq!(ns.reserve_versions(Ino::ROOT, &policy(), 4, 5), Err(Errno::EISDIR));
+}
+
+#[test]
+fn commits_are_compare_and_set_on_the_base_version() {
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let v = ns.reserve_versions(f, &policy(), 100, 2).expect("reserve");
+    // Two writers both based their write of stripe 0 on "no stripe".
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3).expect("first");
+    assert_eq!(
+        ns.commit_write(f, &policy(), 4096, &[write(0, 0, v + 1)], 4),
+        Err(Errno::ESTALE),
+        "the second writer must learn it lost"
+    );
+    // A retry of the commit that won is not a conflict.
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 5).expect("retry");
+    // A failed commit changes nothing, not even the stripes that did match.
+    assert_eq!(
+        ns.commit_write(f, &policy(), 8192, &[write(1, 0, v + 2), write(0, 7, v + 3)], 6),
+        Err(Errno::ESTALE)
+    );
+    let l = ns.layout(f).expect("layout").expect("a file layout");
+    assert_eq!(l.stripes.len(), 1);
+    assert_eq!(l.stripes[&0].version, v);
+    // Based on the committed version, it applies.
+    ns.commit_write(f, &policy(), 8192, &[write(0, v, v + 4), write(1, 0, v + 5)], 7)
+        .expect("next");
+    let l = ns.layout(f).expect("layout").expect("a file layout");
+    assert_eq!((l.stripes[&0].version, l.stripes[&1].version), (v + 4, v + 5));
+}
+
+#[test]
+fn commits_take_only_reserved_versions_and_valid_records() {
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let v = ns.reserve_versions(f, &policy(), 2, 2).expect("reserve");
+    assert_eq!(
+        ns.commit_write(f, &policy(), 1, &[write(0, 0, v + 2)], 3),
+        Err(Errno::EINVAL),
+        "never handed out"
+    );
+    assert_eq!(ns.commit_write(f, &policy(), 1, &[write(0, 0, 0)], 3), Err(Errno::EINVAL));
+    let mut big = write(0, 0, v);
+    big.rec.len = 4 * (1 << 20) + 1;
+    assert_eq!(ns.commit_write(f, &policy(), 1, &[big], 3), Err(Errno::EINVAL));
+    let bad = Layout { unit: 0, ..policy() };
+    assert_eq!(ns.commit_write(f, &bad, 1, &[write(0, 0, v)], 3), Err(Errno::EINVAL));
+    ns.commit_write(f, &policy(), 1, &[write(0, 0, v)], 3).expect("valid");
+}
