@@ -14,7 +14,7 @@
 #   FSX_CONFIGS="mixed aligned reopen mmap"   configurations to run (default all four)
 #   FSX_FLEN / FSX_OPMAX            max file length / op size in bytes (32 MiB / 4 MiB)
 #   FSX_TIMEOUT=SECS                per fsx run (default 300; a timeout is a failure)
-#   FSX_TAIL=N                      log lines shown for a failed run (default 80)
+#   FSX_TAIL=N                      log lines shown for a failed run (default 40)
 #   PJDFSTEST_FEATURES="..."        opt-in features (default: utimensat utime_now rename_ctime)
 #   PJDFSTEST_NAPTIME=SECS          sleep between timestamp changes (default 0.01)
 #   PJDFSTEST_PATTERNS="..."        only tests whose names contain one of these
@@ -41,7 +41,7 @@ FSX_CONFIGS=${FSX_CONFIGS:-mixed aligned reopen mmap}
 FSX_FLEN=${FSX_FLEN:-$((32 << 20))}
 FSX_OPMAX=${FSX_OPMAX:-$((4 << 20))}
 FSX_TIMEOUT=${FSX_TIMEOUT:-300}
-FSX_TAIL=${FSX_TAIL:-80}
+FSX_TAIL=${FSX_TAIL:-40}
 PJDFSTEST_FEATURES=${PJDFSTEST_FEATURES:-utimensat utime_now rename_ctime}
 PJDFSTEST_NAPTIME=${PJDFSTEST_NAPTIME:-0.01}
 PJDFSTEST_PATTERNS=${PJDFSTEST_PATTERNS:-}
@@ -78,7 +78,7 @@ fi
 
 LOG_DIR=${EXERCISERS_LOG_DIR:-$(mktemp -d /tmp/exercisers.XXXXXX)}
 mkdir -p "$LOG_DIR"
-echo "exercisers: mount $MNT ($(stat -f -c %T "$MNT")); logs in $LOG_DIR"
+echo "exercisers: testing $MNT ($(findmnt -n -o FSTYPE,SOURCE -T "$MNT" 2>/dev/null || stat -f -c %T "$MNT")); logs in $LOG_DIR"
 
 # ---------------------------------------------------------------------------- fsx
 
@@ -185,7 +185,7 @@ run_fsx() {
   else
     seeds=$(seq 1 "$FSX_SEEDS")
   fi
-  dir=$(mktemp -d "$MNT/fsx.XXXXXX")
+  dir=$(mktemp -d "$MNT/fsx.XXXXXX") || die "cannot create a directory in $MNT"
   step "fsx: configurations [$FSX_CONFIGS] x seeds [$(echo $seeds)], $FSX_OPS ops each, files up to $FSX_FLEN bytes, ops up to $FSX_OPMAX bytes, in $dir"
   for name in $FSX_CONFIGS; do
     cfg=$LOG_DIR/fsx-$name.toml
@@ -212,9 +212,12 @@ run_fsx() {
       if grep -q 'LOG DUMP' "$log"; then
         echo "---- what fsx found (before its LOG DUMP):"
         awk '/LOG DUMP/ { exit } { print "    " $0 }' "$log" | head -n 60
+        echo "---- the last (up to $FSX_TAIL) operations, from $log:"
+        awk 'd { print "    " $0 } /LOG DUMP/ { d = 1 }' "$log" | tail -n "$FSX_TAIL"
+      else
+        echo "---- last $FSX_TAIL lines of $log:"
+        tail -n "$FSX_TAIL" "$log" | sed 's/^/    /'
       fi
-      echo "---- last $FSX_TAIL lines of $log (the last operations):"
-      tail -n "$FSX_TAIL" "$log" | sed 's/^/    /'
       echo "---- reproduce: fsx -f $cfg -N $FSX_OPS -S $seed -P $LOG_DIR/fsx-$name-$seed.artifacts $file"
       echo "---- file under test kept: $file; expected contents: $LOG_DIR/fsx-$name-$seed.artifacts/$(basename "$file").fsxgood"
       failed+=("$name/seed=$seed")
@@ -233,8 +236,14 @@ run_fsx() {
 
 run_pjdfstest() {
   local dir sec cfg log rc summary u2 g1 g2 f n
-  dir=$(mktemp -d "$MNT/pjdfstest.XXXXXX")
+  dir=$(mktemp -d "$MNT/pjd.XXXXXX") || die "cannot create a directory in $MNT"
   chmod 0755 "$dir"   # the tests switch to unprivileged users, who must reach it
+  # Socket tests bind(2) at DIR/.tmpXXXXXX/.tmpXXXXXX/<32 chars>/file, and sun_path
+  # holds 107 bytes: a longer DIR fails them with ENAMETOOLONG, whatever the filesystem.
+  if [ ${#dir} -gt 44 ]; then
+    rm -rf "$dir"
+    die "the mount path is too long for pjdfstest's socket tests ($dir: ${#dir} > 44 characters); mount somewhere shorter"
+  fi
   # A directory on another filesystem, for the EXDEV tests of link and rename.
   local base
   for base in ${PJDFSTEST_SECONDARY:-/tmp /dev/shm /var/tmp}; do

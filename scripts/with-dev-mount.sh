@@ -31,7 +31,8 @@ die() { echo "with-dev-mount: $*" >&2; exit 1; }
 [ -x "$SHINGLE_BIN" ] || die "no shingle binary at $SHINGLE_BIN (build it: cargo build --release -p shingle; or set SHINGLE_BIN)"
 SHINGLE_BIN=$(cd "$(dirname "$SHINGLE_BIN")" && pwd)/$(basename "$SHINGLE_BIN")
 
-TMP=$(mktemp -d /tmp/shingle-devmount.XXXXXX)
+# Short: pjdfstest binds Unix sockets a few levels below the mount (sun_path is 108 bytes).
+TMP=$(mktemp -d /tmp/shingle-dev.XXXXXX)
 # Other users (pjdfstest switches to nobody) must be able to reach the mount point.
 chmod 0755 "$TMP"
 DATA=$TMP/data
@@ -69,8 +70,8 @@ cleanup() {
     umount -l "$MNT" 2>/dev/null || fusermount3 -uz "$MNT" 2>/dev/null
   fi
   if [ "$rc" != 0 ] && [ -f "$LOG" ]; then
-    echo "with-dev-mount: last lines of the shingle dev output ($LOG):" >&2
-    tail -n 20 "$LOG" | sed 's/^/    /' >&2
+    echo "with-dev-mount: last lines of the shingle dev output ($LOG), without backtraces:" >&2
+    awk '/[Bb]acktrace:$/ { skip = 1; next } /^[^ ]/ { skip = 0 } !skip' "$LOG" | tail -n 20 | sed 's/^/    /' >&2
   fi
   if mounted; then
     echo "with-dev-mount: $MNT could not be unmounted; leaving $TMP in place" >&2
@@ -79,12 +80,23 @@ cleanup() {
     echo "with-dev-mount: kept $TMP (cluster data and logs in $DATA)"
   else
     rm -rf "$TMP"
+    [ "$rc" = 0 ] || echo "with-dev-mount: removed $TMP (cluster data, logs, files left on the mount); KEEP_TMP=1 keeps it" >&2
   fi
   exit "$rc"
 }
+CMD_PID=
+# On SIGINT/SIGTERM: stop the command (it runs in the background so that the signal is
+# handled at once, not when the command ends), then clean up through the EXIT trap.
+on_signal() {
+  if [ -n "$CMD_PID" ]; then
+    kill -TERM "$CMD_PID" 2>/dev/null
+    wait "$CMD_PID" 2>/dev/null
+  fi
+  exit "$1"
+}
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'on_signal 130' INT
+trap 'on_signal 143' TERM
 
 # Its own session and process group: our signals reach only it, and the group can be
 # killed as a last resort.
@@ -107,8 +119,11 @@ mounted || die "shingle dev said it mounted $MNT, but it is not a mount point"
 echo "with-dev-mount: mounted at $MNT after ${SECONDS}s; running: $*"
 
 set +e
-SHINGLE_MNT=$MNT "$@"
+SHINGLE_MNT=$MNT "$@" <&0 &   # explicit stdin: a background command would get /dev/null
+CMD_PID=$!
+wait "$CMD_PID"
 rc=$?
+CMD_PID=
 set -e
 echo "with-dev-mount: command exited $rc"
 exit "$rc"

@@ -1,32 +1,50 @@
 //! The client library: namespace through [`MetaClient`], file data as erasure-coded
 //! stripes on the data nodes of each stripe's placement group.
 //!
-//! **Reads** fetch whole stripes (k data shards in parallel, parity only for shards that
-//! fail) into a small per-file cache; a reader that moves forward gets the next stripe
-//! fetched in the background (readahead), so a sequential scan overlaps network and
-//! decoding with the application. **Writes** fill stripe buffers; a full stripe is
-//! encoded and written at once (all k+m shards in parallel, each durable on its node
-//! before the write returns), and the new stripes and size are committed to the inode
-//! on flush, fsync and close (close-to-open consistency, as with NFS). A partial stripe
-//! that already exists is read, modified and rewritten under a new version. Memory per
-//! open file is bounded by [`ClientConfig`].
+//! Each file open on this client has one [`Content`] core (shared by all its handles,
+//! so what one handle writes the others read at once) that says, per stripe, where the
+//! truth is: dirty bytes here, a version stored but not committed, or the committed
+//! version. This module is its I/O shell.
+//!
+//! **Reads** ask the core where each byte comes from. A small read inside one data
+//! shard fetches just that byte range from the node that holds it (the code is
+//! systematic: data shards hold the file's bytes); a sequential reader, a large read
+//! or a degraded read fetches whole stripes (k data shards in parallel, parity only for
+//! shards that fail) into a small per-file cache, and the next stripe is fetched in
+//! the background (readahead). Versions are immutable, so a reader never sees a
+//! half-replaced stripe: when the version it planned to read was replaced and deleted
+//! by another client's commit, it reloads the layout and reads the new one.
+//! **Writes** fill stripe buffers (read-modify-write fetches what a partial write
+//! keeps); a full stripe is encoded and stored under a new version handed out by the
+//! metadata service (all k+m shards in parallel, each durable on its node before the
+//! store counts), beside the committed one. Flush, fsync and close commit the stored
+//! versions and the size with compare-and-set on the versions they were based on
+//! (close-to-open consistency, as with NFS); a lost race or a stripe that could not be
+//! stored anywhere is reported by each handle's next fsync or close, and the committed
+//! content stays as it was. Replaced and superseded versions are deleted on the nodes
+//! after the commit that made them garbage. Memory per open file is bounded by
+//! [`ClientConfig`].
 //!
 //! Traces: what a stripe read or write met on the way (parity used, hedged shard
 //! reads, the fabric, shards left out) is recorded on the span of the operation that
 //! needed it (`degraded`, `hedged`, `fabric` of `fs.read`, `fs.write`, ...); readahead
 //! runs in an `fs.readahead` span, a child of the read that started it.
 
+use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
 use shingle_data::ec::EcPolicy;
+use shingle_data::service::{DeleteShard, DeleteShardRequest, ShardId, read_shard_range};
 use shingle_data::stripe::{StripeError, read_stripe, write_stripe};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
 use shingle_meta::placement::stripe_pg;
-use shingle_transport::{Health, TcpClient};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use shingle_transport::{CallOptions, Health, RpcChannel, TcpClient};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 use tokio::sync::OnceCell;
 use tracing::{Instrument, Span, debug, warn};
 
@@ -82,7 +100,8 @@ struct Inner {
     tcp: TcpClient,
     health: Arc<Health>,
     cfg: ClientConfig,
-    open: Mutex<HashMap<Ino, Vec<Weak<OpenFile>>>>,
+    /// The shared state of each file open here.
+    open: Mutex<HashMap<Ino, Weak<Shared>>>,
     /// (mtime, size) of each file when this client last opened or committed it: an open
     /// that finds them unchanged may keep the kernel's cached pages.
     seen: Mutex<HashMap<Ino, (i64, u64)>>,
@@ -90,28 +109,51 @@ struct Inner {
 
 /// Most files whose version [`Client`] remembers for page-cache reuse.
 const SEEN_MAX: usize = 200_000;
+/// Stripe versions reserved at once, at first and at most.
+const RESERVE_MIN: u32 = 16;
+const RESERVE_MAX: u32 = 1024;
+/// Times a read re-plans after the version it read was replaced.
+const READ_RETRIES: usize = 3;
 
-type StripeCell = Arc<OnceCell<Result<Bytes, Errno>>>;
+type StripeCell = Arc<OnceCell<Bytes>>;
 
-/// An open file.
+/// One file open on this client: shared by all its handles.
+struct Shared {
+    ino: Ino,
+    state: tokio::sync::Mutex<FileState>,
+    /// The size as seen here (for getattr without the lock).
+    size: AtomicU64,
+    /// Whether something is written here and not committed (for getattr).
+    local: std::sync::atomic::AtomicBool,
+    /// The attributes at open or the last change through this client (fstat of a file
+    /// unlinked while open answers from them).
+    attr: Mutex<Attr>,
+}
+
+struct FileState {
+    /// The file's EC policy (no stripes).
+    policy: Layout,
+    content: Content,
+    /// Whole stripes fetched for reading, by (stripe, version).
+    cache: VecDeque<(u64, u64, StripeCell)>,
+    /// Versions reserved so far (the next reservation doubles, up to a bound).
+    reserve_next: u32,
+    /// The file was removed while open: nothing is committed any more, the handles
+    /// keep reading and writing what is stored.
+    unlinked: bool,
+}
+
+/// An open file handle.
 pub struct OpenFile {
     /// The inode.
     pub ino: Ino,
     creds: Creds,
     client: Weak<Inner>,
-    state: tokio::sync::Mutex<FileState>,
-    /// Size including buffered writes (for getattr while open).
-    size: Mutex<u64>,
-}
-
-struct FileState {
-    layout: Layout,
-    size: u64,
-    dirty: BTreeMap<u64, (BytesMut, usize)>,
-    pending: Vec<(u64, StripeRec)>,
-    cache: VecDeque<(u64, u64, StripeCell)>,
-    next_expected: u64,
-    error: Option<Errno>,
+    shared: Arc<Shared>,
+    /// The error sequence this handle has reported up to (errseq).
+    seen: Mutex<u64>,
+    /// Where a sequential reader will read next.
+    next_expected: AtomicU64,
 }
 
 fn stripe_err(e: StripeError) -> Errno {
@@ -157,47 +199,41 @@ impl Client {
             k: self.inner.cfg.ec.0,
             m: self.inner.cfg.ec.1,
             unit: self.inner.cfg.unit,
-            stripes: BTreeMap::new(),
+            ..Default::default()
         }
     }
 
-    /// Attributes, with the size of writes buffered by files open here.
+    /// Attributes, with the size of writes not yet committed by files open here.
     pub async fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
         let mut a = self.inner.meta.getattr(ino).await?;
-        a.size = a.size.max(self.local_size(ino));
+        self.local_view(&mut a);
         Ok(a)
     }
 
     /// Looks up a name, with local sizes like [`Client::getattr`].
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
         let mut a = self.inner.meta.lookup(parent, name).await?;
-        a.size = a.size.max(self.local_size(a.ino));
+        self.local_view(&mut a);
         Ok(a)
     }
 
-    fn local_size(&self, ino: Ino) -> u64 {
-        let open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
-        open.get(&ino)
-            .map(|v| {
-                v.iter()
-                    .filter_map(Weak::upgrade)
-                    .map(|f| *f.size.lock().unwrap_or_else(|p| p.into_inner()))
-                    .max()
-                    .unwrap_or(0)
-            })
-            .unwrap_or(0)
+    /// A file open here with writes not yet committed has the size this client sees.
+    fn local_view(&self, a: &mut Attr) {
+        if let Some(sh) = self.shared(a.ino)
+            && sh.local.load(Ordering::Acquire)
+        {
+            a.size = sh.size.load(Ordering::Acquire);
+        }
     }
 
-    fn open_files(&self, ino: Ino) -> Vec<Arc<OpenFile>> {
-        let mut open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(v) = open.get_mut(&ino) else { return Vec::new() };
-        v.retain(|w| w.strong_count() > 0);
-        v.iter().filter_map(Weak::upgrade).collect()
+    fn shared(&self, ino: Ino) -> Option<Arc<Shared>> {
+        let open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.get(&ino).and_then(Weak::upgrade)
     }
 
     /// True while this client has the file open.
     pub fn is_open(&self, ino: Ino) -> bool {
-        !self.open_files(ino).is_empty()
+        self.shared(ino).is_some()
     }
 
     fn remember(&self, ino: Ino, mtime: i64, size: u64) -> bool {
@@ -213,6 +249,50 @@ impl Client {
         Ok(self.open_cached(creds, ino).await?.0)
     }
 
+    /// The shared state of `ino`, made from `rec` when the file is not open here, or
+    /// refreshed from it (another client's committed changes become visible).
+    async fn shared_for(&self, ino: Ino, rec: shingle_meta::namespace::InodeRec) -> Arc<Shared> {
+        let layout = rec.layout.unwrap_or_else(|| self.default_policy());
+        let existing = self.shared(ino);
+        if let Some(sh) = existing {
+            let mut st = sh.state.lock().await;
+            if !st.unlinked {
+                st.content.set_committed(layout.stripes.clone(), rec.attr.size);
+                if !st.content.has_local() {
+                    st.policy = layout.policy();
+                }
+                sh.publish(&st);
+                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = rec.attr.clone();
+            }
+            drop(st);
+            return sh;
+        }
+        let sb = layout.stripe_bytes().max(1);
+        let sh = Arc::new(Shared {
+            ino,
+            size: AtomicU64::new(rec.attr.size),
+            local: Default::default(),
+            attr: Mutex::new(rec.attr.clone()),
+            state: tokio::sync::Mutex::new(FileState {
+                policy: layout.policy(),
+                content: Content::new(sb, layout.stripes.clone(), rec.attr.size),
+                cache: VecDeque::new(),
+                reserve_next: RESERVE_MIN,
+                unlinked: false,
+            }),
+        });
+        let mut open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        // Another task may have opened it meanwhile: share theirs.
+        if let Some(other) = open.get(&ino).and_then(Weak::upgrade) {
+            return other;
+        }
+        if open.len() > 4096 {
+            open.retain(|_, w| w.strong_count() > 0);
+        }
+        open.insert(ino, Arc::downgrade(&sh));
+        sh
+    }
+
     /// Like [`Client::open`]; also says whether the file is unchanged since this client
     /// last opened or wrote it (so cached pages of it are still valid).
     pub async fn open_cached(&self, creds: &Creds, ino: Ino) -> Result<(Arc<OpenFile>, bool), Errno> {
@@ -221,70 +301,72 @@ impl Client {
             return Err(Errno::EISDIR);
         }
         let unchanged = self.remember(ino, rec.attr.mtime, rec.attr.size);
-        let layout = rec.layout.unwrap_or_else(|| self.default_policy());
+        let shared = self.shared_for(ino, rec).await;
+        let seen = shared.state.lock().await.content.err_seq();
         let f = Arc::new(OpenFile {
             ino,
             creds: creds.clone(),
             client: Arc::downgrade(&self.inner),
-            size: Mutex::new(rec.attr.size),
-            state: tokio::sync::Mutex::new(FileState {
-                layout,
-                size: rec.attr.size,
-                dirty: BTreeMap::new(),
-                pending: Vec::new(),
-                cache: VecDeque::new(),
-                next_expected: 0,
-                error: None,
-            }),
+            shared,
+            seen: Mutex::new(seen),
+            next_expected: AtomicU64::new(0),
         });
-        self.inner
-            .open
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(ino)
-            .or_default()
-            .push(Arc::downgrade(&f));
         Ok((f, unchanged))
     }
 
-    /// Changes attributes; a size change flushes open files first and rewrites the
-    /// stripe the new end falls in, so a later extension reads zeros there.
+    /// Changes attributes. A size change goes through the file's content (open here or
+    /// not): what is written is committed first, a cut inside a stripe rewrites that
+    /// stripe short (so a later extension reads zeros there), then the metadata
+    /// service changes the size.
     pub async fn setattr(&self, creds: &Creds, ino: Ino, set: SetAttr) -> Result<Attr, Errno> {
-        if let Some(size) = set.size {
-            for f in self.open_files(ino) {
-                f.flush().await?;
+        let Some(size) = set.size else {
+            let a = self.inner.meta.setattr(creds, ino, set).await?;
+            if let Some(sh) = self.shared(ino) {
+                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
             }
-            let rec = self.inner.meta.get_inode(ino).await?;
-            if rec.attr.kind == FileKind::File
-                && let Some(layout) = &rec.layout
-                && size < rec.attr.size
-            {
-                let sb = layout.stripe_bytes();
-                let (s, within) = (size / sb, size % sb);
-                if within != 0
-                    && let Some(old) = layout.stripes.get(&s)
-                    && old.len > within
-                {
-                    let data = self.fetch_stripe(ino, layout, s, old).await?;
-                    let keep = data.slice(..(within as usize).min(data.len()));
-                    let rec2 = self.store_stripe(ino, layout, s, old.version, keep).await?;
-                    self.inner
-                        .meta
-                        .commit_write(creds, ino, layout.policy(), 0, vec![(s, rec2)])
-                        .await?;
+            return Ok(a);
+        };
+        let rec = self.inner.meta.get_inode(ino).await?;
+        if rec.attr.kind != FileKind::File {
+            return self.inner.meta.setattr(creds, ino, set).await;
+        }
+        let sh = self.shared_for(ino, rec).await;
+        let mut st = sh.state.lock().await;
+        let r = self.truncate_locked(creds, &sh, &mut st, size, set).await;
+        self.collect_garbage(ino, &mut st);
+        sh.publish(&st);
+        if let Ok(a) = &r {
+            *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
+        }
+        r
+    }
+
+    async fn truncate_locked(
+        &self,
+        creds: &Creds,
+        sh: &Shared,
+        st: &mut FileState,
+        size: u64,
+        set: SetAttr,
+    ) -> Result<Attr, Errno> {
+        // What is written so far is committed first: the cut applies after it.
+        self.store_all(creds, sh.ino, st).await?;
+        self.commit(creds, sh.ino, st).await?;
+        loop {
+            match st.content.truncate(size) {
+                Ok(()) => break,
+                Err(Blocked::Fetch(f)) => {
+                    let data = self.fetch_stripe(sh.ino, &st.policy, f.stripe, &f.rec).await?;
+                    st.content.fill(f.stripe, f.rec.version, &data);
                 }
-            }
-            for f in self.open_files(ino) {
-                f.truncated(size).await;
+                Err(Blocked::Error(e)) => return Err(e),
             }
         }
-        let a = self.inner.meta.setattr(creds, ino, set).await?;
-        if a.kind == FileKind::File {
-            // Reload layouts of open files after the change.
-            for f in self.open_files(ino) {
-                f.reload().await;
-            }
-        }
+        st.cache.clear();
+        self.store_all(creds, sh.ino, st).await?;
+        self.commit(creds, sh.ino, st).await?;
+        let a = self.inner.meta.setattr(creds, sh.ino, set).await?;
+        st.content.truncated(a.size);
         Ok(a)
     }
 
@@ -388,7 +470,7 @@ impl Client {
         ino: Ino,
         layout: &Layout,
         s: u64,
-        old_version: u64,
+        version: u64,
         data: Bytes,
     ) -> Result<StripeRec, Errno> {
         let policy = EcPolicy {
@@ -420,8 +502,6 @@ impl Client {
             targets.push(v.addr(id).ok_or(Errno::EIO)?);
         }
         let spare_addrs: Vec<SocketAddr> = spares.iter().filter_map(|id| v.addr(*id)).collect();
-        // Versions follow the clock, and always exceed the version they replace.
-        let version = (shingle_meta::service::wire::now_ns().max(0) as u64).max(old_version + 1);
         let len = data.len() as u64;
         // Durable with one shard to spare: k + 1 shards (all of them when m = 0).
         let min_shards = usize::from(layout.k) + usize::from(layout.m.min(1));
@@ -458,6 +538,230 @@ impl Client {
         }
         Ok(StripeRec { version, len, nodes })
     }
+
+    /// Reserves versions for `st` when it has none left.
+    async fn ensure_versions(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
+        if !st.content.needs_versions() {
+            return Ok(());
+        }
+        let n = st.reserve_next;
+        let first = if st.unlinked {
+            Err(Errno::ENOENT)
+        } else {
+            self.inner.meta.reserve_versions(creds, ino, st.policy.clone(), n).await
+        };
+        let first = match first {
+            Ok(first) => first,
+            Err(Errno::ENOENT) => {
+                // Removed while open: no layout will name these versions again, so any
+                // unlikely-to-collide range serves the handles until the last close.
+                st.unlinked = true;
+                let mut b = [0u8; 8];
+                let _ = getrandom::fill(&mut b);
+                (u64::from_le_bytes(b) >> 2) | (1 << 62)
+            }
+            Err(e) => return Err(e),
+        };
+        st.content.add_versions(first, n);
+        st.reserve_next = (n * 2).min(RESERVE_MAX);
+        Ok(())
+    }
+
+    /// Stores dirty stripe `s` under a new version. A failure is recorded in the
+    /// content (its data is dropped, every handle reports it) and returned.
+    async fn store(&self, creds: &Creds, ino: Ino, st: &mut FileState, s: u64) -> Result<(), Errno> {
+        if let Err(e) = self.ensure_versions(creds, ino, st).await {
+            // The stripe stays dirty: nothing is lost yet.
+            return Err(e);
+        }
+        let Some((data, version)) = st.content.start_store(s) else {
+            return Ok(());
+        };
+        let r = if data.is_empty() {
+            Ok(StripeRec {
+                version,
+                len: 0,
+                nodes: Vec::new(),
+            })
+        } else {
+            self.store_stripe(ino, &st.policy, s, version, data).await
+        };
+        st.content.store_done(s, version, r.clone());
+        r.map(|_| ())
+    }
+
+    /// Stores every dirty stripe; the first failure is returned after trying them all.
+    async fn store_all(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
+        let mut first = Ok(());
+        for s in st.content.dirty_stripes() {
+            if let Err(e) = self.store(creds, ino, st, s).await {
+                first = first.and(Err(e));
+            }
+        }
+        first
+    }
+
+    /// Commits the stored stripes. A lost race (`ESTALE`) drops them, reloads the
+    /// layout and is reported through the error sequence; other errors are returned.
+    async fn commit(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
+        if st.unlinked {
+            return Ok(());
+        }
+        let Some(plan): Option<CommitPlan> = st.content.begin_commit() else {
+            return Ok(());
+        };
+        let r = self
+            .inner
+            .meta
+            .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
+            .await;
+        if r == Err(Errno::ENOENT) {
+            // Unlinked while open: the handles keep what is stored, locally.
+            st.unlinked = true;
+            return Ok(());
+        }
+        let reload = st
+            .content
+            .commit_done(&plan, r.as_ref().map(|a| a.size).map_err(|e| *e));
+        if let Ok(a) = &r {
+            // The kernel's pages hold what was just written: a later open may keep them.
+            self.remember(ino, a.mtime, a.size);
+            if let Some(sh) = self.shared(ino) {
+                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
+            }
+        }
+        if reload {
+            warn!(
+                ino = ino.0,
+                "another client committed the same stripes first; this client's writes to them are dropped"
+            );
+            st.cache.clear();
+            if let Ok(rec) = self.inner.meta.get_inode(ino).await {
+                let layout = rec.layout.unwrap_or_else(|| st.policy.clone());
+                st.content.set_committed(layout.stripes, rec.attr.size);
+            }
+        }
+        self.collect_garbage(ino, st);
+        match r {
+            Ok(_) | Err(Errno::ESTALE) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes versions nobody references any more on their nodes, in the background
+    /// (best effort: a node that misses a delete keeps an orphan for the sweep).
+    fn collect_garbage(&self, ino: Ino, st: &mut FileState) {
+        let garbage = st.content.take_garbage();
+        if garbage.is_empty() {
+            return;
+        }
+        let n = usize::from(st.policy.k) + usize::from(st.policy.m);
+        let c = self.clone();
+        tokio::spawn(async move {
+            for g in garbage {
+                c.delete_version(ino, n, &g).await;
+            }
+        });
+    }
+
+    async fn delete_version(&self, ino: Ino, n: usize, g: &Garbage) {
+        let v = self.inner.meta.view();
+        let group = v.placement.pg(stripe_pg(ino, g.stripe, v.map.pgs));
+        for i in 0..n {
+            let mut targets: Vec<NodeId> = Vec::new();
+            if let Some(h) = g.nodes.get(i).copied().filter(|h| *h != 0) {
+                targets.push(NodeId(h));
+            }
+            if let Some(id) = group.get(i) {
+                targets.push(*id);
+            }
+            if g.nodes.is_empty() {
+                // Where a failed store may have put it: any spare of the group too.
+                targets.extend(v.map.pg_spares(stripe_pg(ino, g.stripe, v.map.pgs), group));
+            }
+            targets.sort_unstable();
+            targets.dedup();
+            for id in targets {
+                let Some(addr) = v.addr(id).filter(|_| v.map.is_up(id)) else {
+                    continue;
+                };
+                let req = DeleteShardRequest {
+                    id: Some(ShardId {
+                        ino: ino.0,
+                        stripe: g.stripe,
+                        shard: i as u32,
+                    }),
+                    version: g.version,
+                };
+                let r = self
+                    .inner
+                    .tcp
+                    .call::<DeleteShard>(addr, &req, CallOptions::timeout(Duration::from_secs(5)))
+                    .await;
+                if let Err(e) = r {
+                    debug!(ino = ino.0, stripe = g.stripe, version = g.version, node = %addr, error = %e, "deleting an old version failed; the orphan sweep will");
+                }
+            }
+        }
+    }
+
+    /// Reads bytes `range` of stripe `s` (version `rec`) from the data shards that
+    /// hold them, without decoding; `None` when a shard is not reachable (the caller
+    /// then reads the whole stripe, from parity if need be).
+    async fn read_range(
+        &self,
+        ino: Ino,
+        policy: &Layout,
+        s: u64,
+        rec: &StripeRec,
+        range: std::ops::Range<usize>,
+    ) -> Option<Bytes> {
+        let n = usize::from(policy.k) + usize::from(policy.m);
+        let sources = self.shard_sources(ino, s, n, &rec.nodes);
+        let unit = policy.unit as usize;
+        let mut out = BytesMut::with_capacity(range.len());
+        let mut pos = range.start;
+        while pos < range.end {
+            let shard = pos / unit;
+            let end = range.end.min((shard + 1) * unit);
+            let node = (*sources.get(shard)?)?;
+            if self.inner.health.suspected(node) {
+                return None;
+            }
+            let id = ShardId {
+                ino: ino.0,
+                stripe: s,
+                shard: shard as u32,
+            };
+            let ticket = self.inner.health.start(node);
+            let r = read_shard_range(
+                &self.inner.tcp,
+                node,
+                id,
+                rec.version,
+                (pos - shard * unit) as u64,
+                (end - pos) as u64,
+            )
+            .await;
+            match r {
+                Ok(b) if b.len() == end - pos => {
+                    ticket.finish(true);
+                    out.extend_from_slice(&b);
+                }
+                Ok(_) => {
+                    ticket.finish(true);
+                    return None;
+                }
+                Err(e) => {
+                    ticket.finish(e.errno().is_some());
+                    debug!(ino = ino.0, stripe = s, shard, error = %e, "shard range read failed; reading the stripe");
+                    return None;
+                }
+            }
+            pos = end;
+        }
+        Some(out.freeze())
+    }
 }
 
 impl OpenFile {
@@ -468,274 +772,225 @@ impl OpenFile {
     /// Reads up to `len` bytes at `offset` (short only at end of file).
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, Errno> {
         let c = self.client()?;
-        // Plan under the lock: which stripes, from where; fetch without it.
-        let (parts, size, layout) = {
-            let mut st = self.state.lock().await;
-            if let Some(e) = st.error {
-                return Err(e);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.read_once(&c, offset, len).await {
+                Err(Errno::ESTALE) if attempt < READ_RETRIES => {
+                    // The version planned was replaced: reload the layout, plan again.
+                    self.refresh(&c).await;
+                }
+                Err(Errno::ESTALE) => return Err(Errno::EIO),
+                r => return r,
             }
-            let size = st.size;
-            if offset >= size || len == 0 {
-                return Ok(Bytes::new());
+        }
+    }
+
+    /// Reloads the committed layout (another client replaced a stripe we read).
+    async fn refresh(&self, c: &Client) {
+        if let Ok(rec) = c.inner.meta.get_inode(self.ino).await {
+            let mut st = self.shared.state.lock().await;
+            if !st.unlinked {
+                let layout = rec.layout.unwrap_or_else(|| st.policy.clone());
+                st.content.set_committed(layout.stripes, rec.attr.size);
+                st.cache.clear();
+                self.shared.publish(&st);
             }
-            let end = (offset + u64::from(len)).min(size);
-            let sb = st.layout.stripe_bytes();
-            let (first, last) = (offset / sb, (end - 1) / sb);
-            let sequential = offset == st.next_expected || first == st.next_expected / sb.max(1);
-            st.next_expected = end;
-            let mut parts = Vec::new();
-            for s in first..=last {
-                parts.push((s, st.source(s, &c)));
+        }
+    }
+
+    async fn read_once(&self, c: &Client, offset: u64, len: u32) -> Result<Bytes, Errno> {
+        let prev = self.next_expected.swap(offset + u64::from(len), Ordering::Relaxed);
+        // Plan under the lock; fetch without it (versions are immutable).
+        let (plan, policy, sb, cells) = {
+            let mut st = self.shared.state.lock().await;
+            let plan = st.content.read_plan(offset, u64::from(len));
+            let sb = st.content.stripe_bytes();
+            // A reader that goes on where it stopped, or stays in (or moves to the next
+            // of) the stripes it read (the kernel's readahead arrives out of order).
+            let sequential = offset == prev || (offset / sb).abs_diff(prev.saturating_sub(1) / sb) <= 1 && prev != 0;
+            let mut cells = HashMap::new();
+            let mut last_remote = None;
+            for p in &plan {
+                if let Piece::Remote { stripe, rec, range } = p {
+                    // Whole stripes for a sequential reader, a large read or a stripe
+                    // already cached; a byte range otherwise.
+                    let cached = st.cached(*stripe, rec.version);
+                    if cached.is_some() || sequential || range.len() as u64 >= u64::from(st.policy.unit) {
+                        let cell = cached.unwrap_or_else(|| st.cell(*stripe, rec.version, c.inner.cfg.cache_stripes));
+                        cells.insert(*stripe, cell);
+                    }
+                    last_remote = Some((*stripe, rec.clone()));
+                }
             }
             // Readahead: a sequential reader gets the next stripe started now.
-            if sequential && c.inner.cfg.cache_stripes > 1 {
-                let next = last + 1;
-                if next * sb < size
-                    && let Source::Cell(cell, rec) = st.source(next, &c)
-                {
-                    let (c2, layout, ino) = (c.clone(), st.layout.clone(), self.ino);
-                    let span = tracing::info_span!(
-                        "fs.readahead",
-                        ino = ino.0,
-                        stripe = next,
-                        degraded = false,
-                        hedged = false,
-                        fabric = tracing::field::Empty,
-                    );
-                    tokio::spawn(
-                        async move {
-                            let _ = cell
-                                .get_or_init(|| async { c2.fetch_stripe(ino, &layout, next, &rec).await })
-                                .await;
-                        }
-                        .instrument(span),
-                    );
-                }
-            }
-            (parts, size, st.layout.clone())
-        };
-        let end = (offset + u64::from(len)).min(size);
-        let mut out = BytesMut::with_capacity((end - offset) as usize);
-        let sb = layout.stripe_bytes();
-        for (s, src) in parts {
-            let start = s * sb;
-            let (lo, hi) = (offset.max(start) - start, end.min(start + sb) - start);
-            let data = match src {
-                Source::Bytes(b) => b,
-                Source::Hole => Bytes::new(),
-                Source::Cell(cell, rec) => {
-                    let r = cell
-                        .get_or_init(|| async { c.fetch_stripe(self.ino, &layout, s, &rec).await })
-                        .await;
-                    match r {
-                        Ok(b) => b.clone(),
-                        Err(Errno::ESTALE) => {
-                            // Our layout is older than the stripe: reload and fetch afresh.
-                            self.reload().await;
-                            return Err(Errno::EAGAIN);
-                        }
-                        Err(e) => return Err(*e),
+            if sequential
+                && c.inner.cfg.cache_stripes > 1
+                && let Some((last, _)) = last_remote
+                && let Some(Piece::Remote { stripe, rec, .. }) =
+                    st.content.read_plan((last + 1) * sb, 1).into_iter().next()
+                && st.cached(stripe, rec.version).is_none()
+            {
+                let cell = st.cell(stripe, rec.version, c.inner.cfg.cache_stripes);
+                let (c2, policy, ino) = (c.clone(), st.policy.clone(), self.ino);
+                let span = tracing::info_span!(
+                    "fs.readahead",
+                    ino = ino.0,
+                    stripe,
+                    degraded = false,
+                    hedged = false,
+                    fabric = tracing::field::Empty,
+                );
+                tokio::spawn(
+                    async move {
+                        let _ = cell
+                            .get_or_try_init(|| c2.fetch_stripe(ino, &policy, stripe, &rec))
+                            .await;
                     }
+                    .instrument(span),
+                );
+            }
+            (plan, st.policy.clone(), sb, cells)
+        };
+        let _ = sb;
+        let mut out = BytesMut::new();
+        for p in plan {
+            match p {
+                Piece::Zeros(n) => out.resize(out.len() + n, 0),
+                Piece::Local(b) => out.extend_from_slice(&b),
+                Piece::Remote { stripe, rec, range } => {
+                    let data = match cells.get(&stripe) {
+                        Some(cell) => cell
+                            .get_or_try_init(|| c.fetch_stripe(self.ino, &policy, stripe, &rec))
+                            .await
+                            .map(|b| b.clone())
+                            .map_err(|_| Errno::ESTALE)?,
+                        None => match c.read_range(self.ino, &policy, stripe, &rec, range.clone()).await {
+                            Some(b) => {
+                                out.extend_from_slice(&b);
+                                continue;
+                            }
+                            None => c
+                                .fetch_stripe(self.ino, &policy, stripe, &rec)
+                                .await
+                                .map_err(|_| Errno::ESTALE)?,
+                        },
+                    };
+                    if data.len() < range.end {
+                        return Err(Errno::EIO);
+                    }
+                    out.extend_from_slice(&data[range]);
                 }
-            };
-            let (lo, hi) = (lo as usize, hi as usize);
-            if data.len() >= hi {
-                out.extend_from_slice(&data[lo..hi]);
-            } else {
-                if data.len() > lo {
-                    out.extend_from_slice(&data[lo..]);
-                }
-                let have = data.len().max(lo);
-                out.resize(out.len() + (hi - have), 0);
             }
         }
         Ok(out.freeze())
     }
 
-    /// Writes `data` at `offset`; full stripes are stored before this returns.
+    /// Writes `data` at `offset`: all of it, or an error. Full stripes are stored
+    /// before this returns.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<u32, Errno> {
         let c = self.client()?;
-        let mut st = self.state.lock().await;
-        if let Some(e) = st.error {
-            return Err(e);
-        }
-        let sb = st.layout.stripe_bytes();
-        let end = offset + data.len() as u64;
-        let mut pos = offset;
-        while pos < end {
-            let s = pos / sb;
-            let start = s * sb;
-            let lo = (pos - start) as usize;
-            let hi = ((end - start).min(sb)) as usize;
-            if !st.dirty.contains_key(&s) {
-                let mut buf = BytesMut::zeroed(sb as usize);
-                let mut valid = 0usize;
-                // Keep what the stripe holds unless this write covers all of it.
-                if let Some(rec) = st.layout.stripes.get(&s).cloned()
-                    && !(lo == 0 && hi as u64 >= rec.len)
-                {
-                    let old = c.fetch_stripe(self.ino, &st.layout, s, &rec).await?;
-                    let n = old.len().min(buf.len());
-                    buf[..n].copy_from_slice(&old[..n]);
-                    valid = n;
+        let mut st = self.shared.state.lock().await;
+        loop {
+            match st.content.write(offset, data) {
+                Ok(()) => break,
+                Err(Blocked::Fetch(f)) => {
+                    let bytes = c.fetch_stripe(self.ino, &st.policy, f.stripe, &f.rec).await?;
+                    st.content.fill(f.stripe, f.rec.version, &bytes);
                 }
-                // Bytes below the old end of file in this stripe stay valid (zeros in holes).
-                let old_end = st.size.saturating_sub(start).min(sb) as usize;
-                valid = valid.max(old_end);
-                st.dirty.insert(s, (buf, valid));
-            }
-            let src = &data[(pos - offset) as usize..(pos - offset) as usize + (hi - lo)];
-            let full = {
-                let (buf, valid) = st.dirty.get_mut(&s).ok_or(Errno::EIO)?;
-                buf[lo..hi].copy_from_slice(src);
-                *valid = (*valid).max(hi);
-                *valid as u64 == sb
-            };
-            st.drop_cached(s);
-            pos = start + hi as u64;
-            st.size = st.size.max(pos);
-            *self.size.lock().unwrap_or_else(|p| p.into_inner()) = st.size;
-            if full {
-                st.store(&c, self.ino, s).await?;
+                Err(Blocked::Error(e)) => return Err(e),
             }
         }
-        while st.dirty.len() > c.inner.cfg.max_dirty_stripes {
-            let oldest = st.dirty.keys().next().copied().ok_or(Errno::EIO)?;
-            st.store(&c, self.ino, oldest).await?;
+        st.cache.clear();
+        self.shared.publish(&st);
+        let mut result = Ok(data.len() as u32);
+        for s in st.content.full_stripes() {
+            if let Err(e) = c.store(&self.creds, self.ino, &mut st, s).await {
+                result = Err(e);
+            }
         }
-        if st.pending.len() >= c.inner.cfg.commit_every {
-            st.commit(&c, self.ino, &self.creds).await?;
+        while result.is_ok() && st.content.dirty_stripes().len() > c.inner.cfg.max_dirty_stripes {
+            let oldest = st.content.dirty_stripes()[0];
+            if let Err(e) = c.store(&self.creds, self.ino, &mut st, oldest).await {
+                result = Err(e);
+            }
         }
-        Ok(data.len() as u32)
+        if result.is_ok() && st.content.stored_count() >= c.inner.cfg.commit_every {
+            result = c
+                .commit(&self.creds, self.ino, &mut st)
+                .await
+                .map(|_| data.len() as u32);
+        }
+        c.collect_garbage(self.ino, &mut st);
+        self.shared.publish(&st);
+        result
     }
 
-    /// Stores buffered stripes and commits them with the size (flush, fsync, close).
+    /// Stores buffered stripes and commits them with the size (flush, fsync, close);
+    /// reports an error recorded since this handle last reported one (a stripe that
+    /// could not be stored, a commit that lost a race), once.
     pub async fn flush(&self) -> Result<(), Errno> {
         let c = self.client()?;
-        let mut st = self.state.lock().await;
-        if let Some(e) = st.error.take() {
+        let mut st = self.shared.state.lock().await;
+        let stored = c.store_all(&self.creds, self.ino, &mut st).await;
+        let committed = c.commit(&self.creds, self.ino, &mut st).await;
+        c.collect_garbage(self.ino, &mut st);
+        self.shared.publish(&st);
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((e, now)) = st.content.error_since(*seen) {
+            *seen = now;
             return Err(e);
         }
-        let stripes: Vec<u64> = st.dirty.keys().copied().collect();
-        for s in stripes {
-            st.store(&c, self.ino, s).await?;
-        }
-        st.commit(&c, self.ino, &self.creds).await
-    }
-
-    /// The file was truncated to `size` (through this client).
-    async fn truncated(&self, size: u64) {
-        let mut st = self.state.lock().await;
-        st.size = size;
-        *self.size.lock().unwrap_or_else(|p| p.into_inner()) = size;
-        let sb = st.layout.stripe_bytes();
-        st.dirty.retain(|s, _| s * sb < size);
-        st.cache.clear();
-    }
-
-    /// Reloads the layout (after a truncate, or a stale read).
-    async fn reload(&self) {
-        let Ok(c) = self.client() else { return };
-        if let Ok(rec) = c.inner.meta.get_inode(self.ino).await {
-            let mut st = self.state.lock().await;
-            if let Some(l) = rec.layout {
-                st.layout = l;
-            }
-            if st.dirty.is_empty() && st.pending.is_empty() {
-                st.size = rec.attr.size;
-                *self.size.lock().unwrap_or_else(|p| p.into_inner()) = rec.attr.size;
-            }
-            st.cache.clear();
-        }
+        stored.and(committed)
     }
 
     /// Size as seen through this handle.
     pub fn size(&self) -> u64 {
-        *self.size.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.size.load(Ordering::Acquire)
+    }
+
+    /// The attributes through this handle: those at open or at the last change made
+    /// here, with this client's size and nlink 0 when the file was removed while open.
+    pub async fn attr(&self) -> Attr {
+        let mut a = self.shared.attr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        a.size = self.size();
+        if self.shared.state.lock().await.unlinked {
+            a.nlink = 0;
+        }
+        a
+    }
+
+    /// The file was removed while open: its handles go on locally until the last close.
+    pub async fn mark_unlinked(&self) {
+        self.shared.state.lock().await.unlinked = true;
     }
 }
 
-enum Source {
-    Bytes(Bytes),
-    Hole,
-    Cell(StripeCell, StripeRec),
+impl Shared {
+    /// Makes the size and whether anything is uncommitted visible to getattr.
+    fn publish(&self, st: &FileState) {
+        self.size.store(st.content.size(), Ordering::Release);
+        self.local.store(st.content.has_local(), Ordering::Release);
+    }
 }
 
 impl FileState {
-    fn source(&mut self, s: u64, c: &Client) -> Source {
-        if let Some((buf, valid)) = self.dirty.get(&s) {
-            return Source::Bytes(Bytes::copy_from_slice(&buf[..*valid]));
-        }
-        let Some(rec) = self.layout.stripes.get(&s).cloned() else {
-            return Source::Hole;
-        };
-        if let Some((_, _, cell)) = self.cache.iter().find(|(cs, v, _)| *cs == s && *v == rec.version) {
-            return Source::Cell(cell.clone(), rec);
+    fn cached(&self, s: u64, version: u64) -> Option<StripeCell> {
+        self.cache
+            .iter()
+            .find(|(cs, v, _)| *cs == s && *v == version)
+            .map(|(_, _, c)| c.clone())
+    }
+
+    fn cell(&mut self, s: u64, version: u64, max: usize) -> StripeCell {
+        if let Some(c) = self.cached(s, version) {
+            return c;
         }
         let cell: StripeCell = Arc::new(OnceCell::new());
-        self.cache.push_back((s, rec.version, cell.clone()));
-        while self.cache.len() > c.inner.cfg.cache_stripes.max(1) {
+        self.cache.push_back((s, version, cell.clone()));
+        while self.cache.len() > max.max(1) {
             self.cache.pop_front();
         }
-        Source::Cell(cell, rec)
-    }
-
-    fn drop_cached(&mut self, s: u64) {
-        self.cache.retain(|(cs, _, _)| *cs != s);
-    }
-
-    async fn store(&mut self, c: &Client, ino: Ino, s: u64) -> Result<(), Errno> {
-        let Some((buf, valid)) = self.dirty.remove(&s) else {
-            return Ok(());
-        };
-        let old = self.layout.stripes.get(&s).map_or(0, |r| r.version);
-        let old = self
-            .pending
-            .iter()
-            .filter(|(ps, _)| *ps == s)
-            .map(|(_, r)| r.version)
-            .max()
-            .unwrap_or(old);
-        let data = buf.freeze().slice(..valid);
-        match c.store_stripe(ino, &self.layout, s, old, data).await {
-            Ok(rec) => {
-                self.pending.retain(|(ps, _)| *ps != s);
-                self.pending.push((s, rec));
-                Ok(())
-            }
-            Err(e) => {
-                // The data is lost from this handle: report it now and at flush/close.
-                self.error = Some(e);
-                Err(e)
-            }
-        }
-    }
-
-    async fn commit(&mut self, c: &Client, ino: Ino, creds: &Creds) -> Result<(), Errno> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
-        let stripes = std::mem::take(&mut self.pending);
-        let policy = self.layout.policy();
-        match c
-            .inner
-            .meta
-            .commit_write(creds, ino, policy, self.size, stripes.clone())
-            .await
-        {
-            Ok(a) => {
-                for (s, r) in stripes {
-                    self.layout.stripes.insert(s, r);
-                }
-                self.size = self.size.max(a.size);
-                // The kernel's pages hold what was just written: a later open may keep them.
-                c.remember(ino, a.mtime, a.size);
-                Ok(())
-            }
-            Err(e) => {
-                self.pending = stripes;
-                Err(e)
-            }
-        }
+        cell
     }
 }

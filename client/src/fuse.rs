@@ -92,6 +92,8 @@ pub struct ShingleFs {
     rt: Handle,
     ttl: Duration,
     files: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
+    /// Handles opened for writing.
+    writable: Arc<Mutex<std::collections::HashSet<u64>>>,
     dirs: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>>,
     next_fh: AtomicU64,
 }
@@ -168,7 +170,8 @@ fn creds(req: &Request) -> Creds {
 
 fn when(t: Option<TimeOrNow>) -> Option<i64> {
     t.map(|t| match t {
-        TimeOrNow::Now => shingle_meta::service::wire::now_ns(),
+        // The metadata service's now: allowed with write permission alone.
+        TimeOrNow::Now => SetAttr::NOW,
         TimeOrNow::SpecificTime(s) => match s.duration_since(UNIX_EPOCH) {
             Ok(d) => d.as_nanos() as i64,
             Err(e) => -(e.duration().as_nanos() as i64),
@@ -184,6 +187,7 @@ impl ShingleFs {
             rt,
             ttl: cfg.ttl,
             files: Arc::default(),
+            writable: Arc::default(),
             dirs: Arc::default(),
             next_fh: AtomicU64::new(1),
         }
@@ -265,11 +269,18 @@ impl Filesystem for ShingleFs {
         });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
         let (c, ttl) = (self.client.clone(), self.ttl);
+        let f = fh.and_then(|fh| self.file(fh));
         self.run(op_span!("fs.getattr", "getattr", ino.0), async move {
             match c.getattr(Ino(ino.0)).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                // fstat of a file removed while open: what the handle knows, nlink 0.
+                Err(Errno::ENOENT) if f.is_some() => {
+                    let Some(f) = f else { return };
+                    f.mark_unlinked().await;
+                    reply.attr(&Duration::ZERO, &file_attr(&f.attr().await));
+                }
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -286,14 +297,20 @@ impl Filesystem for ShingleFs {
         atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
-        _fh: Option<FileHandle>,
+        fh: Option<FileHandle>,
         _crtime: Option<SystemTime>,
         _chgtime: Option<SystemTime>,
         _bkuptime: Option<SystemTime>,
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
-        let (c, cr, ttl) = (self.client.clone(), creds(req), self.ttl);
+        let (c, mut cr, ttl) = (self.client.clone(), creds(req), self.ttl);
+        // ftruncate on a descriptor open for writing: permission was checked at open
+        // (a file created with mode 0 can still be truncated through it).
+        let writable = fh.is_some_and(|fh| self.writable.lock().unwrap_or_else(|p| p.into_inner()).contains(&fh.0));
+        if size.is_some() && writable && mode.is_none() && uid.is_none() && gid.is_none() {
+            cr = Creds::root();
+        }
         let set = SetAttr {
             perm: mode.map(|m| m & 0o7777),
             uid,
@@ -424,8 +441,11 @@ impl Filesystem for ShingleFs {
         );
     }
 
-    fn open(&self, req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
+        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+            self.writable.lock().unwrap_or_else(|p| p.into_inner()).insert(fh);
+        }
         self.run(
             op_span!("fs.open", "open", ino.0, keep_cache = tracing::field::Empty),
             async move {
@@ -556,6 +576,7 @@ impl Filesystem for ShingleFs {
         reply: ReplyEmpty,
     ) {
         let f = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        self.writable.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
         self.run(
             op_span!("fs.release", "release", _ino.0, degraded = false),
             async move {
@@ -773,6 +794,7 @@ impl Filesystem for ShingleFs {
     ) {
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
         let (files, fh) = (self.files.clone(), self.fh());
+        self.writable.lock().unwrap_or_else(|p| p.into_inner()).insert(fh);
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         self.run(
             op_span!("fs.create", "create", parent.0, degraded = false),

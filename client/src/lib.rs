@@ -13,6 +13,7 @@
 //! It talks to servers only through `shingle-transport` (via the meta and data
 //! client helpers); it knows nothing of zones or Raft.
 
+pub mod content;
 pub mod fs;
 pub mod fuse;
 pub mod repair;

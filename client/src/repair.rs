@@ -469,6 +469,7 @@ mod tests {
             m: 2,
             unit: 4096,
             stripes: BTreeMap::new(),
+            next_version: 0,
         }
     }
 

@@ -431,9 +431,10 @@ where
             req.version
         } else {
             // The newest stored version.
-            self.store.lookup(&key).map(|e| e.version).ok_or_else(|| {
-                Status::application(errno::ENOENT, format!("{key} not found"))
-            })?
+            self.store
+                .lookup(&key)
+                .map(|e| e.version)
+                .ok_or_else(|| Status::application(errno::ENOENT, format!("{key} not found")))?
         };
         let hit = self.stage().get(&(key, version));
         Span::current().record("staged", hit.is_some());

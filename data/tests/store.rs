@@ -54,7 +54,10 @@ fn put_get_overwrite_delete_and_reopen() {
         // A new version is stored beside the old one; both stay readable by name.
         put(&s, key(3), 2, &data(3, 2, 5000)).expect("new version");
         assert_eq!(s.versions(&key(3)), vec![1, 2]);
-        assert_eq!(&s.get_version(&key(3), 1).expect("v1 kept").1[..], &data(3, 1, 10_003)[..]);
+        assert_eq!(
+            &s.get_version(&key(3), 1).expect("v1 kept").1[..],
+            &data(3, 1, 10_003)[..]
+        );
         assert_eq!(s.get(&key(3)).expect("newest").0.version, 2);
         // An older version written later does not hide the newest.
         put(&s, key(7), 0, &data(7, 0, 100)).expect("older version");
@@ -417,7 +420,11 @@ fn run_model(seed: u64) {
                         );
                     }
                     let newest = versions.keys().next_back().copied();
-                    assert_eq!(store.lookup(mk).map(|e| e.version), newest, "seed {seed} step {step}: {mk}");
+                    assert_eq!(
+                        store.lookup(mk).map(|e| e.version),
+                        newest,
+                        "seed {seed} step {step}: {mk}"
+                    );
                 }
                 assert_eq!(
                     store.keys().len(),

@@ -54,14 +54,16 @@ fn commits_are_compare_and_set_on_the_base_version() {
     let f = file(&mut ns);
     let v = ns.reserve_versions(f, &policy(), 100, 2).expect("reserve");
     // Two writers both based their write of stripe 0 on "no stripe".
-    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3).expect("first");
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3)
+        .expect("first");
     assert_eq!(
         ns.commit_write(f, &policy(), 4096, &[write(0, 0, v + 1)], 4),
         Err(Errno::ESTALE),
         "the second writer must learn it lost"
     );
     // A retry of the commit that won is not a conflict.
-    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 5).expect("retry");
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 5)
+        .expect("retry");
     // A failed commit changes nothing, not even the stripes that did match.
     assert_eq!(
         ns.commit_write(f, &policy(), 8192, &[write(1, 0, v + 2), write(0, 7, v + 3)], 6),
@@ -87,7 +89,10 @@ fn commits_take_only_reserved_versions_and_valid_records() {
         Err(Errno::EINVAL),
         "never handed out"
     );
-    assert_eq!(ns.commit_write(f, &policy(), 1, &[write(0, 0, 0)], 3), Err(Errno::EINVAL));
+    assert_eq!(
+        ns.commit_write(f, &policy(), 1, &[write(0, 0, 0)], 3),
+        Err(Errno::EINVAL)
+    );
     let mut big = write(0, 0, v);
     big.rec.len = 4 * (1 << 20) + 1;
     assert_eq!(ns.commit_write(f, &policy(), 1, &[big], 3), Err(Errno::EINVAL));

@@ -285,7 +285,7 @@ async fn run_tool(t: Tool) -> Result<()> {
                 k: p.k,
                 m: p.m,
                 unit: p.unit,
-                stripes: Default::default(),
+                ..Default::default()
             };
             meta.set_layout(&root, d.ino, l).await.map_err(|e| errno(e, &path))?;
             println!("{path}: new files use {p}");

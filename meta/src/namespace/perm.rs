@@ -108,7 +108,12 @@ pub fn apply_setattr(creds: &Creds, attr: &Attr, set: &SetAttr, now: i64) -> NsR
         a.gid = new_gid;
     }
     if let Some(perm) = set.perm {
-        if !owner {
+        // What a write by a non-owner asks for (the kernel's kill-suid): clearing only
+        // set-user-id / set-group-id, allowed to anyone who may write the file.
+        let kill_suid = attr.perm & (S_ISUID | S_ISGID) != 0
+            && perm & 0o7777 == attr.perm & 0o7777 & !(S_ISUID | S_ISGID)
+            && may(creds, attr, W);
+        if !owner && !kill_suid {
             return Err(Errno::EPERM);
         }
         let mut p = perm & 0o7777;
@@ -119,11 +124,12 @@ pub fn apply_setattr(creds: &Creds, attr: &Attr, set: &SetAttr, now: i64) -> NsR
     }
     for (want, slot) in [(set.atime, &mut a.atime), (set.mtime, &mut a.mtime)] {
         if let Some(t) = want {
-            // Setting explicit times needs ownership; "now" (t == now) needs write access.
-            if !(owner || (t == now && may(creds, attr, W))) {
-                return Err(if t == now { Errno::EACCES } else { Errno::EPERM });
+            // Setting explicit times needs ownership; "now" needs write access.
+            let is_now = t == SetAttr::NOW || t == now;
+            if !(owner || (is_now && may(creds, attr, W))) {
+                return Err(if is_now { Errno::EACCES } else { Errno::EPERM });
             }
-            *slot = t;
+            *slot = if t == SetAttr::NOW { now } else { t };
         }
     }
     Ok(a)

@@ -239,6 +239,12 @@ pub struct SetAttr {
     pub mtime: Option<TimeNs>,
 }
 
+impl SetAttr {
+    /// The time value that means "the service's now" (`UTIME_NOW`): allowed to anyone
+    /// with write permission, where an explicit time needs ownership.
+    pub const NOW: TimeNs = TimeNs::MIN;
+}
+
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
