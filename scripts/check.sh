@@ -4,6 +4,7 @@
 #   FUZZ_SECONDS=0 bash scripts/check.sh   skip the fuzzers
 #   GUEST_TESTS=0 bash scripts/check.sh    skip the QEMU guest rig
 #   NETNS_TESTS=0 bash scripts/check.sh    skip the network-namespace rig
+#   EXERCISERS=none bash scripts/check.sh  skip fsx and pjdfstest (refused in CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +23,18 @@ cargo clippy -p shingle-transport --features rdma --all-targets -- -D warnings
 
 step "cargo nextest run (unit, property, conformance and multi-process tests)"
 cargo nextest run --workspace --no-fail-fast
+
+# fsx and pjdfstest (written by others) against a real FUSE mount of a `shingle dev`
+# cluster. They never skip: a missing tool or no root fails the run.
+if [ "${EXERCISERS:-all}" = none ] && [ -n "${CI:-}" ]; then
+  echo "EXERCISERS=none is not allowed in CI: fsx and pjdfstest must run" >&2
+  exit 1
+fi
+if [ "${EXERCISERS:-all}" != none ]; then
+  step "fsx and pjdfstest on a shingle dev mount (scripts/exercisers.sh)"
+  cargo build -p shingle
+  SHINGLE_BIN=target/debug/shingle bash scripts/with-dev-mount.sh bash scripts/exercisers.sh
+fi
 
 fuzz() { # crate target
   local crate=$1 target=$2 corpus seeds

@@ -231,6 +231,19 @@ impl Client {
         open.get(&ino).and_then(Weak::upgrade)
     }
 
+    /// The attributes of a file open here that the metadata service no longer has (it
+    /// was removed while open): nlink 0, this client's size. `None` when not open here.
+    pub async fn unlinked_attr(&self, ino: Ino) -> Option<Attr> {
+        let sh = self.shared(ino)?;
+        let mut st = sh.state.lock().await;
+        st.unlinked = true;
+        let mut a = sh.attr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        a.size = st.content.size();
+        a.nlink = 0;
+        drop(st);
+        Some(a)
+    }
+
     /// True while this client has the file open.
     pub fn is_open(&self, ino: Ino) -> bool {
         self.shared(ino).is_some()
@@ -947,22 +960,6 @@ impl OpenFile {
     /// Size as seen through this handle.
     pub fn size(&self) -> u64 {
         self.shared.size.load(Ordering::Acquire)
-    }
-
-    /// The attributes through this handle: those at open or at the last change made
-    /// here, with this client's size and nlink 0 when the file was removed while open.
-    pub async fn attr(&self) -> Attr {
-        let mut a = self.shared.attr.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        a.size = self.size();
-        if self.shared.state.lock().await.unlinked {
-            a.nlink = 0;
-        }
-        a
-    }
-
-    /// The file was removed while open: its handles go on locally until the last close.
-    pub async fn mark_unlinked(&self) {
-        self.shared.state.lock().await.unlinked = true;
     }
 }
 

@@ -269,18 +269,17 @@ impl Filesystem for ShingleFs {
         });
     }
 
-    fn getattr(&self, _req: &Request, ino: INodeNo, fh: Option<FileHandle>, reply: ReplyAttr) {
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let (c, ttl) = (self.client.clone(), self.ttl);
-        let f = fh.and_then(|fh| self.file(fh));
         self.run(op_span!("fs.getattr", "getattr", ino.0), async move {
             match c.getattr(Ino(ino.0)).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
-                // fstat of a file removed while open: what the handle knows, nlink 0.
-                Err(Errno::ENOENT) if f.is_some() => {
-                    let Some(f) = f else { return };
-                    f.mark_unlinked().await;
-                    reply.attr(&Duration::ZERO, &file_attr(&f.attr().await));
-                }
+                Err(Errno::ENOENT) => match c.unlinked_attr(Ino(ino.0)).await {
+                    // fstat of a file removed while open here: what the handles know,
+                    // nlink 0 (the kernel does not say which handle asks).
+                    Some(a) => reply.attr(&Duration::ZERO, &file_attr(&a)),
+                    None => reply.error(errno(Errno::ENOENT)),
+                },
                 Err(e) => reply.error(errno(e)),
             }
         });
