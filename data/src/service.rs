@@ -412,7 +412,17 @@ where
         let key = req.id.ok_or_else(missing_id)?.key()?;
         self.stage().invalidate(&self.regions, &key, Some(req.version));
         let loc = self
-            .blocking(move |s| s.put(key, req.version, &req.data, req.crc))
+            .blocking(move |s| match s.put(key, req.version, &req.data, req.crc) {
+                // Full of garbage is not full: collect what any zone has, then retry once.
+                Err(StoreError::NoSpace) => {
+                    let r = s.gc(4, 0.05)?;
+                    if r.zones_reset.is_empty() {
+                        return Err(StoreError::NoSpace);
+                    }
+                    s.put(key, req.version, &req.data, req.crc)
+                }
+                r => r,
+            })
             .await?;
         Ok(WriteShardResponse {
             zone: loc.zone.0,

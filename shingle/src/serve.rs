@@ -286,18 +286,24 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     Ok(())
 }
 
+/// Collects zones while free zones are below `free_below`: every 2 s when there is
+/// room, again at once while a pass made progress and room is still short (a stream of
+/// rewrites turns zones into garbage faster than one zone a pass reclaims).
 async fn gc_loop(store: Arc<ChunkStore<Arc<dyn ZonedDevice>>>, free_below: u32) {
+    let mut pressed = false;
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let pause = if pressed { 50 } else { 2000 };
+        tokio::time::sleep(Duration::from_millis(pause)).await;
         let s = store.clone();
         let r = tokio::task::spawn_blocking(move || {
             if s.stats().zones_free < free_below {
-                Some(s.gc(2, 0.2))
+                Some(s.gc(4, 0.2))
             } else {
                 None
             }
         })
         .await;
+        pressed = matches!(&r, Ok(Some(Ok(rep))) if !rep.zones_reset.is_empty());
         match r {
             Ok(Some(Ok(rep))) if !rep.zones_reset.is_empty() => {
                 info!(
