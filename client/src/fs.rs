@@ -61,10 +61,15 @@ pub struct ClientConfig {
     pub cache_stripes: usize,
     /// Stripes written but not committed before a commit is forced.
     pub commit_every: usize,
+    /// Stripes of one file being stored at once (writes go on meanwhile).
+    pub inflight_stripes: usize,
+    /// Stripes being stored at once by the whole client (memory bound per mount).
+    pub inflight_stripes_total: usize,
 }
 
 impl Default for ClientConfig {
-    /// ec(4,2), 1 MiB units, 2 dirty and 4 cached stripes per file, commit every 16.
+    /// ec(4,2), 1 MiB units, 2 dirty and 4 cached stripes per file, commit every 16,
+    /// 4 stripes of a file (32 of the client) stored at once.
     fn default() -> Self {
         ClientConfig {
             ec: (4, 2),
@@ -72,6 +77,8 @@ impl Default for ClientConfig {
             max_dirty_stripes: 2,
             cache_stripes: 4,
             commit_every: 16,
+            inflight_stripes: 4,
+            inflight_stripes_total: 32,
         }
     }
 }
@@ -105,7 +112,11 @@ struct Inner {
     /// (mtime, size) of each file when this client last opened or committed it: an open
     /// that finds them unchanged may keep the kernel's cached pages.
     seen: Mutex<HashMap<Ino, (i64, u64)>>,
+    /// Stripe stores in flight, client-wide.
+    store_slots: Arc<tokio::sync::Semaphore>,
 }
+
+type Guard<'a> = tokio::sync::MutexGuard<'a, FileState>;
 
 /// Most files whose version [`Client`] remembers for page-cache reuse.
 const SEEN_MAX: usize = 200_000;
@@ -125,6 +136,8 @@ struct Shared {
     size: AtomicU64,
     /// Whether something is written here and not committed (for getattr).
     local: std::sync::atomic::AtomicBool,
+    /// Signalled when a stripe store finishes.
+    stored: tokio::sync::Notify,
     /// The attributes at open or the last change through this client (fstat of a file
     /// unlinked while open answers from them).
     attr: Mutex<Attr>,
@@ -141,6 +154,8 @@ struct FileState {
     /// The file was removed while open: nothing is committed any more, the handles
     /// keep reading and writing what is stored.
     unlinked: bool,
+    /// Stripe stores in flight.
+    storing: usize,
 }
 
 /// An open file handle.
@@ -150,8 +165,10 @@ pub struct OpenFile {
     creds: Creds,
     client: Weak<Inner>,
     shared: Arc<Shared>,
-    /// The error sequence this handle has reported up to (errseq).
+    /// The error sequence this handle has reported up to at fsync/close (errseq).
     seen: Mutex<u64>,
+    /// The error sequence this handle's writes have reported up to.
+    write_seen: Mutex<u64>,
     /// Where a sequential reader will read next.
     next_expected: AtomicU64,
 }
@@ -176,9 +193,10 @@ impl Client {
                 meta,
                 tcp,
                 health: Arc::default(),
-                cfg,
                 open: Mutex::new(HashMap::new()),
                 seen: Mutex::new(HashMap::new()),
+                store_slots: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_stripes_total.max(1))),
+                cfg,
             }),
         }
     }
@@ -285,6 +303,7 @@ impl Client {
             ino,
             size: AtomicU64::new(rec.attr.size),
             local: Default::default(),
+            stored: tokio::sync::Notify::new(),
             attr: Mutex::new(rec.attr.clone()),
             state: tokio::sync::Mutex::new(FileState {
                 policy: layout.policy(),
@@ -292,6 +311,7 @@ impl Client {
                 cache: VecDeque::new(),
                 reserve_next: RESERVE_MIN,
                 unlinked: false,
+                storing: 0,
             }),
         });
         let mut open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
@@ -322,6 +342,7 @@ impl Client {
             client: Arc::downgrade(&self.inner),
             shared,
             seen: Mutex::new(seen),
+            write_seen: Mutex::new(seen),
             next_expected: AtomicU64::new(0),
         });
         Ok((f, unchanged))
@@ -344,8 +365,8 @@ impl Client {
             return self.inner.meta.setattr(creds, ino, set).await;
         }
         let sh = self.shared_for(ino, rec).await;
-        let mut st = sh.state.lock().await;
-        let r = self.truncate_locked(creds, &sh, &mut st, size, set).await;
+        let st = sh.state.lock().await;
+        let (mut st, r) = self.truncate_locked(creds, &sh, st, size, set).await;
         self.collect_garbage(ino, &mut st);
         sh.publish(&st);
         if let Ok(a) = &r {
@@ -354,33 +375,47 @@ impl Client {
         r
     }
 
-    async fn truncate_locked(
+    async fn truncate_locked<'a>(
         &self,
         creds: &Creds,
-        sh: &Shared,
-        st: &mut FileState,
+        sh: &'a Arc<Shared>,
+        st: Guard<'a>,
         size: u64,
         set: SetAttr,
-    ) -> Result<Attr, Errno> {
+    ) -> (Guard<'a>, Result<Attr, Errno>) {
         // What is written so far is committed first: the cut applies after it.
-        self.store_all(creds, sh.ino, st).await?;
-        self.commit(creds, sh.ino, st).await?;
+        let (mut st, r) = self.store_all(creds, sh, st).await;
+        if let Err(e) = r {
+            return (st, Err(e));
+        }
+        if let Err(e) = self.commit(creds, sh.ino, &mut st).await {
+            return (st, Err(e));
+        }
         loop {
             match st.content.truncate(size) {
                 Ok(()) => break,
-                Err(Blocked::Fetch(f)) => {
-                    let data = self.fetch_stripe(sh.ino, &st.policy, f.stripe, &f.rec).await?;
-                    st.content.fill(f.stripe, f.rec.version, &data);
-                }
-                Err(Blocked::Error(e)) => return Err(e),
+                Err(Blocked::Fetch(f)) => match self.fetch_stripe(sh.ino, &st.policy, f.stripe, &f.rec).await {
+                    Ok(data) => st.content.fill(f.stripe, f.rec.version, &data),
+                    Err(e) => return (st, Err(e)),
+                },
+                Err(Blocked::Error(e)) => return (st, Err(e)),
             }
         }
         st.cache.clear();
-        self.store_all(creds, sh.ino, st).await?;
-        self.commit(creds, sh.ino, st).await?;
-        let a = self.inner.meta.setattr(creds, sh.ino, set).await?;
-        st.content.truncated(a.size);
-        Ok(a)
+        let (mut st, r) = self.store_all(creds, sh, st).await;
+        if let Err(e) = r {
+            return (st, Err(e));
+        }
+        if let Err(e) = self.commit(creds, sh.ino, &mut st).await {
+            return (st, Err(e));
+        }
+        match self.inner.meta.setattr(creds, sh.ino, set).await {
+            Ok(a) => {
+                st.content.truncated(a.size);
+                (st, Ok(a))
+            }
+            Err(e) => (st, Err(e)),
+        }
     }
 
     /// Capacity (usable after erasure coding, by the default policy) and inode counts.
@@ -580,38 +615,72 @@ impl Client {
         Ok(())
     }
 
-    /// Stores dirty stripe `s` under a new version. A failure is recorded in the
-    /// content (its data is dropped, every handle reports it) and returned.
-    async fn store(&self, creds: &Creds, ino: Ino, st: &mut FileState, s: u64) -> Result<(), Errno> {
-        if let Err(e) = self.ensure_versions(creds, ino, st).await {
-            // The stripe stays dirty: nothing is lost yet.
-            return Err(e);
-        }
+    /// Starts storing dirty stripe `s` under a new version, in the background: the
+    /// task records the outcome in the content (a failure drops the stripe's data and
+    /// is reported by every handle) and wakes waiters. Fails only when no version can
+    /// be had (the stripe then stays dirty: nothing is lost).
+    async fn start_store(&self, creds: &Creds, sh: &Arc<Shared>, st: &mut FileState, s: u64) -> Result<(), Errno> {
+        self.ensure_versions(creds, sh.ino, st).await?;
         let Some((data, version)) = st.content.start_store(s) else {
             return Ok(());
         };
-        let r = if data.is_empty() {
-            Ok(StripeRec {
-                version,
-                len: 0,
-                nodes: Vec::new(),
-            })
-        } else {
-            self.store_stripe(ino, &st.policy, s, version, data).await
-        };
-        st.content.store_done(s, version, r.clone());
-        r.map(|_| ())
+        st.storing += 1;
+        // Permits are given back before a task takes a file's lock: no cycle.
+        let permit = self.inner.store_slots.clone().acquire_owned().await;
+        let (c, sh, policy, ino) = (self.clone(), sh.clone(), st.policy.clone(), sh.ino);
+        tokio::spawn(
+            async move {
+                let r = if data.is_empty() {
+                    Ok(StripeRec {
+                        version,
+                        len: 0,
+                        nodes: Vec::new(),
+                    })
+                } else {
+                    c.store_stripe(ino, &policy, s, version, data).await
+                };
+                drop(permit);
+                let mut st = sh.state.lock().await;
+                st.content.store_done(s, version, r);
+                st.storing -= 1;
+                c.collect_garbage(ino, &mut st);
+                sh.publish(&st);
+                drop(st);
+                sh.stored.notify_waiters();
+            }
+            .in_current_span(),
+        );
+        Ok(())
     }
 
-    /// Stores every dirty stripe; the first failure is returned after trying them all.
-    async fn store_all(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
+    /// Waits (without the lock) until at most `max` stores of the file are in flight.
+    async fn wait_stores<'a>(sh: &'a Shared, mut st: Guard<'a>, max: usize) -> Guard<'a> {
+        while st.storing > max {
+            let notified = sh.stored.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            drop(st);
+            notified.await;
+            st = sh.state.lock().await;
+        }
+        st
+    }
+
+    /// Stores every dirty stripe and waits for every store in flight. Errors of the
+    /// stores are in the content's error sequence; the result is a failure to start.
+    async fn store_all<'a>(
+        &self,
+        creds: &Creds,
+        sh: &'a Arc<Shared>,
+        mut st: Guard<'a>,
+    ) -> (Guard<'a>, Result<(), Errno>) {
         let mut first = Ok(());
         for s in st.content.dirty_stripes() {
-            if let Err(e) = self.store(creds, ino, st, s).await {
+            if let Err(e) = self.start_store(creds, sh, &mut st, s).await {
                 first = first.and(Err(e));
             }
         }
-        first
+        (Self::wait_stores(sh, st, 0).await, first)
     }
 
     /// Commits the stored stripes. A lost race (`ESTALE`) drops them, reloads the
@@ -903,7 +972,8 @@ impl OpenFile {
     /// before this returns.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<u32, Errno> {
         let c = self.client()?;
-        let mut st = self.shared.state.lock().await;
+        let sh = &self.shared;
+        let mut st = sh.state.lock().await;
         loop {
             match st.content.write(offset, data) {
                 Ok(()) => break,
@@ -917,14 +987,29 @@ impl OpenFile {
         st.cache.clear();
         self.shared.publish(&st);
         let mut result = Ok(data.len() as u32);
-        for s in st.content.full_stripes() {
-            if let Err(e) = c.store(&self.creds, self.ino, &mut st, s).await {
+        // Full stripes, and the oldest beyond the dirty bound, are stored in the
+        // background; a bounded number per file is in flight.
+        let mut to_store = st.content.full_stripes();
+        let dirty = st.content.dirty_stripes();
+        let over = dirty
+            .len()
+            .saturating_sub(to_store.len())
+            .saturating_sub(c.inner.cfg.max_dirty_stripes);
+        let extra: Vec<u64> = dirty.into_iter().filter(|s| !to_store.contains(s)).take(over).collect();
+        to_store.extend(extra);
+        for s in to_store {
+            st = Client::wait_stores(sh, st, c.inner.cfg.inflight_stripes.max(1) - 1).await;
+            if let Err(e) = c.start_store(&self.creds, sh, &mut st, s).await {
                 result = Err(e);
             }
         }
-        while result.is_ok() && st.content.dirty_stripes().len() > c.inner.cfg.max_dirty_stripes {
-            let oldest = st.content.dirty_stripes()[0];
-            if let Err(e) = c.store(&self.creds, self.ino, &mut st, oldest).await {
+        // A store that failed is reported by the next write too (once), and by fsync.
+        {
+            let mut ws = self.write_seen.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some((e, now)) = st.content.error_since(*ws)
+                && result.is_ok()
+            {
+                *ws = now;
                 result = Err(e);
             }
         }
@@ -944,8 +1029,8 @@ impl OpenFile {
     /// could not be stored, a commit that lost a race), once.
     pub async fn flush(&self) -> Result<(), Errno> {
         let c = self.client()?;
-        let mut st = self.shared.state.lock().await;
-        let stored = c.store_all(&self.creds, self.ino, &mut st).await;
+        let st = self.shared.state.lock().await;
+        let (mut st, stored) = c.store_all(&self.creds, &self.shared, st).await;
         let committed = c.commit(&self.creds, self.ino, &mut st).await;
         c.collect_garbage(self.ino, &mut st);
         self.shared.publish(&st);

@@ -119,7 +119,14 @@ pub struct ResolveRequest {
     /// Length of the byte range the caller will read; 0: the whole payload.
     #[prost(uint64, tag = "4")]
     pub range_len: u64,
+    /// Send the range in the reply (at most [`INLINE_MAX`] bytes): one round trip for
+    /// a small read instead of a resolve and a remote read.
+    #[prost(bool, tag = "5")]
+    pub inline: bool,
 }
+
+/// Largest byte range a resolve answers inline.
+pub const INLINE_MAX: u64 = 128 << 10;
 
 /// A staged shard: read `payload_len` bytes at offset 0 of the region.
 #[derive(Clone, PartialEq, prost::Message)]
@@ -142,6 +149,9 @@ pub struct ResolveResponse {
     /// crc32c of the requested byte range (of the payload when no range was asked for).
     #[prost(uint32, tag = "6")]
     pub range_crc: u32,
+    /// The requested range, when asked for inline.
+    #[prost(bytes = "bytes", tag = "7")]
+    pub data: Bytes,
 }
 
 impl ResolveResponse {
@@ -458,6 +468,7 @@ where
                 (r, h.payload_crc, payload)
             }
         };
+        let mut data = Bytes::new();
         let range_crc = if req.range_len == 0 {
             crc
         } else {
@@ -471,7 +482,12 @@ where
                     ),
                 ));
             };
-            crc32c::crc32c(&payload[req.range_offset as usize..end as usize])
+            let range = payload.slice(req.range_offset as usize..end as usize);
+            let c = crc32c::crc32c(&range);
+            if req.inline && req.range_len <= INLINE_MAX {
+                data = range;
+            }
+            c
         };
         Span::current().record("bytes", r.len);
         Ok(ResolveResponse {
@@ -481,6 +497,7 @@ where
             crc,
             version,
             range_crc,
+            data,
         })
     }
 
@@ -665,13 +682,21 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
     let mut attempt = 0;
     loop {
         attempt += 1;
+        let inline = len > 0 && len <= INLINE_MAX;
         let req = ResolveRequest {
             id: Some(id),
             version,
             range_offset: offset,
             range_len: len,
+            inline,
         };
         let r = client.call::<Resolve>(node, &req, Default::default()).await?;
+        if inline && r.data.len() as u64 == len {
+            if crc32c::crc32c(&r.data) != r.range_crc {
+                return Err(ShardReadError::Checksum(id));
+            }
+            return Ok(r.data);
+        }
         let (off, want) = if len == 0 { (0, r.region_len) } else { (offset, len) };
         let want = u32::try_from(want).map_err(|_| ShardReadError::Checksum(id))?;
         let (res, buf) = client

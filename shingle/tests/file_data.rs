@@ -20,6 +20,8 @@ fn config() -> ClientConfig {
         max_dirty_stripes: 2,
         cache_stripes: 4,
         commit_every: 4,
+        inflight_stripes: 3,
+        inflight_stripes_total: 8,
     }
 }
 
