@@ -35,16 +35,17 @@ drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
 iops() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); r=j["jobs"][0]["read"]; print(int(r["iops"]), int(r["clat_ns"]["percentile"]["50.000000"]/1000), int(r["clat_ns"]["percentile"]["99.000000"]/1000))' "$1"; }
 wbw() { python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); w=j["jobs"][0]["write"]; s=j["jobs"][0]["job_runtime"]/1000.0; print(int(w["io_bytes"]/s/1e6) if s else 0)' "$1"; }
 
-randread() { # dir label warm(0/1)
-  local dir=$1 label=$2 warm=$3 file=$1/rr.dat
-  if [ "$warm" = 1 ]; then
-    cat "$file" > /dev/null
-  else
-    drop
-  fi
+randread() { # dir label mode: cold (page cache dropped first; it fills as the run goes),
+  # warm (file read once first), direct (O_DIRECT: every read misses the page cache)
+  local dir=$1 label=$2 mode=$3 file=$1/rr.dat direct=0 invalidate=1
+  case $mode in
+    warm) cat "$file" > /dev/null; invalidate=0 ;;
+    direct) drop; direct=1 ;;
+    *) drop ;;
+  esac
   fio --name=rr --filename="$file" --rw=randread --bs=8k --size=${SIZE_RR_MIB}M --numjobs="$JOBS" \
-    --ioengine=psync --time_based --runtime="$SECONDS_RR" --group_reporting --mem=mmap \
-    --invalidate=$((1 - warm)) --output-format=json --output="$OUT/rr-$label.json" >/dev/null
+    --ioengine=psync --time_based --runtime="$SECONDS_RR" --group_reporting --mem=mmap --direct=$direct \
+    --invalidate=$invalidate --output-format=json --output="$OUT/rr-$label.json" >/dev/null
   iops "$OUT/rr-$label.json"
 }
 
@@ -63,16 +64,20 @@ for d in "$LOCAL" "$SHINGLE_MNT"; do
   fio --name=prep --filename="$d/rr.dat" --rw=write --bs=1M --size=${SIZE_RR_MIB}M --ioengine=psync \
     --end_fsync=1 --output="$OUT/prep.txt" >/dev/null
 done
-read -r l_cold l_cold50 l_cold99 <<<"$(randread "$LOCAL" local-cold 0)"
-read -r s_cold s_cold50 s_cold99 <<<"$(randread "$SHINGLE_MNT" shingle-cold 0)"
-read -r l_warm l_warm50 l_warm99 <<<"$(randread "$LOCAL" local-warm 1)"
-read -r s_warm s_warm50 s_warm99 <<<"$(randread "$SHINGLE_MNT" shingle-warm 1)"
+read -r l_dir l_dir50 l_dir99 <<<"$(randread "$LOCAL" local-direct direct)"
+read -r s_dir s_dir50 s_dir99 <<<"$(randread "$SHINGLE_MNT" shingle-direct direct)"
+read -r l_cold l_cold50 l_cold99 <<<"$(randread "$LOCAL" local-cold cold)"
+read -r s_cold s_cold50 s_cold99 <<<"$(randread "$SHINGLE_MNT" shingle-cold cold)"
+read -r l_warm l_warm50 l_warm99 <<<"$(randread "$LOCAL" local-warm warm)"
+read -r s_warm s_warm50 s_warm99 <<<"$(randread "$SHINGLE_MNT" shingle-warm warm)"
 rm -f "$LOCAL/rr.dat" "$SHINGLE_MNT/rr.dat"
 l_sw=$(seqwrite "$LOCAL" local)
 s_sw=$(seqwrite "$SHINGLE_MNT" shingle)
 
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}' if b else '-')" "$1" "$2"; }
 printf '%-44s %12s %12s %7s\n' "" local shingle ratio
+printf '%-44s %12s %12s %7s\n' "random 8 KiB pread, ${JOBS} jobs, O_DIRECT: IOPS" "$l_dir" "$s_dir" "$(ratio "$s_dir" "$l_dir")"
+printf '%-44s %12s %12s\n' "  p50 / p99 latency (us)" "$l_dir50/$l_dir99" "$s_dir50/$s_dir99"
 printf '%-44s %12s %12s %7s\n' "random 8 KiB pread, ${JOBS} jobs, cold: IOPS" "$l_cold" "$s_cold" "$(ratio "$s_cold" "$l_cold")"
 printf '%-44s %12s %12s\n' "  p50 / p99 latency (us)" "$l_cold50/$l_cold99" "$s_cold50/$s_cold99"
 printf '%-44s %12s %12s %7s\n' "random 8 KiB pread, ${JOBS} jobs, warm: IOPS" "$l_warm" "$s_warm" "$(ratio "$s_warm" "$l_warm")"

@@ -888,9 +888,11 @@ impl OpenFile {
             let mut st = self.shared.state.lock().await;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
-            // A reader that goes on where it stopped, or stays in (or moves to the next
-            // of) the stripes it read (the kernel's readahead arrives out of order).
-            let sequential = offset == prev || (offset / sb).abs_diff(prev.saturating_sub(1) / sb) <= 1 && prev != 0;
+            // A reader that goes on where it stopped, or whose large reads stay in (or
+            // move to the next of) the stripes it read (the kernel's readahead arrives
+            // out of order). Small reads elsewhere are random: byte ranges only.
+            let near = prev != 0 && (offset / sb).abs_diff(prev.saturating_sub(1) / sb) <= 1;
+            let sequential = offset == prev || (near && u64::from(len) >= 64 << 10);
             let mut cells = HashMap::new();
             let mut last_remote = None;
             for p in &plan {

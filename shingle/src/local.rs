@@ -247,7 +247,7 @@ fn write_node_config(
     }
     if spec.data {
         cfg += &format!(
-            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"64MiB\"\n",
+            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"256MiB\"\n",
             ndir.join("data").display(),
             spec.zones.0,
             spec.zones.1
