@@ -7,7 +7,8 @@
 #   bash scripts/with-dev-mount.sh bash scripts/exercisers.sh   (starts a `shingle dev` cluster)
 #
 # Environment:
-#   EXERCISERS=all|fsx|pjdfstest    what to run (default all)
+#   EXERCISERS=all|fsx|pjdfstest|sqlite   what to run (default all; sqlite: WAL and
+#                                   rollback-journal transactions, scripts/sqlite-check.py)
 #   FSX_OPS=N                       operations per fsx run (default 400)
 #   FSX_SEEDS=N                     seeds per configuration (default 2: seeds 1..N)
 #   FSX_SEED_LIST="s1 s2 ..."       explicit seeds instead of 1..FSX_SEEDS
@@ -55,10 +56,11 @@ step() { printf '\n==> %s\n' "$*"; }
 PATH=$PATH:${CARGO_HOME:-$HOME/.cargo}/bin
 
 case $EXERCISERS in
-  all) RUN_FSX=1 RUN_PJD=1 ;;
-  fsx) RUN_FSX=1 RUN_PJD=0 ;;
-  pjdfstest) RUN_FSX=0 RUN_PJD=1 ;;
-  *) die "EXERCISERS must be all, fsx or pjdfstest (got '$EXERCISERS')" ;;
+  all) RUN_FSX=1 RUN_PJD=1 RUN_SQL=1 ;;
+  fsx) RUN_FSX=1 RUN_PJD=0 RUN_SQL=0 ;;
+  pjdfstest) RUN_FSX=0 RUN_PJD=1 RUN_SQL=0 ;;
+  sqlite) RUN_FSX=0 RUN_PJD=0 RUN_SQL=1 ;;
+  *) die "EXERCISERS must be all, fsx, pjdfstest or sqlite (got '$EXERCISERS')" ;;
 esac
 
 [ -d "$MNT" ] || die "$MNT is not a directory (mount a Shingle filesystem there first, or use scripts/with-dev-mount.sh)"
@@ -322,6 +324,11 @@ run_pjdfstest() {
 status=0
 if [ "$RUN_FSX" = 1 ]; then run_fsx || status=1; fi
 if [ "$RUN_PJD" = 1 ]; then run_pjdfstest || status=1; fi
+if [ "$RUN_SQL" = 1 ]; then
+  step "sqlite: WAL and rollback journal, synchronous=FULL (scripts/sqlite-check.py)"
+  command -v python3 >/dev/null || die "python3 is needed for the SQLite check"
+  python3 "$(dirname "$0")/sqlite-check.py" "$MNT" "${SQLITE_TXNS:-300}" || status=1
+fi
 if [ "$status" = 0 ]; then
   echo "exercisers: all passed ($EXERCISERS); logs in $LOG_DIR"
 else

@@ -947,7 +947,7 @@ impl OpenFile {
                         Some(cell) => cell
                             .get_or_try_init(|| c.fetch_stripe(self.ino, &policy, stripe, &rec))
                             .await
-                            .map(|b| b.clone())
+                            .cloned()
                             .map_err(|_| Errno::ESTALE)?,
                         None => match c.read_range(self.ino, &policy, stripe, &rec, range.clone()).await {
                             Some(b) => {
