@@ -33,7 +33,7 @@ fi
 if [ "${EXERCISERS:-all}" != none ]; then
   step "fsx and pjdfstest on a shingle dev mount (scripts/exercisers.sh)"
   cargo build -p shingle
-  SHINGLE_BIN=target/debug/shingle bash scripts/with-dev-mount.sh bash scripts/exercisers.sh
+  SHINGLE_BIN=target/debug/shingle FSX_OPS=${FSX_OPS:-1000} bash scripts/with-dev-mount.sh bash scripts/exercisers.sh
 fi
 
 fuzz() { # crate target
