@@ -884,7 +884,7 @@ impl OpenFile {
     async fn read_once(&self, c: &Client, offset: u64, len: u32) -> Result<Bytes, Errno> {
         let prev = self.next_expected.swap(offset + u64::from(len), Ordering::Relaxed);
         // Plan under the lock; fetch without it (versions are immutable).
-        let (plan, policy, sb, cells) = {
+        let (plan, policy, cells) = {
             let mut st = self.shared.state.lock().await;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
@@ -934,10 +934,9 @@ impl OpenFile {
                     .instrument(span),
                 );
             }
-            (plan, st.policy.clone(), sb, cells)
+            (plan, st.policy.clone(), cells)
         };
-        let _ = sb;
-        let mut out = BytesMut::new();
+        let mut out = BytesMut::with_capacity(len as usize);
         for p in plan {
             match p {
                 Piece::Zeros(n) => out.resize(out.len() + n, 0),

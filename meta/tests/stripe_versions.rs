@@ -36,23 +36,23 @@ fn file(ns: &mut Namespace) -> Ino {
 fn reservations_never_overlap_and_only_grow() {
     let mut ns = Namespace::format(4, 1);
     let f = file(&mut ns);
-    let a = ns.reserve_versions(f, &policy(), 10, 2).expect("reserve");
-    let b = ns.reserve_versions(f, &policy(), 5, 3).expect("reserve");
-    let c = ns.reserve_versions(f, &policy(), 1, 4).expect("reserve");
+    let a = ns.reserve_versions(f, &policy(), 10).expect("reserve");
+    let b = ns.reserve_versions(f, &policy(), 5).expect("reserve");
+    let c = ns.reserve_versions(f, &policy(), 1).expect("reserve");
     assert!(a >= 1);
     assert_eq!(b, a + 10);
     assert_eq!(c, b + 5);
-    assert_eq!(ns.reserve_versions(f, &policy(), 0, 5), Err(Errno::EINVAL));
+    assert_eq!(ns.reserve_versions(f, &policy(), 0), Err(Errno::EINVAL));
     let bad = Layout { k: 0, ..policy() };
-    assert_eq!(ns.reserve_versions(f, &bad, 4, 5), Err(Errno::EINVAL));
-    assert_eq!(ns.reserve_versions(Ino::ROOT, &policy(), 4, 5), Err(Errno::EISDIR));
+    assert_eq!(ns.reserve_versions(f, &bad, 4), Err(Errno::EINVAL));
+    assert_eq!(ns.reserve_versions(Ino::ROOT, &policy(), 4), Err(Errno::EISDIR));
 }
 
 #[test]
 fn commits_are_compare_and_set_on_the_base_version() {
     let mut ns = Namespace::format(4, 1);
     let f = file(&mut ns);
-    let v = ns.reserve_versions(f, &policy(), 100, 2).expect("reserve");
+    let v = ns.reserve_versions(f, &policy(), 100).expect("reserve");
     // Two writers both based their write of stripe 0 on "no stripe".
     ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3)
         .expect("first");
@@ -83,7 +83,7 @@ fn commits_are_compare_and_set_on_the_base_version() {
 fn commits_take_only_reserved_versions_and_valid_records() {
     let mut ns = Namespace::format(4, 1);
     let f = file(&mut ns);
-    let v = ns.reserve_versions(f, &policy(), 2, 2).expect("reserve");
+    let v = ns.reserve_versions(f, &policy(), 2).expect("reserve");
     assert_eq!(
         ns.commit_write(f, &policy(), 1, &[write(0, 0, v + 2)], 3),
         Err(Errno::EINVAL),

@@ -1007,8 +1007,7 @@ impl Namespace {
     /// Hands out `count` stripe versions of file `ino` for a writer to store new stripe
     /// versions under: returns the first; the range is the writer's alone. The file
     /// takes `policy` if it has no data yet.
-    pub fn reserve_versions(&mut self, ino: Ino, policy: &Layout, count: u32, now: TimeNs) -> NsResult<u64> {
-        let _ = now;
+    pub fn reserve_versions(&mut self, ino: Ino, policy: &Layout, count: u32) -> NsResult<u64> {
         let rec = self.rec(ino)?.clone();
         if rec.attr.kind != FileKind::File {
             return Err(Errno::EISDIR);

@@ -1534,9 +1534,7 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             size,
             stripes,
         } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
-        NsOp::ReserveVersions { ino, policy, count } => {
-            OpReply::Versions(ns.reserve_versions(*ino, policy, *count, now)?)
-        }
+        NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
         NsOp::RelocateShards {
             ino,
             stripe,
