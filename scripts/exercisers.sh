@@ -101,27 +101,10 @@ blockmode = false
 max = $FSX_OPMAX
 EOF
   case $name in
-    mixed)   # unaligned, every supported operation
+    mixed | aligned)   # every supported operation: unaligned, or with page-aligned
+      # offsets and sizes (the kernel's writeback and mmap units)
+      if [ "$name" = aligned ]; then printf 'min = 4096\nalign = 4096\n'; else printf 'min = 0\nalign = 1\n'; fi
       cat <<EOF
-min = 0
-align = 1
-
-[weights]
-read = 10
-write = 10
-mapread = 10
-mapwrite = 10
-truncate = 2
-close_open = 2
-invalidate = 1
-fsync = 1
-fdatasync = 1
-EOF
-      ;;
-    aligned) # page-aligned offsets and sizes (the kernel's writeback and mmap units)
-      cat <<EOF
-min = 4096
-align = 4096
 
 [weights]
 read = 10

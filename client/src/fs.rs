@@ -391,15 +391,8 @@ impl Client {
         if let Err(e) = self.commit(creds, sh.ino, &mut st).await {
             return (st, Err(e));
         }
-        loop {
-            match st.content.truncate(size) {
-                Ok(()) => break,
-                Err(Blocked::Fetch(f)) => match self.fetch_stripe(sh.ino, &st.policy, f.stripe, &f.rec).await {
-                    Ok(data) => st.content.fill(f.stripe, f.rec.version, &data),
-                    Err(e) => return (st, Err(e)),
-                },
-                Err(Blocked::Error(e)) => return (st, Err(e)),
-            }
+        if let Err(e) = self.apply(sh.ino, &mut st, |c| c.truncate(size)).await {
+            return (st, Err(e));
         }
         st.cache.clear();
         let (mut st, r) = self.store_all(creds, sh, st).await;
@@ -587,6 +580,26 @@ impl Client {
         Ok(StripeRec { version, len, nodes })
     }
 
+    /// Runs `op` on the content, fetching (and filling in) each stripe it says it needs
+    /// first, until it applies or is refused.
+    async fn apply(
+        &self,
+        ino: Ino,
+        st: &mut FileState,
+        mut op: impl FnMut(&mut Content) -> Result<(), Blocked>,
+    ) -> Result<(), Errno> {
+        loop {
+            match op(&mut st.content) {
+                Ok(()) => return Ok(()),
+                Err(Blocked::Fetch(f)) => {
+                    let bytes = self.fetch_stripe(ino, &st.policy, f.stripe, &f.rec).await?;
+                    st.content.fill(f.stripe, f.rec.version, &bytes);
+                }
+                Err(Blocked::Error(e)) => return Err(e),
+            }
+        }
+    }
+
     /// Reserves versions for `st` when it has none left.
     async fn ensure_versions(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
         if !st.content.needs_versions() {
@@ -717,10 +730,8 @@ impl Client {
                 ino = ino.0,
                 "another client committed the same stripes first; this client's writes to them are dropped"
             );
-            st.cache.clear();
             if let Ok(rec) = self.inner.meta.get_inode(ino).await {
-                let layout = rec.layout.unwrap_or_else(|| st.policy.clone());
-                st.content.set_committed(layout.stripes, rec.attr.size);
+                st.adopt(rec);
             }
         }
         self.collect_garbage(ino, st);
@@ -873,9 +884,7 @@ impl OpenFile {
         if let Ok(rec) = c.inner.meta.get_inode(self.ino).await {
             let mut st = self.shared.state.lock().await;
             if !st.unlinked {
-                let layout = rec.layout.unwrap_or_else(|| st.policy.clone());
-                st.content.set_committed(layout.stripes, rec.attr.size);
-                st.cache.clear();
+                st.adopt(rec);
                 self.shared.publish(&st);
             }
         }
@@ -975,17 +984,9 @@ impl OpenFile {
         let c = self.client()?;
         let sh = &self.shared;
         let mut st = sh.state.lock().await;
-        loop {
-            match st.content.write(offset, data) {
-                Ok(()) => break,
-                Err(Blocked::Fetch(f)) => {
-                    let bytes = c.fetch_stripe(self.ino, &st.policy, f.stripe, &f.rec).await?;
-                    st.content.fill(f.stripe, f.rec.version, &bytes);
-                }
-                Err(Blocked::Error(e)) => return Err(e),
-            }
-        }
-        st.cache.clear();
+        c.apply(self.ino, &mut st, |content| content.write(offset, data))
+            .await?;
+        // The read cache holds immutable versions: nothing in it goes stale here.
         self.shared.publish(&st);
         let mut result = Ok(data.len() as u32);
         // Full stripes, and the oldest beyond the dirty bound, are stored in the
@@ -1058,6 +1059,14 @@ impl Shared {
 }
 
 impl FileState {
+    /// Takes the committed layout and size the metadata service has now (after
+    /// another client's commit); local writes stay.
+    fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec) {
+        let layout = rec.layout.unwrap_or_else(|| self.policy.clone());
+        self.content.set_committed(layout.stripes, rec.attr.size);
+        self.cache.clear();
+    }
+
     fn cached(&self, s: u64, version: u64) -> Option<StripeCell> {
         self.cache
             .iter()
