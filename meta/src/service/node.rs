@@ -753,9 +753,17 @@ impl MetaNode {
             .map_err(|e| errno_status(e.errno()))
     }
 
-    fn on_pull(&self, req: Pull) -> Result<Pulled, Status> {
+    /// A new primary asks for this copy's position (or the copy). The caller's newer map
+    /// is adopted first, so no batch of an older reign is accepted after the answer, and
+    /// the answer waits for a batch being applied: an older primary cannot get a batch
+    /// acknowledged that the new primary's takeover did not see (it would be lost when
+    /// the new reign reinstalls every member).
+    async fn on_pull(&self, req: Pull) -> Result<Pulled, Status> {
+        self.check_epoch(req.epoch).await?;
         let parts = self.view().map.partitions;
         let slot = self.slot_or_create(req.partition, parts);
+        let _w = slot.write.lock().await;
+        self.check_epoch(req.epoch).await?;
         let st = slot.read();
         Ok(Pulled {
             serving: st.serving,
@@ -1355,7 +1363,7 @@ impl MetaNode {
             async move { n.on_install(req).await }.instrument(span)
         });
         r = self.route::<SyncMe, _, _>(r, |n, _, req| async move { n.on_sync_me(req).await });
-        r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req) });
+        r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req).await });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
         r
     }

@@ -186,6 +186,10 @@ static WRITER_STAGE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::
 static WRITER_INO: AtomicU64 = AtomicU64::new(0);
 const STAGES: [&str; 5] = ["idle", "mknod", "open", "write", "flush"];
 
+/// The inode each written name got (for diagnosing a name lost later).
+static ACKED_INO: std::sync::LazyLock<Mutex<std::collections::HashMap<String, u64>>> =
+    std::sync::LazyLock::new(Default::default);
+
 async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), Errno> {
     let root = Creds::root();
     let stage = |s: u8| WRITER_STAGE.store(s, Ordering::Relaxed);
@@ -195,6 +199,10 @@ async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize
         .mknod(&root, dir, name.as_bytes(), FileKind::File, 0o644, 0, None)
         .await?;
     WRITER_INO.store(a.ino.0, Ordering::Relaxed);
+    ACKED_INO
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(name.to_string(), a.ino.0);
     stage(2);
     let f = client.open(&root, a.ino).await?;
     let data = content(seed, len);
@@ -238,14 +246,20 @@ async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize)
 
 /// What every node answers for `ino` right now (for diagnosing a read that missed it).
 async fn who_has(meta: &MetaClient, ino: Ino) -> String {
-    use shingle_meta::service::wire::{Read, ReadOp, call};
+    use shingle_meta::service::wire::ReadOp;
+    ask_all(meta, ino.partition(), ReadOp::GetInode(ino)).await
+}
+
+/// What every node answers to `op` (about partition `p`) right now.
+async fn ask_all(meta: &MetaClient, p: PartitionId, op: shingle_meta::service::wire::ReadOp) -> String {
+    use shingle_meta::service::wire::{Read, call};
     let v = meta.view();
-    let members = v.members(ino.partition());
-    let mut out = vec![format!("epoch {} members {members:?}", v.map.epoch.0)];
+    let members = v.members(p);
+    let mut out = vec![format!("partition {} epoch {} members {members:?}", p.0, v.map.epoch.0)];
     for n in v.map.nodes.values() {
         let req = Read {
             epoch: v.map.epoch,
-            op: ReadOp::GetInode(ino),
+            op: op.clone(),
         };
         let r = call(meta.transport(), n.addr, &req, Duration::from_secs(2)).await;
         out.push(format!(
@@ -262,8 +276,27 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
     use shingle_data::ec::EcPolicy;
     use shingle_data::service::{ShardId, read_shard};
     let meta = client.meta();
-    let Ok(a) = meta.lookup(dir, name.as_bytes()).await else {
-        return "lookup failed".into();
+    let a = match meta.lookup(dir, name.as_bytes()).await {
+        Ok(a) => a,
+        Err(e) => {
+            use shingle_meta::service::wire::ReadOp;
+            let p = shingle_meta::placement::dentry_partition(dir, name.as_bytes(), meta.view().map.partitions);
+            let lookup = ReadOp::Lookup {
+                parent: dir,
+                name: name.as_bytes().to_vec(),
+            };
+            let ino = Ino(ACKED_INO
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(name)
+                .copied()
+                .unwrap_or(0));
+            return format!(
+                "lookup failed ({e}); entry: {}; inode {ino}: {}",
+                ask_all(meta, p, lookup).await,
+                who_has(meta, ino).await
+            );
+        }
     };
     let Ok(rec) = meta.get_inode(a.ino).await else {
         return "get_inode failed".into();
@@ -930,6 +963,9 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         acked.len(),
         bad.len()
     );
+    for b in &bad {
+        println!("  bad: {b}");
+    }
     let errors = log.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let report = serde_json::json!({
         "bench": "failover", "machine": machine, "files": a.files, "file_kib": a.file_kib,
