@@ -40,9 +40,9 @@ use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
 use shingle_meta::placement::stripe_pg;
 use shingle_transport::{CallOptions, Health, RpcChannel, TcpClient};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -114,7 +114,16 @@ struct Inner {
     seen: Mutex<HashMap<Ino, (i64, u64)>>,
     /// Stripe stores in flight, client-wide.
     store_slots: Arc<tokio::sync::Semaphore>,
+    /// Removed files open here whose data this client keeps from being purged.
+    held: Mutex<HashSet<Ino>>,
+    /// The task that renews and releases those holds runs.
+    holding: AtomicBool,
 }
+
+/// How long a hold keeps a removed open file's data, and how often it is renewed
+/// (a client that dies lets it lapse: the data goes within `HOLD_SECS`).
+const HOLD_SECS: u32 = 30;
+const HOLD_RENEW: Duration = Duration::from_secs(5);
 
 type Guard<'a> = tokio::sync::MutexGuard<'a, FileState>;
 
@@ -196,6 +205,8 @@ impl Client {
                 open: Mutex::new(HashMap::new()),
                 seen: Mutex::new(HashMap::new()),
                 store_slots: Arc::new(tokio::sync::Semaphore::new(cfg.inflight_stripes_total.max(1))),
+                held: Mutex::new(HashSet::new()),
+                holding: AtomicBool::new(false),
                 cfg,
             }),
         }
@@ -265,6 +276,99 @@ impl Client {
     /// True while this client has the file open.
     pub fn is_open(&self, ino: Ino) -> bool {
         self.shared(ino).is_some()
+    }
+
+    fn any_open(&self) -> bool {
+        let open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.values().any(|w| w.strong_count() > 0)
+    }
+
+    /// The inode `name` in `parent` names, when this client has it open (its data must
+    /// outlive the name if the name is about to go).
+    async fn open_victim(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
+        if !self.any_open() {
+            return None;
+        }
+        let a = self.inner.meta.lookup(parent, name).await.ok()?;
+        (a.kind == FileKind::File && self.is_open(a.ino)).then_some(a.ino)
+    }
+
+    /// Removes `name`. A file this client has open keeps its data until its last close
+    /// here (POSIX: an open file outlives its name); then it is purged.
+    pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        let victim = self.open_victim(parent, name).await;
+        self.inner.meta.unlink(creds, parent, name).await?;
+        if let Some(ino) = victim {
+            self.hold(ino).await;
+        }
+        Ok(())
+    }
+
+    /// Renames; a file replaced by the rename is kept like an unlinked one while open here.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn rename(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        newparent: Ino,
+        newname: &[u8],
+        noreplace: bool,
+        exchange: bool,
+    ) -> Result<(), Errno> {
+        let victim = if noreplace || exchange {
+            None
+        } else {
+            self.open_victim(newparent, newname).await
+        };
+        self.inner
+            .meta
+            .rename(creds, parent, name, newparent, newname, noreplace, exchange)
+            .await?;
+        if let Some(ino) = victim {
+            self.hold(ino).await;
+        }
+        Ok(())
+    }
+
+    /// Keeps removed file `ino`'s data while this client has it open: a hold now, renewed
+    /// every few seconds, released after the last close.
+    async fn hold(&self, ino: Ino) {
+        if let Err(e) = self.inner.meta.hold_purge(ino, HOLD_SECS).await {
+            warn!(ino = ino.0, error = %e, "cannot keep a removed open file's data; reads of it may fail");
+            return;
+        }
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).insert(ino);
+        if self.inner.holding.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(HOLD_RENEW).await;
+                let Some(inner) = weak.upgrade() else { return };
+                let c = Client { inner };
+                let held: Vec<Ino> = c
+                    .inner
+                    .held
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .iter()
+                    .copied()
+                    .collect();
+                for ino in held {
+                    let open = c.is_open(ino);
+                    let secs = if open { HOLD_SECS } else { 0 };
+                    match c.inner.meta.hold_purge(ino, secs).await {
+                        Ok(()) if !open => {
+                            c.inner.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&ino);
+                        }
+                        Ok(()) => {}
+                        Err(e) => debug!(ino = ino.0, error = %e, "renewing a hold failed; retried"),
+                    }
+                }
+            }
+        });
     }
 
     fn remember(&self, ino: Ino, mtime: i64, size: u64) -> bool {
@@ -429,7 +533,8 @@ impl Client {
                 .await;
             if let Ok(r) = r {
                 s.total += r.capacity_bytes;
-                s.free += r.capacity_bytes.saturating_sub(r.written_bytes);
+                // Live bytes, not written: garbage is space the zone GC gives back.
+                s.free += r.capacity_bytes.saturating_sub(r.live_bytes);
             }
         }
         let (k, m) = (u64::from(self.inner.cfg.ec.0), u64::from(self.inner.cfg.ec.1));

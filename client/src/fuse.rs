@@ -364,7 +364,7 @@ impl Filesystem for ShingleFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
-            match c.meta().unlink(&cr, Ino(parent.0), &name).await {
+            match c.unlink(&cr, Ino(parent.0), &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -408,7 +408,6 @@ impl Filesystem for ShingleFs {
             op_span!("fs.rename", "rename", parent.0, newparent = newparent.0),
             async move {
                 let r = c
-                    .meta()
                     .rename(
                         &cr,
                         Ino(parent.0),

@@ -7,6 +7,8 @@
 //!   decode when a shard fails, readahead of whole stripes, write buffering to full
 //!   stripes, commit on flush/fsync/close), bounded memory per open file.
 //! - [`fuse`]: the FUSE adapter (fuser): every request runs as its own task.
+//! - [`reclaim`]: space comes back: removed files' data purged by the meta nodes, and
+//!   shards of dead inodes swept by the data nodes.
 //! - [`repair`]: the repair scan meta nodes run over their files: rebuilds shards lost
 //!   with a node (or left out by a degraded write) and records their new locations.
 //!
@@ -16,6 +18,7 @@
 pub mod content;
 pub mod fs;
 pub mod fuse;
+pub mod reclaim;
 pub mod repair;
 
 pub use fs::{Client, ClientConfig, OpenFile, StatFs};

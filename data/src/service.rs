@@ -9,7 +9,8 @@
 //!   and a rewrite or delete of that version revokes it at once. Versions are immutable
 //!   and stored side by side (see the store), so a new version never disturbs readers
 //!   of an older one.
-//! - `DeleteShard`, `Scrub`, `Stat`.
+//! - `DeleteShard`, `DeleteFile` (every shard of a removed file: its purge), `Scrub`,
+//!   `Stat`.
 //! - `RepairShard`: rebuild this node's copy of a shard from k other shards of its
 //!   stripe, fetched from their nodes, and store it.
 //!
@@ -184,6 +185,22 @@ pub struct DeleteShardResponse {
     pub existed: bool,
 }
 
+/// Delete every shard of a file (every stripe, shard and version): its purge.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeleteFileRequest {
+    /// The removed file's inode.
+    #[prost(uint64, tag = "1")]
+    pub ino: u64,
+}
+
+/// What was deleted.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct DeleteFileResponse {
+    /// Shard versions deleted.
+    #[prost(uint64, tag = "1")]
+    pub deleted: u64,
+}
+
 /// Verify every stored shard.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ScrubRequest {}
@@ -285,6 +302,7 @@ rpc!(DeleteShard, 0x0202, DeleteShardRequest, DeleteShardResponse);
 rpc!(Scrub, 0x0203, ScrubRequest, ScrubResponse);
 rpc!(RepairShard, 0x0204, RepairShardRequest, RepairShardResponse);
 rpc!(Stat, 0x0205, StatRequest, StatResponse);
+rpc!(DeleteFile, 0x0206, DeleteFileRequest, DeleteFileResponse);
 
 /// errno-style application codes carried in error replies.
 pub mod errno {
@@ -514,6 +532,25 @@ where
         Ok(DeleteShardResponse { existed })
     }
 
+    async fn delete_file(&self, req: DeleteFileRequest) -> Result<DeleteFileResponse, Status> {
+        let span = tracing::info_span!("data.delete_file", ino = req.ino, deleted = Empty);
+        async move {
+            let ino = req.ino;
+            let gone = self.blocking(move |s| s.delete_ino(ino)).await?;
+            let mut stage = self.stage();
+            for (key, version) in &gone {
+                stage.invalidate(&self.regions, key, Some(*version));
+            }
+            drop(stage);
+            Span::current().record("deleted", gone.len());
+            Ok(DeleteFileResponse {
+                deleted: gone.len() as u64,
+            })
+        }
+        .instrument(span)
+        .await
+    }
+
     async fn repair(&self, req: RepairShardRequest) -> Result<RepairShardResponse, Status> {
         let span = shard_span!("data.repair", req.id, sources = req.sources.len(), bytes = Empty);
         self.repair_inner(req).instrument(span).await
@@ -592,6 +629,11 @@ where
             async move { s.delete(r).await }
         };
         let s = self.clone();
+        let df = move |_: CallContext, r: DeleteFileRequest| {
+            let s = s.clone();
+            async move { s.delete_file(r).await }
+        };
+        let s = self.clone();
         let sc = move |_: CallContext, _: ScrubRequest| {
             let s = s.clone();
             async move {
@@ -630,6 +672,7 @@ where
             .rpc::<Scrub, _, _>(sc)
             .rpc::<RepairShard, _, _>(rp)
             .rpc::<Stat, _, _>(st)
+            .rpc::<DeleteFile, _, _>(df)
     }
 }
 

@@ -783,6 +783,78 @@ impl<D: ZonedDevice> ChunkStore<D> {
         Ok(existed)
     }
 
+    /// Every stored chunk version of inode `ino`.
+    pub fn versions_of_ino(&self, ino: u64) -> Vec<VKey> {
+        let lo = (
+            ChunkKey {
+                ino,
+                stripe: 0,
+                shard: 0,
+            },
+            0,
+        );
+        let hi = (
+            ChunkKey {
+                ino,
+                stripe: u64::MAX,
+                shard: u16::MAX,
+            },
+            u64::MAX,
+        );
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        idx.map.range(lo..=hi).map(|(k, _)| *k).collect()
+    }
+
+    /// The inodes that have chunks here, in order.
+    pub fn inos(&self) -> Vec<u64> {
+        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<u64> = Vec::new();
+        let mut next = 0u64;
+        // One seek per inode, not one step per chunk.
+        while let Some(((k, _), _)) = idx
+            .map
+            .range(
+                (
+                    ChunkKey {
+                        ino: next,
+                        stripe: 0,
+                        shard: 0,
+                    },
+                    0,
+                )..,
+            )
+            .next()
+        {
+            out.push(k.ino);
+            match k.ino.checked_add(1) {
+                Some(n) => next = n,
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Deletes durably every version of every chunk of inode `ino` stored when this is
+    /// called (the file was removed and its purge came). Returns what was deleted.
+    pub fn delete_ino(&self, ino: u64) -> StoreResult<Vec<VKey>> {
+        let gone = self.versions_of_ino(ino);
+        if gone.is_empty() {
+            return Ok(gone);
+        }
+        let batch = {
+            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            for (key, version) in &gone {
+                w.pending.push(Op::Delete {
+                    key: *key,
+                    version: Some(*version),
+                });
+            }
+            w.open_batch
+        };
+        self.wait_durable(batch)?;
+        Ok(gone)
+    }
+
     /// Every indexed chunk version (a snapshot).
     pub fn keys(&self) -> Vec<VKey> {
         self.index

@@ -16,7 +16,7 @@
 
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
-use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, SetAttr, StripeWrite};
+use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeWrite};
 use crate::service::MapView;
 use crate::service::wire::*;
 use shingle_transport::{Health, TcpClient};
@@ -466,6 +466,7 @@ impl MetaClient {
             perm,
             rdev,
             target: target.map(<[u8]>::to_vec),
+            token: create_token(),
         };
         Self::attr(self.op(creds, op).await?)
     }
@@ -596,6 +597,43 @@ impl MetaClient {
         }
     }
 
+    /// Keeps removed file `ino`'s data `secs` more seconds (0: release it now): this
+    /// client still has it open. Root only; a file not waiting for a purge is left as is.
+    pub async fn hold_purge(&self, ino: Ino, secs: u32) -> Result<(), Errno> {
+        self.op(&Creds::root(), NsOp::HoldPurge { ino, secs }).await.map(|_| ())
+    }
+
+    /// Records that removed file `ino`'s data is gone from the data nodes (root only).
+    pub async fn purged(&self, ino: Ino) -> Result<(), Errno> {
+        self.op(&Creds::root(), NsOp::Purged { ino }).await.map(|_| ())
+    }
+
+    /// Removed files of partition `p` waiting for a purge, in inode order after `after`.
+    pub async fn purges(&self, p: PartitionId, after: Ino, limit: u32) -> Result<Vec<(Ino, Purge)>, Errno> {
+        match self
+            .read(
+                p,
+                ReadOp::Purges {
+                    partition: p,
+                    after,
+                    limit,
+                },
+            )
+            .await?
+        {
+            ReadReply::Purges(v) => Ok(v),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    /// Whether inode `ino` exists or waits for a purge (`false`: its data is garbage).
+    pub async fn alive(&self, ino: Ino) -> Result<bool, Errno> {
+        match self.read(ino.partition(), ReadOp::Alive(ino)).await? {
+            ReadReply::Alive(a) => Ok(a),
+            _ => Err(Errno::EIO),
+        }
+    }
+
     /// Resolves a slash-separated path from the root (no symlink following).
     pub async fn resolve(&self, path: &[u8]) -> Result<Attr, Errno> {
         let mut cur = self.getattr(Ino::ROOT).await?;
@@ -716,4 +754,11 @@ pub async fn join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>)
     })
     .await;
     out.into_iter().flatten().collect()
+}
+
+/// A random non-zero token naming one create across its retries.
+fn create_token() -> u64 {
+    let mut b = [0u8; 8];
+    let _ = getrandom::fill(&mut b);
+    u64::from_le_bytes(b).max(1)
 }

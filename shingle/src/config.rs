@@ -133,6 +133,14 @@ pub struct MetaSection {
     /// Pause between repair passes (a map change starts one sooner).
     #[serde(default = "default_repair_interval")]
     pub repair_interval_ms: u64,
+    /// Pause between passes that purge removed files' data (the partitions this node
+    /// is primary of).
+    #[serde(default = "default_purge_interval")]
+    pub purge_interval_ms: u64,
+}
+
+fn default_purge_interval() -> u64 {
+    1_000
 }
 
 fn default_rebuild_rate() -> ByteSize {
@@ -274,6 +282,14 @@ pub struct DataSection {
     /// Run GC when fewer zones than this are free.
     #[serde(default = "default_gc_free")]
     pub gc_when_free_below: u32,
+    /// Pause between sweeps for shards of dead inodes; an inode must be found dead at
+    /// two sweeps this far apart before its shards are deleted.
+    #[serde(default = "default_sweep_interval")]
+    pub sweep_interval_ms: u64,
+}
+
+fn default_sweep_interval() -> u64 {
+    60_000
 }
 
 fn default_zones() -> u32 {
@@ -357,6 +373,12 @@ impl NodeConfig {
             if m.rebuild_rate.0 == 0 {
                 bail!("meta.rebuild_rate must be more than 0 (it is a bandwidth limit; 0 would stall rebuilds)");
             }
+            if m.purge_interval_ms < 100 {
+                bail!(
+                    "meta.purge_interval_ms must be at least 100, got {}",
+                    m.purge_interval_ms
+                );
+            }
             if m.repair_interval_ms < 100 {
                 bail!(
                     "meta.repair_interval_ms must be at least 100, got {}",
@@ -365,6 +387,12 @@ impl NodeConfig {
             }
         }
         if let Some(d) = &self.data {
+            if d.sweep_interval_ms < 1_000 {
+                bail!(
+                    "data.sweep_interval_ms must be at least 1000, got {}",
+                    d.sweep_interval_ms
+                );
+            }
             let bs = d.block_size.0;
             if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
                 bail!("data.block_size must be a power of two between 512 and 65536, got {bs}");

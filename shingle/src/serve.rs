@@ -195,6 +195,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     };
     let mut forward = None;
     let mut repair = None;
+    let mut reclaim = Vec::new();
     if let Some(c) = &cluster {
         let info = NodeInfo {
             id: node_id,
@@ -239,11 +240,40 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 ..Default::default()
             };
             let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            let purge = shingle_client::reclaim::ReclaimConfig {
+                purge_interval: Duration::from_millis(cfg.meta.as_ref().map_or(1_000, |s| s.purge_interval_ms)),
+                ..Default::default()
+            };
+            reclaim.push(tokio::spawn(shingle_client::reclaim::purge_loop(
+                m.clone(),
+                mc.clone(),
+                peers.clone(),
+                purge,
+            )));
             repair = Some(tokio::spawn(shingle_client::repair::run(
                 m.clone(),
                 mc,
                 peers.clone(),
                 rc,
+            )));
+        }
+        if let (Some(store), Some(d)) = (&store_of_node, &cfg.data) {
+            let every = Duration::from_millis(d.sweep_interval_ms);
+            let sweep = shingle_client::reclaim::ReclaimConfig {
+                sweep_interval: every,
+                grace: every,
+                ..Default::default()
+            };
+            let (store, mc) = (
+                store.clone(),
+                shingle_meta::client::MetaClient::new(peers.clone(), watch.clone()),
+            );
+            reclaim.push(tokio::spawn(shingle_client::reclaim::sweep_loop(
+                move || store.inos(),
+                addr,
+                mc,
+                peers.clone(),
+                sweep,
             )));
         }
     }
@@ -273,6 +303,9 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         t.abort();
     }
     if let Some(t) = repair {
+        t.abort();
+    }
+    for t in reclaim {
         t.abort();
     }
     if let Some(m) = &meta {

@@ -130,6 +130,7 @@ impl Namespace {
             parent: Some(Ino::ROOT),
             xattrs: BTreeMap::new(),
             layout: None,
+            created_by: 0,
         };
         parts[0].apply(0, 0, &Mutation::PutInode(Box::new(root)));
         Namespace {
@@ -394,9 +395,35 @@ impl Namespace {
         target: Option<&[u8]>,
         now: TimeNs,
     ) -> NsResult<Attr> {
+        self.mknod_once(creds, parent, name, kind, perm, rdev, target, now, 0)
+    }
+
+    /// [`Namespace::mknod`] that is exactly-once under retries: the new inode records
+    /// `token` (non-zero, unique per create), and a retry whose first attempt did create
+    /// the entry (its coordinator failed before answering, and the create was redone)
+    /// returns that inode's attributes instead of `EEXIST`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn mknod_once(
+        &mut self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+        now: TimeNs,
+        token: u64,
+    ) -> NsResult<Attr> {
         check_name(name)?;
         let p = self.dir_for(creds, parent, W | X)?;
-        if self.entry(parent, name).is_some() {
+        if let Some(e) = self.entry(parent, name) {
+            if token != 0 {
+                let r = self.rec(e.ino)?;
+                if r.created_by == token && r.attr.kind == kind {
+                    return Ok(r.attr.clone());
+                }
+            }
             return Err(Errno::EEXIST);
         }
         if kind == FileKind::Dir && p.attr.nlink >= LINK_MAX {
@@ -449,6 +476,7 @@ impl Namespace {
             parent: (kind == FileKind::Dir).then_some(parent),
             xattrs: BTreeMap::new(),
             layout,
+            created_by: token,
         };
         let subdirs = i64::from(kind == FileKind::Dir);
         self.execute(
@@ -1024,6 +1052,20 @@ impl Namespace {
         let p = ino.partition();
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
         Ok(first)
+    }
+
+    /// Keeps the data of removed file `ino` until `until` (a client still has it open);
+    /// a time already past lets it be purged now. No-op for a file not waiting for a
+    /// purge.
+    pub fn hold_purge(&mut self, ino: Ino, until: TimeNs) -> NsResult<()> {
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::HoldPurge { ino, until })])
+    }
+
+    /// The data of removed file `ino` is gone from the data nodes: forget the purge.
+    pub fn purged(&mut self, ino: Ino) -> NsResult<()> {
+        let p = ino.partition();
+        self.execute(p, vec![(p, Mutation::Purged(ino))])
     }
 
     /// The layout of file record `new`, taking `policy` while it has no data.

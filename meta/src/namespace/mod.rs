@@ -13,5 +13,5 @@ pub mod perm;
 pub mod types;
 
 pub use engine::{Namespace, Need, Plan, RenameFlags, XattrMode};
-pub use partition::{DentryVal, InodeRec, Intent, Mutation, Partition};
+pub use partition::{DentryVal, InodeRec, Intent, Mutation, PURGE_DELAY_NS, Partition, Purge};
 pub use types::{Attr, Creds, DirEntry, Errno, FileKind, Layout, NsResult, SetAttr, StripeRec, StripeWrite, TimeNs};

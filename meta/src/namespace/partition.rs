@@ -28,6 +28,24 @@ pub struct InodeRec {
     /// Data layout (files) or layout policy (directories); `None` uses the default.
     #[serde(default)]
     pub layout: Option<Layout>,
+    /// The token of the create that made it (0: none): a create retried after its
+    /// coordinator failed finds its own inode and succeeds instead of `EEXIST`.
+    #[serde(default)]
+    pub created_by: u64,
+}
+
+/// How long a removed file's data stays before it may be purged (time for a client
+/// that still has the file open to place a hold, [`Mutation::HoldPurge`]).
+pub const PURGE_DELAY_NS: TimeNs = 5_000_000_000;
+
+/// A removed regular file whose data is still on the data nodes: purged (every shard
+/// of the inode deleted) once `held_until` has passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Purge {
+    /// When its last link went.
+    pub since: TimeNs,
+    /// Not before this (a client that has it open keeps moving it forward).
+    pub held_until: TimeNs,
 }
 
 /// A directory entry's value.
@@ -82,6 +100,16 @@ pub enum Mutation {
         /// New ctime.
         time: TimeNs,
     },
+    /// A client that has removed file `ino` open keeps its data until `until`
+    /// (no-op when the file is not waiting for a purge).
+    HoldPurge {
+        /// The removed file.
+        ino: Ino,
+        /// Keep its data until then (a time past releases it).
+        until: TimeNs,
+    },
+    /// The data of removed file `ino` was deleted on the data nodes: forget it.
+    Purged(Ino),
     /// A directory moved to another parent.
     SetParent {
         /// The directory.
@@ -122,6 +150,8 @@ pub struct Partition {
     pub inodes: BTreeMap<Ino, InodeRec>,
     /// Intents coordinated here that are not finished.
     pub intents: BTreeMap<u64, Intent>,
+    /// Removed files (allocated here) whose data is not deleted yet.
+    pub purges: BTreeMap<Ino, Purge>,
     applied: BTreeSet<(u64, u16)>,
 }
 
@@ -135,6 +165,7 @@ impl Partition {
             dentries: BTreeMap::new(),
             inodes: BTreeMap::new(),
             intents: BTreeMap::new(),
+            purges: BTreeMap::new(),
             applied: BTreeSet::new(),
         }
     }
@@ -262,13 +293,31 @@ impl Partition {
                     Some(r) => {
                         r.attr.nlink = (i64::from(r.attr.nlink) + delta).max(0) as u32;
                         r.attr.ctime = *time;
-                        r.attr.nlink == 0 && r.attr.kind != FileKind::Dir
+                        (r.attr.nlink == 0 && r.attr.kind != FileKind::Dir).then_some(r.attr.kind)
                     }
-                    None => false,
+                    None => None,
                 };
-                if remove {
+                if let Some(kind) = remove {
                     self.inodes.remove(ino);
+                    if kind == FileKind::File {
+                        // Its shards go once no client holds it open (see `HoldPurge`).
+                        self.purges.insert(
+                            *ino,
+                            Purge {
+                                since: *time,
+                                held_until: time.saturating_add(PURGE_DELAY_NS),
+                            },
+                        );
+                    }
                 }
+            }
+            Mutation::HoldPurge { ino, until } => {
+                if let Some(p) = self.purges.get_mut(ino) {
+                    p.held_until = *until;
+                }
+            }
+            Mutation::Purged(ino) => {
+                self.purges.remove(ino);
             }
             Mutation::SetParent { dir, parent, time } => {
                 if let Some(r) = self.inodes.get_mut(dir) {

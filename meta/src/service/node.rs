@@ -269,6 +269,35 @@ impl MetaNode {
         (out, more)
     }
 
+    /// Removed files, in the partitions this node is the serving primary of, whose
+    /// data may be purged at `now` (no hold left): at most `limit`, oldest first.
+    pub fn primary_purges(&self, now: crate::namespace::TimeNs, limit: usize) -> Vec<Ino> {
+        let mut out: Vec<(crate::namespace::TimeNs, Ino)> = Vec::new();
+        for (_, slot) in self.primary_slots(&self.view()) {
+            let st = slot.read();
+            if !st.serving {
+                continue;
+            }
+            out.extend(
+                st.part
+                    .purges
+                    .iter()
+                    .filter(|(_, p)| p.held_until <= now)
+                    .map(|(i, p)| (p.since, *i)),
+            );
+        }
+        out.sort_unstable();
+        out.into_iter().take(limit).map(|(_, i)| i).collect()
+    }
+
+    /// Removed files waiting for a purge in the partitions this node is primary of.
+    pub fn purges_pending(&self) -> usize {
+        self.primary_slots(&self.view())
+            .iter()
+            .map(|(_, s)| s.read().part.purges.len())
+            .sum()
+    }
+
     /// The copies held here of partitions this node is primary of under `v` (serving or
     /// not: callers check under the copy's lock).
     fn primary_slots(&self, v: &MapView) -> Vec<(PartitionId, Arc<Slot>)> {
@@ -845,6 +874,29 @@ impl MetaNode {
             }
             ReadOp::ListXattr { creds, ino } => {
                 sparse_read(*ino, &|ns| ns.listxattr(creds, *ino).map(ReadReply::Names))
+            }
+            ReadOp::Purges {
+                partition,
+                after,
+                limit,
+            } => {
+                let s = self.serving(*partition)?;
+                let st = s.read();
+                let list = st
+                    .part
+                    .purges
+                    .range((std::ops::Bound::Excluded(*after), std::ops::Bound::Unbounded))
+                    .take((*limit).clamp(1, 4096) as usize)
+                    .map(|(i, p)| (*i, *p))
+                    .collect();
+                Ok(ReadReply::Purges(list))
+            }
+            ReadOp::Alive(ino) => {
+                let s = self.serving(ino.partition())?;
+                let st = s.read();
+                Ok(ReadReply::Alive(
+                    st.part.inodes.contains_key(ino) || st.part.purges.contains_key(ino),
+                ))
             }
             ReadOp::ReadDir {
                 dir,
@@ -1460,6 +1512,8 @@ fn base_locks(op: &NsOp) -> Vec<u64> {
         | NsOp::SetLayout { ino, .. }
         | NsOp::CommitWrite { ino, .. }
         | NsOp::ReserveVersions { ino, .. }
+        | NsOp::HoldPurge { ino, .. }
+        | NsOp::Purged { ino }
         | NsOp::RelocateShards { ino, .. } => vec![ino.0],
     };
     k.sort_unstable();
@@ -1497,7 +1551,18 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             perm,
             rdev,
             target,
-        } => OpReply::Attr(ns.mknod(creds, *parent, name, *kind, *perm, *rdev, target.as_deref(), now)?),
+            token,
+        } => OpReply::Attr(ns.mknod_once(
+            creds,
+            *parent,
+            name,
+            *kind,
+            *perm,
+            *rdev,
+            target.as_deref(),
+            now,
+            *token,
+        )?),
         NsOp::Link {
             ino,
             newparent,
@@ -1543,6 +1608,20 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             stripes,
         } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
         NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
+        NsOp::HoldPurge { ino, secs } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.hold_purge(*ino, now.saturating_add(i64::from(*secs) * 1_000_000_000))?;
+            OpReply::Done
+        }
+        NsOp::Purged { ino } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.purged(*ino)?;
+            OpReply::Done
+        }
         NsOp::RelocateShards {
             ino,
             stripe,

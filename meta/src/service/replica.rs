@@ -23,12 +23,15 @@ pub enum Key {
     Intent(u64),
     /// An at-most-once marker.
     Marker(u64, u16),
+    /// A removed file waiting for its data to be purged.
+    Purge(Ino),
 }
 
 const TAG_DENTRY: u8 = 1;
 const TAG_INODE: u8 = 2;
 const TAG_INTENT: u8 = 3;
 const TAG_MARKER: u8 = 4;
+const TAG_PURGE: u8 = 5;
 
 impl Key {
     /// The on-disk key: partition, tag, fields (big-endian, so order is preserved).
@@ -53,6 +56,10 @@ impl Key {
                 k.extend_from_slice(&id.to_be_bytes());
                 k.extend_from_slice(&step.to_be_bytes());
             }
+            Key::Purge(ino) => {
+                k.push(TAG_PURGE);
+                k.extend_from_slice(&ino.0.to_be_bytes());
+            }
         }
         k
     }
@@ -66,6 +73,7 @@ impl Key {
             TAG_DENTRY => Key::Dentry(Ino(u64_at(rest)?), rest.get(8..)?.to_vec()),
             TAG_INODE if rest.len() == 8 => Key::Inode(Ino(u64_at(rest)?)),
             TAG_INTENT if rest.len() == 8 => Key::Intent(u64_at(rest)?),
+            TAG_PURGE if rest.len() == 8 => Key::Purge(Ino(u64_at(rest)?)),
             TAG_MARKER if rest.len() == 10 => {
                 Key::Marker(u64_at(rest)?, u16::from_be_bytes(rest.get(8..10)?.try_into().ok()?))
             }
@@ -127,15 +135,21 @@ impl Replica {
                     if *intent != 0 && matches!(m, Mutation::AdjustDir { .. } | Mutation::AdjustLinks { .. }) {
                         keys.push(Key::Marker(*intent, *step));
                     }
-                    keys.push(match m {
+                    let key = match m {
                         Mutation::PutDentry { parent, name, .. } | Mutation::DelDentry { parent, name } => {
                             Key::Dentry(*parent, name.clone())
                         }
                         Mutation::PutInode(rec) => Key::Inode(rec.attr.ino),
                         Mutation::DelInode(ino) => Key::Inode(*ino),
                         Mutation::AdjustDir { dir, .. } | Mutation::SetParent { dir, .. } => Key::Inode(*dir),
-                        Mutation::AdjustLinks { ino, .. } => Key::Inode(*ino),
-                    });
+                        Mutation::AdjustLinks { ino, .. } => {
+                            // The last link of a file also queues its purge.
+                            keys.push(Key::Purge(*ino));
+                            Key::Inode(*ino)
+                        }
+                        Mutation::HoldPurge { ino, .. } | Mutation::Purged(ino) => Key::Purge(*ino),
+                    };
+                    keys.push(key);
                 }
                 PartOp::Begin(i) => keys.push(Key::Intent(i.id)),
                 PartOp::Finish(id) => keys.push(Key::Intent(*id)),
@@ -174,6 +188,7 @@ impl Replica {
             Key::Inode(ino) => self.part.inodes.get(ino).map(enc),
             Key::Intent(id) => self.part.intents.get(id).map(enc),
             Key::Marker(id, step) => self.part.has_marker(*id, *step).then(Vec::new),
+            Key::Purge(ino) => self.part.purges.get(ino).map(enc),
         }
     }
 
@@ -188,6 +203,9 @@ impl Replica {
         }
         for (id, i) in &self.part.intents {
             out.push((Key::Intent(*id), enc(i)));
+        }
+        for (ino, p) in &self.part.purges {
+            out.push((Key::Purge(*ino), enc(p)));
         }
         // All markers, not only those of intents coordinated here: a step of another
         // partition's intent applied here must stay applied-once across a restart.
@@ -213,6 +231,10 @@ impl Replica {
                 self.part.intents.insert(id, i);
             }
             Key::Marker(id, step) => self.part.insert_marker(id, step),
+            Key::Purge(ino) => {
+                let p = postcard::from_bytes(value)?;
+                self.part.purges.insert(ino, p);
+            }
         }
         Ok(())
     }

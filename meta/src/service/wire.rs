@@ -25,7 +25,7 @@
 
 use crate::ids::{Epoch, Ino, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
-use crate::namespace::{Partition, RenameFlags, SetAttr, TimeNs, XattrMode};
+use crate::namespace::{Partition, Purge, RenameFlags, SetAttr, TimeNs, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -89,6 +89,18 @@ pub enum ReadOp {
         /// Inode.
         ino: Ino,
     },
+    /// Removed files of `partition` waiting for their data to be purged, after `after`.
+    Purges {
+        /// Partition.
+        partition: PartitionId,
+        /// Cursor: the last inode already returned.
+        after: Ino,
+        /// At most this many.
+        limit: u32,
+    },
+    /// Whether the inode exists or its data waits for a purge (an orphan sweep asks
+    /// before deleting shards nothing names).
+    Alive(Ino),
     /// Entries of `dir` after `after` in name order from each of `partitions` held here.
     ReadDir {
         /// Directory.
@@ -112,6 +124,8 @@ impl ReadOp {
             ReadOp::GetXattr { .. } => "getxattr",
             ReadOp::ListXattr { .. } => "listxattr",
             ReadOp::ReadDir { .. } => "readdir",
+            ReadOp::Purges { .. } => "purges",
+            ReadOp::Alive(_) => "alive",
         }
     }
 
@@ -123,7 +137,9 @@ impl ReadOp {
             | ReadOp::GetInode(ino)
             | ReadOp::GetXattr { ino, .. }
             | ReadOp::ListXattr { ino, .. }
-            | ReadOp::ReadDir { dir: ino, .. } => *ino,
+            | ReadOp::ReadDir { dir: ino, .. }
+            | ReadOp::Purges { after: ino, .. }
+            | ReadOp::Alive(ino) => *ino,
         }
     }
 }
@@ -143,6 +159,10 @@ pub enum ReadReply {
     Names(Vec<Vec<u8>>),
     /// ReadDir: entries (name order), and the partitions this node could not list.
     Entries(Vec<DirEntry>, Vec<PartitionId>),
+    /// Purges: removed files waiting, in inode order.
+    Purges(Vec<(Ino, Purge)>),
+    /// Alive.
+    Alive(bool),
 }
 meta_rpc!(Read, 0x0400, ReadReply);
 
@@ -174,6 +194,9 @@ pub enum NsOp {
         rdev: u64,
         /// Symlink target.
         target: Option<Vec<u8>>,
+        /// Unique per create, the same across its retries (0: none): makes a retried
+        /// create exactly-once.
+        token: u64,
     },
     /// link.
     Link {
@@ -266,6 +289,19 @@ pub enum NsOp {
         /// How many.
         count: u32,
     },
+    /// Keeps a removed file's data for `secs` more seconds (0 releases it): a client
+    /// still has it open (root only).
+    HoldPurge {
+        /// The removed file.
+        ino: Ino,
+        /// Seconds from now.
+        secs: u32,
+    },
+    /// A removed file's data was deleted on the data nodes (root only).
+    Purged {
+        /// The removed file.
+        ino: Ino,
+    },
     /// Records new shard locations of a stripe after a repair (root only).
     RelocateShards {
         /// File.
@@ -296,6 +332,8 @@ impl NsOp {
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
             | NsOp::ReserveVersions { ino, .. }
+            | NsOp::HoldPurge { ino, .. }
+            | NsOp::Purged { ino }
             | NsOp::RelocateShards { ino, .. } => ino.partition(),
         }
     }
@@ -314,6 +352,8 @@ impl NsOp {
             NsOp::SetLayout { .. } => "setlayout",
             NsOp::CommitWrite { .. } => "commit_write",
             NsOp::ReserveVersions { .. } => "reserve_versions",
+            NsOp::HoldPurge { .. } => "hold_purge",
+            NsOp::Purged { .. } => "purged",
             NsOp::RelocateShards { .. } => "relocate_shards",
         }
     }
@@ -332,6 +372,8 @@ impl NsOp {
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
             | NsOp::ReserveVersions { ino, .. }
+            | NsOp::HoldPurge { ino, .. }
+            | NsOp::Purged { ino }
             | NsOp::RelocateShards { ino, .. } => *ino,
         }
     }
