@@ -120,6 +120,10 @@ struct Inner {
     holding: AtomicBool,
 }
 
+/// How long a stripe store that finds the cluster full keeps trying (space of removed
+/// files is purged and collected within seconds).
+const ENOSPC_PATIENCE: Duration = Duration::from_secs(8);
+
 /// How long a hold keeps a removed open file's data, and how often it is renewed
 /// (a client that dies lets it lapse: the data goes within `HOLD_SECS`).
 const HOLD_SECS: u32 = 30;
@@ -183,6 +187,10 @@ pub struct OpenFile {
 }
 
 fn stripe_err(e: StripeError) -> Errno {
+    stripe_err_ref(&e)
+}
+
+fn stripe_err_ref(e: &StripeError) -> Errno {
     match e {
         StripeError::WrongGroupSize { .. } => Errno::EIO,
         StripeError::Ec(_) | StripeError::Unreadable { .. } => Errno::EIO,
@@ -297,9 +305,10 @@ impl Client {
     /// here (POSIX: an open file outlives its name); then it is purged.
     pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
         let victim = self.open_victim(parent, name).await;
-        self.inner.meta.unlink(creds, parent, name).await?;
+        let keep = if victim.is_some() { HOLD_SECS } else { 0 };
+        self.inner.meta.unlink_keep(creds, parent, name, keep).await?;
         if let Some(ino) = victim {
-            self.hold(ino).await;
+            self.keep_holding(ino);
         }
         Ok(())
     }
@@ -338,6 +347,11 @@ impl Client {
             warn!(ino = ino.0, error = %e, "cannot keep a removed open file's data; reads of it may fail");
             return;
         }
+        self.keep_holding(ino);
+    }
+
+    /// Renews the hold on `ino` while it is open here, then releases it.
+    fn keep_holding(&self, ino: Ino) {
         self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).insert(ino);
         if self.inner.holding.swap(true, Ordering::AcqRel) {
             return;
@@ -651,23 +665,39 @@ impl Client {
         let len = data.len() as u64;
         // Durable with one shard to spare: k + 1 shards (all of them when m = 0).
         let min_shards = usize::from(layout.k) + usize::from(layout.m.min(1));
-        let placed = write_stripe(
-            &self.inner.tcp,
-            &self.inner.health,
-            policy,
-            &targets,
-            &spare_addrs,
-            min_shards,
-            ino.0,
-            s,
-            version,
-            data,
-        )
-        .await
-        .map_err(|e| {
-            warn!(ino = ino.0, stripe = s, error = %e, "stripe write failed");
-            stripe_err(e)
-        })?;
+        // A full cluster may be getting space back (files removed a moment ago are
+        // purged within seconds, then their zones collected): ENOSPC is retried for a
+        // while before the writer gets it, as a local filesystem flushes pending frees
+        // before it gives up.
+        let give_up = std::time::Instant::now() + ENOSPC_PATIENCE;
+        let mut pause = Duration::from_millis(100);
+        let placed = loop {
+            let r = write_stripe(
+                &self.inner.tcp,
+                &self.inner.health,
+                policy,
+                &targets,
+                &spare_addrs,
+                min_shards,
+                ino.0,
+                s,
+                version,
+                data.clone(),
+            )
+            .await;
+            match r {
+                Err(e) if stripe_err_ref(&e) == Errno::ENOSPC && std::time::Instant::now() + pause < give_up => {
+                    debug!(ino = ino.0, stripe = s, error = %e, "cluster full; retrying the stripe");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    warn!(ino = ino.0, stripe = s, error = %e, "stripe write failed");
+                    return Err(stripe_err(e));
+                }
+                Ok(placed) => break placed,
+            }
+        };
         let by_addr: HashMap<SocketAddr, NodeId> = v.map.nodes.values().map(|n| (n.addr, n.id)).collect();
         let nodes: Vec<u64> = placed
             .iter()

@@ -483,9 +483,17 @@ impl MetaClient {
 
     /// Removes a non-directory.
     pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.unlink_keep(creds, parent, name, 0).await
+    }
+
+    /// Removes a non-directory entry; a file whose last link this is keeps its data for
+    /// `keep_secs` (the caller has it open and renews the hold with
+    /// [`MetaClient::hold_purge`]).
+    pub async fn unlink_keep(&self, creds: &Creds, parent: Ino, name: &[u8], keep_secs: u32) -> Result<(), Errno> {
         let op = NsOp::Unlink {
             parent,
             name: name.to_vec(),
+            keep_secs,
         };
         self.op(creds, op).await.map(|_| ())
     }

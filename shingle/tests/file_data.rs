@@ -36,6 +36,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
             data: true,
             partitions: 8,
             down_after_ms: 2000,
+            data_toml: "",
         },
     );
     let a = Client::new(cluster.client().await, config());

@@ -46,6 +46,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
             data: true,
             partitions: 16,
             down_after_ms: 2000,
+            data_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);

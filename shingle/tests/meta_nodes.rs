@@ -24,6 +24,7 @@ async fn namespace_operations_across_processes_and_partitions() {
             data: false,
             partitions: 16,
             down_after_ms: 3000,
+            data_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -160,6 +161,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
             data: false,
             partitions: 16,
             down_after_ms: 1500,
+            data_toml: "",
         },
     );
     let c = cluster.client().await;

@@ -555,6 +555,20 @@ impl Namespace {
 
     /// Removes a non-directory entry.
     pub fn unlink(&mut self, creds: &Creds, parent: Ino, name: &[u8], now: TimeNs) -> NsResult<()> {
+        self.unlink_keep(creds, parent, name, now, 0)
+    }
+
+    /// [`Namespace::unlink`]; when this removes a regular file's last link and
+    /// `keep_until` is set, its data is held until then in the same operation (the
+    /// caller has it open), so no purge can run in between.
+    pub fn unlink_keep(
+        &mut self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        now: TimeNs,
+        keep_until: TimeNs,
+    ) -> NsResult<()> {
         if name.len() > NAME_MAX {
             return Err(Errno::ENAMETOOLONG);
         }
@@ -566,35 +580,42 @@ impl Namespace {
         }
         perm::check_delete(creds, &p, &victim)?;
         let dp = self.dpart(parent, name);
-        self.execute(
-            dp,
-            vec![
-                (
-                    dp,
-                    Mutation::DelDentry {
-                        parent,
-                        name: name.to_vec(),
-                    },
-                ),
-                (
-                    e.ino.partition(),
-                    Mutation::AdjustLinks {
-                        ino: e.ino,
-                        delta: -1,
-                        time: now,
-                    },
-                ),
-                (
-                    parent.partition(),
-                    Mutation::AdjustDir {
-                        dir: parent,
-                        entries: -1,
-                        subdirs: 0,
-                        time: now,
-                    },
-                ),
-            ],
-        )
+        let mut steps = vec![
+            (
+                dp,
+                Mutation::DelDentry {
+                    parent,
+                    name: name.to_vec(),
+                },
+            ),
+            (
+                e.ino.partition(),
+                Mutation::AdjustLinks {
+                    ino: e.ino,
+                    delta: -1,
+                    time: now,
+                },
+            ),
+        ];
+        if keep_until > 0 && victim.kind == FileKind::File {
+            steps.push((
+                e.ino.partition(),
+                Mutation::HoldPurge {
+                    ino: e.ino,
+                    until: keep_until,
+                },
+            ));
+        }
+        steps.push((
+            parent.partition(),
+            Mutation::AdjustDir {
+                dir: parent,
+                entries: -1,
+                subdirs: 0,
+                time: now,
+            },
+        ));
+        self.execute(dp, steps)
     }
 
     /// Removes an empty directory.

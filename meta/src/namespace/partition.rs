@@ -34,9 +34,10 @@ pub struct InodeRec {
     pub created_by: u64,
 }
 
-/// How long a removed file's data stays before it may be purged (time for a client
-/// that still has the file open to place a hold, [`Mutation::HoldPurge`]).
-pub const PURGE_DELAY_NS: TimeNs = 5_000_000_000;
+/// How long a removed file's data stays before it may be purged. An unlink by a
+/// client that has the file open holds it in the same operation; a rename over an
+/// open file places its hold ([`Mutation::HoldPurge`]) right after, within this.
+pub const PURGE_DELAY_NS: TimeNs = 2_000_000_000;
 
 /// A removed regular file whose data is still on the data nodes: purged (every shard
 /// of the inode deleted) once `held_until` has passed.

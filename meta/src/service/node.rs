@@ -1568,8 +1568,13 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply
             newparent,
             newname,
         } => OpReply::Attr(ns.link(creds, *ino, *newparent, newname, now)?),
-        NsOp::Unlink { parent, name } => {
-            ns.unlink(creds, *parent, name, now)?;
+        NsOp::Unlink {
+            parent,
+            name,
+            keep_secs,
+        } => {
+            let keep = (*keep_secs > 0).then(|| now.saturating_add(i64::from(*keep_secs) * 1_000_000_000));
+            ns.unlink_keep(creds, *parent, name, now, keep.unwrap_or(0))?;
             OpReply::Done
         }
         NsOp::Rmdir { parent, name } => {

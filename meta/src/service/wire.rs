@@ -213,6 +213,9 @@ pub enum NsOp {
         parent: Ino,
         /// Name.
         name: Vec<u8>,
+        /// When this removes a file's last link, keep its data this many seconds (the
+        /// caller has it open and renews the hold); 0: purge it.
+        keep_secs: u32,
     },
     /// rmdir.
     Rmdir {
@@ -320,7 +323,7 @@ impl NsOp {
     pub fn anchor(&self, partitions: u32) -> PartitionId {
         use crate::placement::dentry_partition as dp;
         match self {
-            NsOp::Mknod { parent, name, .. } | NsOp::Unlink { parent, name } | NsOp::Rmdir { parent, name } => {
+            NsOp::Mknod { parent, name, .. } | NsOp::Unlink { parent, name, .. } | NsOp::Rmdir { parent, name } => {
                 dp(*parent, name, partitions)
             }
             NsOp::Link { newparent, newname, .. } | NsOp::Rename { newparent, newname, .. } => {

@@ -92,6 +92,8 @@ pub struct Spec {
     pub data: bool,
     pub partitions: u32,
     pub down_after_ms: u64,
+    /// Lines of each node's `[data]` section (zones); empty: 16 zones of 16 MiB.
+    pub data_toml: &'static str,
 }
 
 impl Cluster {
@@ -150,10 +152,12 @@ impl Cluster {
                 );
             }
             if spec.data {
-                cfg += &format!(
-                    "\n[data]\ndir = \"{}\"\nzones = 16\nzone_size = \"16MiB\"\n",
-                    dir.join("data").display()
-                );
+                let zones = if spec.data_toml.is_empty() {
+                    "zones = 16\nzone_size = \"16MiB\"\n"
+                } else {
+                    spec.data_toml
+                };
+                cfg += &format!("\n[data]\ndir = \"{}\"\n{zones}", dir.join("data").display());
             }
             let config = dir.join("node.toml");
             std::fs::write(&config, cfg).expect("config");
