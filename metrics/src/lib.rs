@@ -127,6 +127,8 @@ pub struct Metrics {
     pub repair_unreadable_stripes: Gauge,
     /// 1 while a repair pass runs.
     pub repair_running: Gauge,
+    /// Removed files whose data waits for its purge (partitions this node is primary of).
+    pub purges_pending: Gauge,
     /// Repair passes finished since start.
     pub repair_passes: Counter,
     /// This manager's Raft term.
@@ -182,6 +184,7 @@ impl Metrics {
             repair_moves_done: Gauge::default(),
             repair_unreadable_stripes: Gauge::default(),
             repair_running: Gauge::default(),
+            purges_pending: Gauge::default(),
             repair_passes: Counter::default(),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
@@ -320,6 +323,11 @@ impl Metrics {
             m.repair_unreadable_stripes.clone(),
         );
         r.register("repair_running", "1 while a repair pass runs", m.repair_running.clone());
+        r.register(
+            "purges_pending",
+            "Removed files whose data waits for its purge (held open, or a data node unreachable)",
+            m.purges_pending.clone(),
+        );
         r.register(
             "repair_passes",
             "Repair passes finished since start",
