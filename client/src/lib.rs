@@ -7,6 +7,8 @@
 //!   decode when a shard fails, readahead of whole stripes, write buffering to full
 //!   stripes, commit on flush/fsync/close), bounded memory per open file.
 //! - [`fuse`]: the FUSE adapter (fuser): every request runs as its own task.
+//! - [`heal`]: data nodes scrub their chunks and rebuild corrupt shards a layout names
+//!   from the rest of their stripe (the corrupt record then no longer pins its zone).
 //! - [`reclaim`]: space comes back: removed files' data purged by the meta nodes, and
 //!   shards of dead inodes swept by the data nodes.
 //! - [`repair`]: the repair scan meta nodes run over their files: rebuilds shards lost
@@ -18,6 +20,7 @@
 pub mod content;
 pub mod fs;
 pub mod fuse;
+pub mod heal;
 pub mod reclaim;
 pub mod repair;
 

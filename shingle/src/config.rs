@@ -286,6 +286,14 @@ pub struct DataSection {
     /// two sweeps this far apart before its shards are deleted.
     #[serde(default = "default_sweep_interval")]
     pub sweep_interval_ms: u64,
+    /// Pause between scrubs of this node's chunks (every chunk re-read and verified;
+    /// corrupt shards a layout names are rebuilt from their stripe).
+    #[serde(default = "default_scrub_interval")]
+    pub scrub_interval_ms: u64,
+}
+
+fn default_scrub_interval() -> u64 {
+    86_400_000
 }
 
 fn default_sweep_interval() -> u64 {
@@ -387,6 +395,12 @@ impl NodeConfig {
             }
         }
         if let Some(d) = &self.data {
+            if d.scrub_interval_ms < 1_000 {
+                bail!(
+                    "data.scrub_interval_ms must be at least 1000, got {}",
+                    d.scrub_interval_ms
+                );
+            }
             if d.sweep_interval_ms < 1_000 {
                 bail!(
                     "data.sweep_interval_ms must be at least 1000, got {}",

@@ -265,10 +265,15 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 grace: every,
                 ..Default::default()
             };
-            let (store, mc) = (
+            let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            reclaim.push(tokio::spawn(shingle_client::heal::heal_loop(
                 store.clone(),
-                shingle_meta::client::MetaClient::new(peers.clone(), watch.clone()),
-            );
+                addr,
+                mc.clone(),
+                peers.clone(),
+                Duration::from_millis(d.scrub_interval_ms),
+            )));
+            let store = store.clone();
             reclaim.push(tokio::spawn(shingle_client::reclaim::sweep_loop(
                 move || store.inos(),
                 addr,
