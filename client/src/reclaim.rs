@@ -15,9 +15,11 @@
 //!   client dies, the hold runs out and the data goes.
 //! - [`sweep_loop`] (every data node): every inode with shards here is asked `Alive`
 //!   (exists, or waits for its purge). Shards of an inode found dead at two passes at
-//!   least a grace period apart are deleted: a node that was down during the purge, a
-//!   copy a rebalance left, a version brought back by an index rebuild. The decision is
-//!   the pure [`Sweep`]; an inode whose state cannot be learned is never deleted.
+//!   least a grace period apart are deleted: a node that was down during the purge,
+//!   shards of a removed file brought back by an index rebuild. The decision is the
+//!   pure [`Sweep`]; an inode whose state cannot be learned is never deleted. (Stray
+//!   versions of files that still exist — a crashed writer's uncommitted stores, an old
+//!   copy a rebalance failed to delete — go when the file does.)
 //!
 //! Zone GC then reclaims the space; `df` reports live bytes (the data nodes' index).
 
@@ -32,6 +34,9 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+/// Inodes a sweep asks about per second, at most.
+const SWEEP_RATE: f64 = 2_000.0;
+
 /// Settings of the purge loop and the sweep.
 #[derive(Clone, Debug)]
 pub struct ReclaimConfig {
@@ -44,12 +49,12 @@ pub struct ReclaimConfig {
 }
 
 impl Default for ReclaimConfig {
-    /// Purges every second; a sweep every 60 s with a 60 s grace.
+    /// Purges every second; a sweep every 10 min with a 10 min grace.
     fn default() -> Self {
         ReclaimConfig {
             purge_interval: Duration::from_secs(1),
-            sweep_interval: Duration::from_secs(60),
-            grace: Duration::from_secs(60),
+            sweep_interval: Duration::from_secs(600),
+            grace: Duration::from_secs(600),
         }
     }
 }
@@ -148,7 +153,12 @@ pub async fn sweep_loop(
         let present = inos();
         sweep.retain(&present);
         let mut swept = 0u64;
-        for ino in present {
+        let started = Instant::now();
+        for (n, ino) in present.into_iter().enumerate() {
+            // At most SWEEP_RATE questions a second: a node with millions of files asks
+            // over minutes, not in a burst.
+            let due = started + Duration::from_secs_f64(n as f64 / SWEEP_RATE);
+            tokio::time::sleep_until(due.into()).await;
             let alive = match meta.alive(Ino(ino)).await {
                 Ok(a) => Some(a),
                 Err(e) => {

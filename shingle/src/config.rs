@@ -297,7 +297,7 @@ fn default_scrub_interval() -> u64 {
 }
 
 fn default_sweep_interval() -> u64 {
-    60_000
+    600_000
 }
 
 fn default_zones() -> u32 {

@@ -1,6 +1,9 @@
 //! Real-mount tests: `shingle dev` (six real node processes and a FUSE mount) driven
 //! through the kernel with ordinary file calls and shell processes.
 
+mod common;
+
+use common::pattern;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -81,18 +84,6 @@ impl Drop for Dev {
             let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
         }
     }
-}
-
-fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 fn crc_file(p: &Path) -> (u64, u32) {

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{Cluster, Spec};
+use common::{Cluster, Spec, pattern as content};
 use shingle_client::{Client, ClientConfig};
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::{Creds, Errno, FileKind};
@@ -38,18 +38,6 @@ async fn start(root: &std::path::Path) -> (Cluster, Client) {
     let c = Client::new(cluster.client().await, cfg);
     cluster.wait_ready(c.meta(), 6).await;
     (cluster, c)
-}
-
-fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
 }
 
 /// Creates `name` and writes `len` bytes of `content(seed)`: the first error, if any.
