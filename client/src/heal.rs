@@ -10,8 +10,6 @@
 
 use shingle_data::chunk::ChunkKey;
 use shingle_data::service::{RepairShard, RepairShardRequest, ShardId, ShardSource};
-use shingle_data::store::{ChunkStore, StoreError};
-use shingle_data::zone::ZonedDevice;
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Layout, StripeRec};
@@ -22,32 +20,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
-/// Scrubs the store every `interval` and rebuilds the corrupt shards layouts name, on
-/// the node at `addr` (this one). Runs until aborted.
-pub async fn heal_loop<D: ZonedDevice + 'static>(
-    store: Arc<ChunkStore<D>>,
+/// Every `interval`, asks `scrub` for the shard versions of this node that fail
+/// verification (the node's store re-reads and checks every chunk) and rebuilds those a
+/// layout names, on the node at `addr` (this one). Runs until aborted.
+pub async fn heal_loop(
+    scrub: impl Fn() -> Vec<(ChunkKey, u64)> + Send + Sync + 'static,
     addr: SocketAddr,
     meta: MetaClient,
     tcp: TcpClient,
     interval: Duration,
 ) {
+    let scrub = Arc::new(scrub);
     loop {
         tokio::time::sleep(interval).await;
-        let s = store.clone();
-        let bad: Vec<(ChunkKey, u64)> = match tokio::task::spawn_blocking(move || {
-            let report = s.scrub();
-            let mut bad = Vec::new();
-            for key in report.corrupt {
-                for v in s.versions(&key) {
-                    if matches!(s.get_version(&key, v), Err(StoreError::Corrupt { .. })) {
-                        bad.push((key, v));
-                    }
-                }
-            }
-            bad
-        })
-        .await
-        {
+        let s = scrub.clone();
+        let bad = match tokio::task::spawn_blocking(move || s()).await {
             Ok(b) => b,
             Err(e) => {
                 warn!(error = %e, "scrub task failed");

@@ -266,8 +266,9 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 ..Default::default()
             };
             let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            let scrubbed = store.clone();
             reclaim.push(tokio::spawn(shingle_client::heal::heal_loop(
-                store.clone(),
+                move || corrupt_versions(&scrubbed),
                 addr,
                 mc.clone(),
                 peers.clone(),
@@ -323,6 +324,22 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     }
     peers.close();
     Ok(())
+}
+
+/// Scrubs the store: the (shard, version) pairs that fail verification.
+fn corrupt_versions(store: &ChunkStore<Arc<dyn ZonedDevice>>) -> Vec<(shingle_data::chunk::ChunkKey, u64)> {
+    let mut bad = Vec::new();
+    for key in store.scrub().corrupt {
+        for v in store.versions(&key) {
+            if matches!(
+                store.get_version(&key, v),
+                Err(shingle_data::store::StoreError::Corrupt { .. })
+            ) {
+                bad.push((key, v));
+            }
+        }
+    }
+    bad
 }
 
 /// Collects zones while free zones are below `free_below`: every 2 s when there is

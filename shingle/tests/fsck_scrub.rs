@@ -67,10 +67,19 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
         );
     }
 
-    // Healthy: every file whole, every shard good.
-    let f = tool(root, &["fsck", "--json"]);
-    assert!(f.status.success(), "fsck: {}", String::from_utf8_lossy(&f.stderr));
-    let r = json(&f);
+    // Healthy: every file whole, every shard good. A read whose data shard is slow is
+    // hedged to parity and counts as degraded (seen under CI load); a missing shard
+    // would be degraded every time, so three tries tell the two apart.
+    let mut r = serde_json::Value::Null;
+    for _ in 0..3 {
+        let f = tool(root, &["fsck", "--json"]);
+        assert!(f.status.success(), "fsck: {}", String::from_utf8_lossy(&f.stderr));
+        r = json(&f);
+        if r["degraded"].as_array().is_some_and(Vec::is_empty) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
     assert_eq!((r["files"].as_u64(), r["ok"].as_u64()), (Some(3), Some(3)), "{r}");
     assert_eq!(r["bytes"].as_u64(), Some(10_000 + (5 << 20) + (9 << 20) + 7));
     assert!(r["bad"].as_array().is_some_and(Vec::is_empty) && r["degraded"].as_array().is_some_and(Vec::is_empty));
