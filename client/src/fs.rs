@@ -748,6 +748,7 @@ impl Client {
         };
         let first = match first {
             Ok(first) => first,
+            Err(Errno::ENOENT) if !self.removed(ino).await => return Err(Errno::EIO),
             Err(Errno::ENOENT) => {
                 // Removed while open: no layout will name these versions again, so any
                 // unlikely-to-collide range serves the handles until the last close.
@@ -840,13 +841,30 @@ impl Client {
         let Some(plan): Option<CommitPlan> = st.content.begin_commit() else {
             return Ok(());
         };
-        let r = self
+        let mut r = self
             .inner
             .meta
             .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
             .await;
+        if r == Err(Errno::ENOENT) && !self.removed(ino).await {
+            // The file is there: that answer came from a copy that was not current.
+            // Once more; never take it for an unlink (the data would stay local).
+            warn!(ino = ino.0, "commit answered ENOENT for a file that exists; retrying");
+            r = self
+                .inner
+                .meta
+                .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
+                .await;
+            if r == Err(Errno::ENOENT) && !self.removed(ino).await {
+                r = Err(Errno::EIO);
+            }
+        }
         if r == Err(Errno::ENOENT) {
             // Unlinked while open: the handles keep what is stored, locally.
+            debug!(
+                ino = ino.0,
+                "commit: the file was removed while open; its data stays with the open handles"
+            );
             st.unlinked = true;
             return Ok(());
         }
@@ -874,6 +892,12 @@ impl Client {
             Ok(_) | Err(Errno::ESTALE) => Ok(()),
             Err(e) => Err(e),
         }
+    }
+
+    /// Whether `ino` is really gone (its record removed), asked again: an ENOENT from
+    /// an operation is taken for an unlink only when a read agrees.
+    async fn removed(&self, ino: Ino) -> bool {
+        matches!(self.inner.meta.get_inode(ino).await, Err(Errno::ENOENT))
     }
 
     /// Deletes versions nobody references any more on their nodes, in the background

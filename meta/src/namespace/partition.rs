@@ -256,11 +256,14 @@ impl Partition {
             .collect()
     }
 
-    /// Applies step `step` of intent `intent` (relative steps at most once). Intent 0
-    /// means no at-most-once protection: for batches that are never re-sent (the
-    /// in-memory engine, or batches of absolute steps only).
+    /// Applies step `step` of intent `intent`, at most once. Absolute steps too: an
+    /// intent redone after its coordinator died re-sends every step, and re-applying
+    /// one applied before would undo what later operations did to the same key (a
+    /// create's inode record written again over the size a commit gave it since).
+    /// Intent 0 means no at-most-once protection: for batches that are never re-sent
+    /// (the in-memory engine, or batches of absolute steps only).
     pub fn apply(&mut self, intent: u64, step: u16, m: &Mutation) {
-        if intent != 0 && m.is_relative() && !self.applied.insert((intent, step)) {
+        if intent != 0 && !self.applied.insert((intent, step)) {
             return;
         }
         match m {

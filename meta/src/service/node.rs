@@ -11,8 +11,10 @@
 //! to be complete for the current epoch: it stayed a member across consecutive maps
 //! while its node kept in touch with the managers, or it was installed by the primary
 //! of this epoch. A primary that is not serving first pulls the best copy of the other
-//! members, then starts a new reign (`state_epoch` = the epoch, `lsn` = 0), which makes
-//! every other member reinstall: no member can follow a diverged history.
+//! members, then starts a new reign (`state_epoch` = the epoch and the number of this
+//! takeover within it, see [`super::replica::next_reign`]; `lsn` = 0), which makes every
+//! other member reinstall: no member can follow a diverged history, even when the same
+//! node takes over twice in one epoch (a restart the managers did not notice).
 //!
 //! **Fencing**: a member refuses batches and installs carrying an epoch older than its
 //! map, so a partitioned old primary cannot get a write acknowledged.
@@ -468,6 +470,7 @@ impl MetaNode {
     async fn take_over(&self, p: PartitionId, v: &MapView, members: &[NodeId], slot: &Arc<Slot>) -> Result<(), String> {
         let _w = slot.write.lock().await;
         let mut best: Option<(Epoch, u64, NodeId)> = None;
+        let mut reigns = vec![slot.read().meta.state_epoch];
         let mut reached = 0usize;
         let mut any_serving = false;
         for &n in &members[1..] {
@@ -481,6 +484,7 @@ impl MetaNode {
                 Ok(pos) => {
                     reached += 1;
                     any_serving |= pos.serving;
+                    reigns.push(pos.state_epoch);
                     if best.is_none_or(|(e, l, _)| (pos.state_epoch, pos.lsn) > (e, l)) {
                         best = Some((pos.state_epoch, pos.lsn, n));
                     }
@@ -523,13 +527,17 @@ impl MetaNode {
             st.resume_counters();
             info!(partition = p.0, from = n.0, "took the newest copy from a member");
         }
+        // A reign of its own, distinct from every earlier one (this node's included: it
+        // may be taking over a second time in this epoch).
+        let reign = super::replica::next_reign(v.map.epoch, reigns)
+            .ok_or("a member has a reign of a later epoch, or this epoch has no reign left")?;
         let write = {
             let mut st = slot.write_state();
             // Our own copy may be the best one, but its in-memory counter is the replica's,
             // not the old primary's: resume above everything the old primary could hand
             // out (its durable high-water mark), or inode numbers would be reused.
             st.resume_counters();
-            st.meta.state_epoch = v.map.epoch;
+            st.meta.state_epoch = reign;
             st.meta.lsn = 0;
             st.meta.counter_hwm = st.meta.counter_hwm.max(st.part.next_counter()) + super::replica::COUNTER_BLOCK;
             Write::install(p, &st)
@@ -813,7 +821,18 @@ impl MetaNode {
         Ok(c)
     }
 
+    /// What a coordinator reads to plan an operation. Only for a caller on this node's
+    /// map epoch: an answer for a coordinator with another map could come from a copy
+    /// that is no longer (or not yet) the primary, and an error planned from it (ENOENT,
+    /// EEXIST) would reach the client without any write to fence it.
     fn on_fetch(&self, req: &Fetch) -> Result<Fetched, Status> {
+        let mine = self.view().map.epoch;
+        if req.epoch != mine {
+            return Err(stale(format!(
+                "coordinator's map epoch {} is not this node's {}",
+                req.epoch.0, mine.0
+            )));
+        }
         let n = req.inodes.len();
         let mut out = Fetched {
             inodes: Vec::with_capacity(n),

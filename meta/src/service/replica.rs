@@ -83,12 +83,45 @@ impl Key {
     }
 }
 
+/// Low bits of a reign that count the takeovers within one map epoch.
+pub const REIGN_SEQ_BITS: u32 = 16;
+
+/// The reign a new primary starts in map epoch `epoch`, having seen the reigns `seen`
+/// (its own copy's and those of the members it asked).
+///
+/// A copy's `state_epoch` names its *reign*: one primary incarnation's numbering of
+/// batches, as the map epoch it began in (high bits) and which takeover of that epoch it
+/// is (low [`REIGN_SEQ_BITS`] bits). Only the partition's primary of an epoch takes over
+/// in that epoch, but it can do so twice — restarted before the managers noticed, or
+/// after its copy stopped serving — and its second numbering must not be taken for its
+/// first: a member still on the first at lsn 40 would acknowledge the second's batches
+/// 1..40 without applying them. Every reign this node began is persisted before its
+/// first batch, so the reigns it has seen include all earlier ones of this epoch.
+///
+/// `None` when a seen reign is of a later epoch (this node's map is behind) or the
+/// epoch has had 2^16 takeovers.
+pub fn next_reign(epoch: Epoch, seen: impl IntoIterator<Item = Epoch>) -> Option<Epoch> {
+    let mask = (1u64 << REIGN_SEQ_BITS) - 1;
+    if epoch.0 >> (64 - REIGN_SEQ_BITS) != 0 {
+        return None;
+    }
+    let mut seq = 0;
+    for r in seen {
+        match (r.0 >> REIGN_SEQ_BITS).cmp(&epoch.0) {
+            std::cmp::Ordering::Greater => return None,
+            std::cmp::Ordering::Equal => seq = seq.max((r.0 & mask) + 1),
+            std::cmp::Ordering::Less => {}
+        }
+    }
+    (seq <= mask).then_some(Epoch((epoch.0 << REIGN_SEQ_BITS) | seq))
+}
+
 /// Position and counters of a copy, persisted with every batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PartMeta {
     /// Batches applied since the copy's state epoch began.
     pub lsn: u64,
-    /// The epoch whose primary produced this copy.
+    /// The reign whose primary produced this copy (see [`next_reign`]).
     pub state_epoch: Epoch,
     /// Counters below this may have been handed out.
     pub counter_hwm: u64,
@@ -132,7 +165,7 @@ impl Replica {
         for op in ops {
             match op {
                 PartOp::Apply { intent, step, m } => {
-                    if *intent != 0 && matches!(m, Mutation::AdjustDir { .. } | Mutation::AdjustLinks { .. }) {
+                    if *intent != 0 {
                         keys.push(Key::Marker(*intent, *step));
                     }
                     let key = match m {
@@ -355,5 +388,51 @@ mod tests {
         again.meta.counter_hwm = r.meta.counter_hwm;
         again.resume_counters();
         assert!(again.next_counter().0 >= r.meta.counter_hwm);
+    }
+
+    #[test]
+    fn a_redone_intent_does_not_write_an_applied_step_again() {
+        let mut r = Replica::initial(PartitionId(0), 4, 1);
+        let rec = r.part.inodes[&Ino::ROOT].clone();
+        let step = PartOp::Apply {
+            intent: 9,
+            step: 0,
+            m: Mutation::PutInode(Box::new(rec.clone())),
+        };
+        let keys = r.apply(std::slice::from_ref(&step));
+        assert!(keys.contains(&Key::Marker(9, 0)), "the marker is persisted: {keys:?}");
+        // A later operation changes the record (a commit's size).
+        let mut later = rec;
+        later.attr.size = 300_000;
+        r.apply(&[PartOp::Apply {
+            intent: 0,
+            step: 0,
+            m: Mutation::PutInode(Box::new(later)),
+        }]);
+        // The intent is redone after its coordinator died: the step was applied.
+        r.apply(&[step]);
+        assert_eq!(r.part.inodes[&Ino::ROOT].attr.size, 300_000);
+    }
+
+    #[test]
+    fn reigns_are_unique_within_an_epoch_and_ordered_across_epochs() {
+        // The first takeover of epoch 7, after reigns of earlier epochs.
+        let first = next_reign(Epoch(7), [Epoch(0), Epoch(5 << REIGN_SEQ_BITS | 3)]).expect("reign");
+        assert_eq!(first, Epoch(7 << REIGN_SEQ_BITS));
+        // The same node taking over again in epoch 7 (its copy says `first`).
+        let second = next_reign(Epoch(7), [first, Epoch(6 << REIGN_SEQ_BITS)]).expect("reign");
+        assert!(second > first);
+        assert_eq!(second.0 >> REIGN_SEQ_BITS, 7);
+        // Every reign of epoch 8 ranks above every reign of epoch 7.
+        let next = next_reign(Epoch(8), [second]).expect("reign");
+        assert!(next > second);
+        // A member on a later epoch's reign: this map is behind, no takeover.
+        assert_eq!(next_reign(Epoch(7), [next]), None);
+        // Out of numbers within an epoch.
+        let last = Epoch(7 << REIGN_SEQ_BITS | ((1 << REIGN_SEQ_BITS) - 1));
+        assert_eq!(next_reign(Epoch(7), [last]), None);
+        // Copies written before reigns were numbered (state epoch = map epoch) rank
+        // below every numbered reign of epoch 1 and later.
+        assert!(next_reign(Epoch(1), [Epoch(40)]).expect("reign") > Epoch(40));
     }
 }

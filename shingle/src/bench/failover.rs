@@ -80,7 +80,7 @@ pub struct IsoWriterArgs {
     /// Secret file.
     #[arg(long)]
     pub secret_file: PathBuf,
-    /// Append "start_ms acked_ms name seed len" here for every acknowledged file.
+    /// Append "start_ms acked_ms name seed len ino" here for every acknowledged file.
     #[arg(long)]
     pub acks: PathBuf,
     /// File size in bytes.
@@ -121,11 +121,25 @@ pub async fn iso_writer(a: IsoWriterArgs) -> Result<()> {
         let start = wall_ms();
         let name = format!("i{i:05}");
         let seed = 2_000_000 + i;
-        if write_file(&client, dir, &name, seed, a.len).await.is_ok() {
-            writeln!(out, "{start} {} {name} {seed} {}", wall_ms(), a.len)?;
-            out.flush()?;
-        } else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        match write_file(&client, dir, &name, seed, a.len).await {
+            Ok(()) => {
+                let ino = ACKED_INO
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&name)
+                    .copied()
+                    .unwrap_or(0);
+                writeln!(out, "{start} {} {name} {seed} {} {ino}", wall_ms(), a.len)?;
+                out.flush()?;
+            }
+            Err(e) => {
+                eprintln!(
+                    "{} {name}: {e} (in {})",
+                    wall_ms(),
+                    STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
     Ok(())
@@ -252,7 +266,7 @@ async fn who_has(meta: &MetaClient, ino: Ino) -> String {
 
 /// What every node answers to `op` (about partition `p`) right now.
 async fn ask_all(meta: &MetaClient, p: PartitionId, op: shingle_meta::service::wire::ReadOp) -> String {
-    use shingle_meta::service::wire::{Read, call};
+    use shingle_meta::service::wire::{Read, ReadReply, call};
     let v = meta.view();
     let members = v.members(p);
     let mut out = vec![format!("partition {} epoch {} members {members:?}", p.0, v.map.epoch.0)];
@@ -265,7 +279,17 @@ async fn ask_all(meta: &MetaClient, p: PartitionId, op: shingle_meta::service::w
         out.push(format!(
             "{}: {}",
             n.id.0,
-            r.map(|_| "has it".to_string()).unwrap_or_else(|e| e.to_string())
+            r.map(|r| match r {
+                ReadReply::Inode(rec) => format!(
+                    "size {} nlink {} stripes {}",
+                    rec.attr.size,
+                    rec.attr.nlink,
+                    rec.layout.map_or(0, |l| l.stripes.len())
+                ),
+                ReadReply::Entry(d, _) => format!("entry {d:?}"),
+                _ => "has it".to_string(),
+            })
+            .unwrap_or_else(|e| e.to_string())
         ));
     }
     out.join(", ")
@@ -666,7 +690,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 .arg("--acks")
                 .arg(&iso_acks)
                 .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
+                .stderr(std::fs::File::create(tmp.path().join("iso-writer.log"))?)
                 .spawn()
                 .context("start the writer inside the partitioned host")?,
         );
@@ -701,9 +725,11 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let heal_secs = heal_started.elapsed().as_secs_f64();
     marks.push(t0.elapsed().as_secs_f64());
     let lead = leader(&meta, &managers).await.context("no manager leader")?;
+    let lead_kill_ms = wall_ms();
     cluster.nodes[lead as usize - 1].kill();
     marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
     eprintln!("# restarting node {lead}");
+    let lead_restart_ms = wall_ms();
     cluster.nodes[lead as usize - 1].restart(&spec)?;
     if let Err(e) = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await {
         healed = healed.and(Err(e));
@@ -871,7 +897,9 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         let mut acked_iso = 0;
         for line in text.lines() {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let [_, acked, name, seed, len] = f[..] else { continue };
+            let [_, acked, name, seed, len, ino, ..] = f[..] else {
+                continue;
+            };
             let (acked, seed, len): (u64, u64, usize) = (
                 acked.parse().unwrap_or(0),
                 seed.parse().unwrap_or(0),
@@ -885,7 +913,33 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 during.push(name.to_string());
             }
             if let Err(e) = read_file(&client, iso_dir, name, seed, len).await {
-                bad.push(format!("partitioned host's acknowledged {name}: {e}"));
+                let ino = Ino(ino.parse().unwrap_or(0));
+                let when = acked as i64;
+                let entry = {
+                    use shingle_meta::service::wire::ReadOp;
+                    let p =
+                        shingle_meta::placement::dentry_partition(iso_dir, name.as_bytes(), meta.view().map.partitions);
+                    let lookup = ReadOp::Lookup {
+                        parent: iso_dir,
+                        name: name.as_bytes().to_vec(),
+                    };
+                    ask_all(&meta, p, lookup).await
+                };
+                bad.push(format!(
+                    "partitioned host's acknowledged {name} (ino {ino}, acked {} ms after the cut, {} ms after the heal, {} ms after node {lead} was killed, {} ms after it restarted): {e}; entry: {entry}; inode: {}",
+                    when - cut_ms as i64,
+                    when - heal_ms as i64,
+                    when - lead_kill_ms as i64,
+                    when - lead_restart_ms as i64,
+                    who_has(&meta, ino).await
+                ));
+                let log = std::fs::read_to_string(tmp.path().join("iso-writer.log")).unwrap_or_default();
+                for l in log
+                    .lines()
+                    .filter(|l| l.contains(name) || l.contains(&format!("ino={}", ino.0)))
+                {
+                    bad.push(format!("  iso writer: {l}"));
+                }
             }
         }
         if !during.is_empty() {
