@@ -37,6 +37,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
             partitions: 8,
             down_after_ms: 2000,
             data_toml: "",
+            node_toml: "",
         },
     );
     let a = Client::new(cluster.client().await, config());

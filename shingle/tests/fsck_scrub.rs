@@ -47,6 +47,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
             partitions: 16,
             down_after_ms: 2000,
             data_toml: "",
+            node_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);
@@ -156,6 +157,7 @@ fn a_corrupt_shard_is_rebuilt_by_the_node_that_holds_it() {
             partitions: 8,
             down_after_ms: 2000,
             data_toml: "zones = 16\nzone_size = \"16MiB\"\nscrub_interval_ms = 2000\n",
+            node_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);

@@ -25,6 +25,7 @@ async fn namespace_operations_across_processes_and_partitions() {
             partitions: 16,
             down_after_ms: 3000,
             data_toml: "",
+            node_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -162,6 +163,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
             partitions: 16,
             down_after_ms: 1500,
             data_toml: "",
+            node_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -316,6 +318,7 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
             // Long enough that the restart below goes unnoticed: the map stays.
             down_after_ms: 30_000,
             data_toml: "",
+            node_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -383,4 +386,165 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
         }
     }
     assert!(missing.is_empty(), "members lack acknowledged entries: {missing:#?}");
+}
+
+/// Asks node `addr` directly for `name` in `dir` until it has it or `within` passes.
+async fn lookup_on(
+    c: &shingle_meta::client::MetaClient,
+    addr: std::net::SocketAddr,
+    dir: Ino,
+    name: &str,
+    within: Duration,
+) -> Result<(), String> {
+    use shingle_meta::service::wire::{Read, ReadOp, call};
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let req = Read {
+            epoch: c.view().map.epoch,
+            op: ReadOp::Lookup {
+                parent: dir,
+                name: name.as_bytes().to_vec(),
+            },
+        };
+        let got = call(c.transport(), addr, &req, Duration::from_secs(5))
+            .await
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        // A member that is down or not serving yet (EAGAIN, refused, the client's
+        // reconnect backoff), or that does not have the entry: ask again until `within`.
+        match got {
+            Err(_) if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// A partition larger than a transport frame still moves: to a member that missed
+/// batches (install) and to a returning primary (pull at takeover), in pieces. Before,
+/// the whole copy was one frame, and a partition over the limit (64 MiB by default)
+/// could never be copied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut cluster = Cluster::start(
+        tmp.path(),
+        Spec {
+            nodes: 3,
+            managers: 3,
+            data: false,
+            partitions: 1,
+            down_after_ms: 1500,
+            data_toml: "",
+            // Frames of 1 MiB (the cluster's setting): the partition below is several
+            // times that, so it moves in pieces as a multi-GiB one would in 64 MiB frames.
+            node_toml: "max_frame_bytes = \"1MiB\"\n",
+        },
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c, 3).await;
+    // 80 files with a 64 KiB extended attribute each: about 5 MiB in partition 0.
+    let files = 80usize;
+    let mut workers = Vec::new();
+    for w in 0..8usize {
+        let c = c.clone();
+        workers.push(tokio::spawn(async move {
+            let r = root();
+            for i in (w..files).step_by(8) {
+                let name = format!("big-{i:04}");
+                let a = c
+                    .mknod(&r, Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
+                    .await
+                    .expect("create");
+                let value = common::pattern(i as u64, 65_536);
+                c.setxattr(&r, a.ino, b"user.blob", &value, 0).await.expect("setxattr");
+            }
+        }));
+    }
+    for w in workers {
+        w.await.expect("worker");
+    }
+    let p = shingle_meta::ids::PartitionId(0);
+    let v = c.view();
+    let members = v.members(p);
+    assert_eq!(members.len(), 3, "three members: {members:?}");
+    let (primary, replica) = (members[0], members[2]);
+    let wait_map = async |up: bool, id: shingle_meta::ids::NodeId| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while c.view().map.is_up(id) != up {
+            assert!(std::time::Instant::now() < deadline, "node {} never seen up={up}", id.0);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+
+    // A member misses a batch while it is down, so it must install the whole copy.
+    cluster.nodes[replica.0 as usize - 1].kill();
+    wait_map(false, replica).await;
+    c.mknod(
+        &root(),
+        Ino::ROOT,
+        b"while-replica-down",
+        FileKind::File,
+        0o644,
+        0,
+        None,
+    )
+    .await
+    .expect("create while a member is down");
+    cluster.nodes[replica.0 as usize - 1].restart();
+    wait_map(true, replica).await;
+    let t = std::time::Instant::now();
+    let addr = c.view().addr(replica).expect("addr");
+    lookup_on(&c, addr, Ino::ROOT, "while-replica-down", Duration::from_secs(60))
+        .await
+        .expect("the returning member installed the copy");
+    eprintln!(
+        "install of a ~5 MiB partition in 512 KiB pieces: serving after {:?}",
+        t.elapsed()
+    );
+
+    // The primary returns after changes it did not see: it pulls the best copy.
+    cluster.nodes[primary.0 as usize - 1].kill();
+    wait_map(false, primary).await;
+    c.mknod(
+        &root(),
+        Ino::ROOT,
+        b"while-primary-down",
+        FileKind::File,
+        0o644,
+        0,
+        None,
+    )
+    .await
+    .expect("create while the primary is down");
+    cluster.nodes[primary.0 as usize - 1].restart();
+    wait_map(true, primary).await;
+    let t = std::time::Instant::now();
+    let addr = c.view().addr(primary).expect("addr");
+    lookup_on(&c, addr, Ino::ROOT, "while-primary-down", Duration::from_secs(60))
+        .await
+        .expect("the returning primary pulled the copy");
+    eprintln!("takeover pulling it: serving after {:?}", t.elapsed());
+    c.mknod(&root(), Ino::ROOT, b"after", FileKind::File, 0o644, 0, None)
+        .await
+        .expect("the primary serves writes");
+    // Every member has everything, the attributes included.
+    for m in c.view().members(p) {
+        let addr = c.view().addr(m).expect("addr");
+        for name in [
+            "big-0000",
+            "big-0079",
+            "while-replica-down",
+            "while-primary-down",
+            "after",
+        ] {
+            lookup_on(&c, addr, Ino::ROOT, name, Duration::from_secs(30))
+                .await
+                .unwrap_or_else(|e| panic!("{name} on node {}: {e}", m.0));
+        }
+    }
+    let a = c.lookup(Ino::ROOT, b"big-0079").await.expect("lookup");
+    let value = c.getxattr(&root(), a.ino, b"user.blob").await.expect("getxattr");
+    assert_eq!(value, common::pattern(79, 65_536));
 }

@@ -404,12 +404,17 @@ fn read_through_the_mount_is_one_trace_across_processes() {
     assert!(read.int("ino").is_some_and(|i| i > 1), "{:?}", read.attrs);
     assert!(read.int("bytes").is_some_and(|b| b > 0), "{:?}", read.attrs);
     assert_eq!(read.str("fabric"), Some("tcp"), "{:?}", read.attrs);
-    assert_eq!(read.bool("degraded"), Some(false), "{:?}", read.attrs);
     let stripe = t.in_trace(read).find(|s| s.name == "stripe.read").expect("stripe.read");
     assert_eq!(stripe.int("bytes"), Some(content.len() as i64), "{:?}", stripe.attrs);
     assert_eq!(stripe.str("fabric"), Some("tcp"));
-    assert_eq!(stripe.bool("degraded"), Some(false));
-    assert_eq!(stripe.int("hedged"), Some(0));
+    // On a loaded machine a shard may be slow enough to be hedged with parity (then
+    // the read is decoded: degraded). Both are recorded either way.
+    let hedged = stripe.int("hedged").expect("hedged is recorded");
+    assert!(read.bool("degraded").is_some() && stripe.bool("degraded").is_some());
+    if hedged == 0 {
+        assert_eq!(read.bool("degraded"), Some(false), "{:?}", read.attrs);
+        assert_eq!(stripe.bool("degraded"), Some(false), "{:?}", stripe.attrs);
+    }
     let shards: Vec<&Span> = t.in_trace(read).filter(|s| s.name == "shard.read").collect();
     assert!(shards.len() >= 4, "{} shard reads", shards.len());
     for s in &shards {

@@ -28,6 +28,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client) {
             partitions: 8,
             down_after_ms: 3000,
             data_toml: "zones = 10\nzone_size = \"8MiB\"\n",
+            node_toml: "",
         },
     );
     let cfg = ClientConfig {

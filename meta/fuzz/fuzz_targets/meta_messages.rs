@@ -18,9 +18,14 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode::<Alloc>(data);
     let _ = decode::<Lock>(data);
     let _ = decode::<Replicate>(data);
-    let _ = decode::<Install>(data);
+    if let Ok(piece) = decode::<InstallPiece>(data) {
+        // Any decoded piece is taken or refused, never a panic.
+        let _ = shingle_meta::service::copy::Assembly::default().take(piece.copy, piece.offset, &piece.data);
+    }
     let _ = decode::<SyncMe>(data);
     let _ = decode::<Pull>(data);
+    let _ = decode::<PullPiece>(data);
+    let _ = decode::<PulledPiece>(data);
     let _ = decode::<ReadReply>(data);
     let _ = decode::<OpReply>(data);
     if let Some((p, k)) = Key::decode(data) {

@@ -3,11 +3,13 @@
 //! - [`wire`]: the messages (postcard over the transport) and the call helper.
 //! - [`replica`]: one copy of a partition and how batches change it (pure).
 //! - [`store`]: durable copies in redb with group commit.
+//! - [`copy`]: partition copies moved in resumable pieces (install, takeover pull).
 //! - [`locks`]: inode locks of coordinators, with leases.
 //! - [`node`]: the service: reads, the coordinator of mutations (sparse views over
 //!   remote records, intents for multi-partition changes), primary/replica replication
 //!   with epoch fencing, catch-up and takeover.
 
+pub mod copy;
 pub mod locks;
 pub mod node;
 pub mod replica;

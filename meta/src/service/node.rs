@@ -25,6 +25,7 @@
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
 
+use super::copy::{Assembly, Took};
 use super::locks::LockTable;
 use super::replica::{PartMeta, Replica};
 use super::store::{MetaStore, Write};
@@ -58,10 +59,14 @@ pub struct MetaConfig {
     pub lock_lease: Duration,
     /// How long a coordinator keeps retrying a step of an operation it has begun.
     pub op_timeout: Duration,
+    /// Bytes per piece when a partition copy moves (installs, takeover pulls): at most
+    /// [`super::copy::PIECE_BYTES`], and well inside the transport's frame limit.
+    pub copy_piece: usize,
 }
 
 impl MetaConfig {
-    /// Defaults: replicas get 2 s, locks 30 s, operations 10 s.
+    /// Defaults: replicas get 2 s, locks 30 s, operations 10 s, copies move in 8 MiB
+    /// pieces.
     pub fn new(node_id: NodeId, dir: PathBuf) -> Self {
         MetaConfig {
             node_id,
@@ -69,7 +74,15 @@ impl MetaConfig {
             replicate_timeout: Duration::from_secs(2),
             lock_lease: Duration::from_secs(30),
             op_timeout: Duration::from_secs(10),
+            copy_piece: super::copy::PIECE_BYTES,
         }
+    }
+
+    /// Pieces of half the transport's largest frame (the rest of a frame is the
+    /// message around the piece), at most [`super::copy::PIECE_BYTES`].
+    pub fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
+        self.copy_piece = (max_frame_bytes / 2).clamp(1, super::copy::PIECE_BYTES);
+        self
     }
 }
 
@@ -147,6 +160,10 @@ struct Inner {
     repair: Mutex<RepairStats>,
     /// Operations whose at-most-once markers can be forgotten, by partition.
     forgets: Mutex<BTreeMap<PartitionId, Vec<u64>>>,
+    /// Copies being received in pieces, by partition.
+    staging: Mutex<HashMap<PartitionId, Assembly>>,
+    /// Encoded copies a primary taking over is pulling in pieces, by partition.
+    snapshots: Mutex<HashMap<PartitionId, Snapshot>>,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -157,6 +174,23 @@ pub struct MetaNode {
 
 fn stale(msg: impl Into<String>) -> Status {
     Status::new(Code::StaleEpoch, msg)
+}
+
+/// An encoded copy and its name.
+type Snapshot = (CopyId, Arc<Vec<u8>>);
+
+/// A copy's name and encoding, for moving it in pieces.
+fn encode_copy(st: &Replica) -> Result<(CopyId, Vec<u8>), CallError> {
+    let bytes = postcard::to_allocvec(&st.part).map_err(|_| CallError::Errno(Errno::EIO))?;
+    Ok((
+        CopyId {
+            state_epoch: st.meta.state_epoch,
+            lsn: st.meta.lsn,
+            counter_hwm: st.meta.counter_hwm,
+            total: bytes.len() as u64,
+        },
+        bytes,
+    ))
 }
 
 fn store_failed(e: impl std::fmt::Display) -> Status {
@@ -205,6 +239,8 @@ impl MetaNode {
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
+            staging: Mutex::new(HashMap::new()),
+            snapshots: Mutex::new(HashMap::new()),
         });
         Ok(MetaNode { inner })
     }
@@ -478,7 +514,6 @@ impl MetaNode {
             let req = Pull {
                 epoch: v.map.epoch,
                 partition: p,
-                copy: false,
             };
             match call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
                 Ok(pos) => {
@@ -508,21 +543,13 @@ impl MetaNode {
             && (e, l) > mine
         {
             let addr = v.addr(n).ok_or("member without address")?;
-            let req = Pull {
-                epoch: v.map.epoch,
-                partition: p,
-                copy: true,
-            };
-            let got = call(&self.inner.client, addr, &req, Duration::from_secs(30))
-                .await
-                .map_err(|e| e.to_string())?;
-            let part = got.part.ok_or("pull returned no copy")?;
+            let (copy, part) = self.pull_copy(addr, v.map.epoch, p).await?;
             let mut st = slot.write_state();
-            st.part = *part;
+            st.part = part;
             st.meta = PartMeta {
-                lsn: got.lsn,
-                state_epoch: got.state_epoch,
-                counter_hwm: got.counter_hwm,
+                lsn: copy.lsn,
+                state_epoch: copy.state_epoch,
+                counter_hwm: copy.counter_hwm,
             };
             st.resume_counters();
             info!(partition = p.0, from = n.0, "took the newest copy from a member");
@@ -690,18 +717,76 @@ impl MetaNode {
         };
         match call(&self.inner.client, addr, req, t).await.map_err(fail)? {
             ReplicaAck::Done => Ok(()),
-            ReplicaAck::NeedInstall => {
-                let install = {
-                    let st = slot.read();
-                    Install {
-                        epoch: req.epoch,
-                        state_epoch: st.meta.state_epoch,
-                        lsn: st.meta.lsn,
-                        counter_hwm: st.meta.counter_hwm,
-                        part: Box::new(st.part.clone()),
+            ReplicaAck::NeedInstall => self
+                .send_copy(addr, req.epoch, req.partition, slot, t * 5)
+                .await
+                .map_err(fail),
+        }
+    }
+
+    /// Sends this node's copy of `p` to the member at `addr` in pieces, going on from
+    /// what the member reports it holds. The caller holds the slot's write lock (the
+    /// copy does not change under it).
+    async fn send_copy(
+        &self,
+        addr: SocketAddr,
+        epoch: Epoch,
+        p: PartitionId,
+        slot: &Slot,
+        piece_timeout: Duration,
+    ) -> Result<(), CallError> {
+        let (copy, bytes) = encode_copy(&slot.read())?;
+        let mut offset = 0;
+        for _ in 0..super::copy::max_rounds(copy.total, self.inner.cfg.copy_piece) {
+            let req = InstallPiece {
+                epoch,
+                partition: p,
+                copy,
+                offset,
+                data: super::copy::piece(&bytes, offset, self.inner.cfg.copy_piece).to_vec(),
+            };
+            let held = call(&self.inner.client, addr, &req, piece_timeout).await?;
+            if held >= copy.total {
+                return Ok(());
+            }
+            offset = held;
+        }
+        Err(CallError::Errno(Errno::EIO))
+    }
+
+    /// Pulls the copy of `p` of the member at `addr`, in pieces.
+    async fn pull_copy(
+        &self,
+        addr: SocketAddr,
+        epoch: Epoch,
+        p: PartitionId,
+    ) -> Result<(CopyId, crate::namespace::Partition), String> {
+        let mut asm = Assembly::default();
+        let mut offset = 0;
+        let mut rounds = 0u64;
+        loop {
+            let req = PullPiece {
+                epoch,
+                partition: p,
+                offset,
+            };
+            let got = call(&self.inner.client, addr, &req, Duration::from_secs(30))
+                .await
+                .map_err(|e| e.to_string())?;
+            rounds += 1;
+            if rounds > super::copy::max_rounds(got.copy.total, got.data.len().max(1)) {
+                return Err(format!("pulling partition {} did not converge", p.0));
+            }
+            match asm.take(got.copy, got.offset, &got.data).map_err(|e| e.to_string())? {
+                Took::Need(n) => offset = n,
+                Took::Done(bytes) => {
+                    let part: crate::namespace::Partition =
+                        postcard::from_bytes(&bytes).map_err(|e| format!("pulled copy: {e}"))?;
+                    if part.id != p {
+                        return Err(format!("pulled a copy of partition {} for {}", part.id.0, p.0));
                     }
-                };
-                call(&self.inner.client, addr, &install, t * 5).await.map_err(fail)
+                    return Ok((got.copy, part));
+                }
             }
         }
     }
@@ -739,22 +824,46 @@ impl MetaNode {
         Ok(ReplicaAck::Done)
     }
 
-    async fn on_install(&self, req: Install) -> Result<(), Status> {
+    /// A piece of the primary's copy; the whole copy, once assembled, replaces this
+    /// node's and serves.
+    async fn on_install_piece(&self, req: InstallPiece) -> Result<u64, Status> {
         self.check_epoch(req.epoch).await?;
-        let p = req.part.id;
+        let p = req.partition;
         let v = self.view();
         if !v.members(p).contains(&self.me()) {
             return Err(stale(format!("not a member of partition {}", p.0)));
         }
+        let took = {
+            let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let asm = staging.entry(p).or_default();
+            let took = asm.take(req.copy, req.offset, &req.data);
+            if matches!(took, Ok(Took::Done(_))) {
+                staging.remove(&p);
+            }
+            took.map_err(|e| Status::new(Code::InvalidRequest, e.to_string()))?
+        };
+        let bytes = match took {
+            Took::Need(held) => return Ok(held),
+            Took::Done(bytes) => bytes,
+        };
+        let part: crate::namespace::Partition = postcard::from_bytes(&bytes)
+            .map_err(|e| Status::new(Code::InvalidRequest, format!("installed copy: {e}")))?;
+        if part.id != p {
+            return Err(Status::new(
+                Code::InvalidRequest,
+                format!("a copy of partition {} sent for {}", part.id.0, p.0),
+            ));
+        }
         let slot = self.slot_or_create(p, v.map.partitions);
         let _w = slot.write.lock().await;
+        self.check_epoch(req.epoch).await?;
         let write = {
             let mut st = slot.write_state();
-            st.part = *req.part;
+            st.part = part;
             st.meta = PartMeta {
-                lsn: req.lsn,
-                state_epoch: req.state_epoch,
-                counter_hwm: req.counter_hwm,
+                lsn: req.copy.lsn,
+                state_epoch: req.copy.state_epoch,
+                counter_hwm: req.copy.counter_hwm,
             };
             st.resume_counters();
             st.serving = false;
@@ -762,8 +871,13 @@ impl MetaNode {
         };
         self.inner.store.commit(vec![write]).await.map_err(store_failed)?;
         slot.write_state().serving = true;
-        debug!(partition = p.0, lsn = req.lsn, "installed a copy from the primary");
-        Ok(())
+        debug!(
+            partition = p.0,
+            lsn = req.copy.lsn,
+            bytes = req.copy.total,
+            "installed a copy from the primary"
+        );
+        Ok(req.copy.total)
     }
 
     async fn on_sync_me(&self, req: SyncMe) -> Result<(), Status> {
@@ -775,22 +889,18 @@ impl MetaNode {
             return Err(stale("the caller is not a member of that partition"));
         }
         let addr = v.addr(req.node).ok_or_else(|| stale("the caller is not in the map"))?;
-        let install = {
-            let st = slot.read();
-            Install {
-                epoch: v.map.epoch,
-                state_epoch: st.meta.state_epoch,
-                lsn: st.meta.lsn,
-                counter_hwm: st.meta.counter_hwm,
-                part: Box::new(st.part.clone()),
-            }
-        };
-        call(&self.inner.client, addr, &install, self.inner.cfg.replicate_timeout * 5)
-            .await
-            .map_err(|e| errno_status(e.errno()))
+        self.send_copy(
+            addr,
+            v.map.epoch,
+            req.partition,
+            &slot,
+            self.inner.cfg.replicate_timeout * 5,
+        )
+        .await
+        .map_err(|e| errno_status(e.errno()))
     }
 
-    /// A new primary asks for this copy's position (or the copy). The caller's newer map
+    /// A new primary asks for this copy's position. The caller's newer map
     /// is adopted first, so no batch of an older reign is accepted after the answer, and
     /// the answer waits for a batch being applied: an older primary cannot get a batch
     /// acknowledged that the new primary's takeover did not see (it would be lost when
@@ -807,7 +917,50 @@ impl MetaNode {
             state_epoch: st.meta.state_epoch,
             lsn: st.meta.lsn,
             counter_hwm: st.meta.counter_hwm,
-            part: req.copy.then(|| Box::new(st.part.clone())),
+        })
+    }
+
+    /// A new primary pulls this copy in pieces. The encoding is kept between pieces
+    /// while the copy stays at the same position (and dropped after the last piece).
+    async fn on_pull_piece(&self, req: PullPiece) -> Result<PulledPiece, Status> {
+        self.check_epoch(req.epoch).await?;
+        let parts = self.view().map.partitions;
+        let slot = self.slot_or_create(req.partition, parts);
+        let _w = slot.write.lock().await;
+        self.check_epoch(req.epoch).await?;
+        let (copy, bytes) = {
+            let st = slot.read();
+            let mut snaps = self.inner.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+            match snaps.get(&req.partition) {
+                Some((c, b))
+                    if (c.state_epoch, c.lsn, c.counter_hwm)
+                        == (st.meta.state_epoch, st.meta.lsn, st.meta.counter_hwm) =>
+                {
+                    (*c, b.clone())
+                }
+                _ => {
+                    let (c, b) = encode_copy(&st).map_err(|e| errno_status(e.errno()))?;
+                    let b = Arc::new(b);
+                    snaps.insert(req.partition, (c, b.clone()));
+                    (c, b)
+                }
+            }
+        };
+        if req.offset > copy.total {
+            return Err(Status::new(Code::InvalidRequest, "offset past the copy's end"));
+        }
+        let data = super::copy::piece(&bytes, req.offset, self.inner.cfg.copy_piece).to_vec();
+        if req.offset + data.len() as u64 >= copy.total {
+            self.inner
+                .snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&req.partition);
+        }
+        Ok(PulledPiece {
+            copy,
+            offset: req.offset,
+            data,
         })
     }
 
@@ -1429,12 +1582,19 @@ impl MetaNode {
             );
             async move { n.on_replicate(req).await }.instrument(span)
         });
-        r = self.route::<Install, _, _>(r, |n, _, req| {
-            let span = info_span!("meta.install", partition = req.part.id.0, lsn = req.lsn);
-            async move { n.on_install(req).await }.instrument(span)
+        r = self.route::<InstallPiece, _, _>(r, |n, _, req| {
+            let span = info_span!(
+                "meta.install",
+                partition = req.partition.0,
+                lsn = req.copy.lsn,
+                offset = req.offset,
+                bytes = req.copy.total
+            );
+            async move { n.on_install_piece(req).await }.instrument(span)
         });
         r = self.route::<SyncMe, _, _>(r, |n, _, req| async move { n.on_sync_me(req).await });
         r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req).await });
+        r = self.route::<PullPiece, _, _>(r, |n, _, req| async move { n.on_pull_piece(req).await });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
         r
     }

@@ -23,9 +23,10 @@
 //! server whose map is older or newer than the caller's, or that is not the primary the
 //! caller thought, answers `Code::StaleEpoch`: the caller refreshes its map and retries.
 
+pub use super::copy::CopyId;
 use crate::ids::{Epoch, Ino, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
-use crate::namespace::{Partition, Purge, RenameFlags, SetAttr, TimeNs, XattrMode};
+use crate::namespace::{Purge, RenameFlags, SetAttr, TimeNs, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -509,28 +510,30 @@ pub struct Replicate {
 pub enum ReplicaAck {
     /// Durable here.
     Done,
-    /// Missed batches or follows another copy: send an [`Install`] first.
+    /// Missed batches or follows another copy: install the primary's copy first.
     NeedInstall,
 }
 meta_rpc!(Replicate, 0x0406, ReplicaAck);
 
-/// A whole partition, for a replica that must catch up.
+/// A piece of the primary's copy of a partition, for a member that must catch up (see
+/// [`super::copy`]). Answered with the bytes of that copy the member now holds: the
+/// copy's `total` once it is installed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Install {
+pub struct InstallPiece {
     /// The sender's map epoch (fencing).
     pub epoch: Epoch,
-    /// The copy's state epoch.
-    pub state_epoch: Epoch,
-    /// The copy's batch number.
-    pub lsn: u64,
-    /// Counter high-water mark.
-    pub counter_hwm: u64,
-    /// The partition.
-    pub part: Box<Partition>,
+    /// Partition.
+    pub partition: PartitionId,
+    /// Which copy.
+    pub copy: CopyId,
+    /// Where this piece starts in the encoded copy.
+    pub offset: u64,
+    /// The piece.
+    pub data: Vec<u8>,
 }
-meta_rpc!(Install, 0x0407, ());
+meta_rpc!(InstallPiece, 0x040B, u64);
 
-/// A replica that has not caught up asks its primary for an [`Install`].
+/// A replica that has not caught up asks its primary for an install (in pieces).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SyncMe {
     /// The replica's map epoch.
@@ -542,18 +545,16 @@ pub struct SyncMe {
 }
 meta_rpc!(SyncMe, 0x0408, ());
 
-/// A new primary asks the other members for their copy.
+/// A new primary asks the other members for the position of their copy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pull {
     /// The caller's map epoch.
     pub epoch: Epoch,
     /// Partition.
     pub partition: PartitionId,
-    /// False: only the position; true: the whole copy.
-    pub copy: bool,
 }
 
-/// A member's copy of a partition.
+/// A member's position.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pulled {
     /// The copy was complete (serving) when asked.
@@ -564,10 +565,32 @@ pub struct Pulled {
     pub lsn: u64,
     /// Counter high-water mark.
     pub counter_hwm: u64,
-    /// The copy, when asked for.
-    pub part: Option<Box<Partition>>,
 }
 meta_rpc!(Pull, 0x0409, Pulled);
+
+/// A new primary asks the member with the best copy for the piece of it at `offset`
+/// (see [`super::copy`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PullPiece {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+    /// Where in the encoded copy.
+    pub offset: u64,
+}
+
+/// A piece of a member's copy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulledPiece {
+    /// Which copy (its position now: a copy that moved on starts over).
+    pub copy: CopyId,
+    /// Where this piece starts.
+    pub offset: u64,
+    /// The piece.
+    pub data: Vec<u8>,
+}
+meta_rpc!(PullPiece, 0x040C, PulledPiece);
 
 /// Counts of a node, for statfs and `shingle status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

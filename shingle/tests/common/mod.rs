@@ -94,6 +94,8 @@ pub struct Spec {
     pub down_after_ms: u64,
     /// Lines of each node's `[data]` section (zones); empty: 16 zones of 16 MiB.
     pub data_toml: &'static str,
+    /// Extra lines of each node's `[node]` section.
+    pub node_toml: &'static str,
 }
 
 impl Cluster {
@@ -138,10 +140,11 @@ impl Cluster {
             let dir = root.join(format!("n{id}"));
             std::fs::create_dir_all(&dir).expect("dir");
             let mut cfg = format!(
-                "[node]\nid = {id}\nlisten = \"127.0.0.1:{}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n",
+                "[node]\nid = {id}\nlisten = \"127.0.0.1:{}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n{}\n[meta]\ndir = \"{}\"\n",
                 port,
                 secret_path.display(),
                 cluster_file.display(),
+                spec.node_toml,
                 dir.join("meta").display()
             );
             if i < spec.managers {
