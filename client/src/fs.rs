@@ -841,23 +841,20 @@ impl Client {
         let Some(plan): Option<CommitPlan> = st.content.begin_commit() else {
             return Ok(());
         };
-        let mut r = self
-            .inner
-            .meta
-            .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
-            .await;
-        if r == Err(Errno::ENOENT) && !self.removed(ino).await {
-            // The file is there: that answer came from a copy that was not current.
-            // Once more; never take it for an unlink (the data would stay local).
-            warn!(ino = ino.0, "commit answered ENOENT for a file that exists; retrying");
+        let mut r = Err(Errno::EIO);
+        for _ in 0..2 {
             r = self
                 .inner
                 .meta
                 .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
                 .await;
-            if r == Err(Errno::ENOENT) && !self.removed(ino).await {
-                r = Err(Errno::EIO);
+            if r != Err(Errno::ENOENT) || self.removed(ino).await {
+                break;
             }
+            // The file is there: that answer came from a copy that was not current.
+            // Once more; never take it for an unlink (the data would stay local).
+            warn!(ino = ino.0, "commit answered ENOENT for a file that exists");
+            r = Err(Errno::EIO);
         }
         if r == Err(Errno::ENOENT) {
             // Unlinked while open: the handles keep what is stored, locally.

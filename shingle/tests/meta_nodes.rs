@@ -421,6 +421,39 @@ async fn lookup_on(
     }
 }
 
+/// Waits until the map says node `id` is up (or down).
+async fn wait_map(c: &shingle_meta::client::MetaClient, id: shingle_meta::ids::NodeId, up: bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.view().map.is_up(id) != up {
+        assert!(std::time::Instant::now() < deadline, "node {} never seen up={up}", id.0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Node `id` is killed, misses the create of `name` while the map has it down, and
+/// comes back: it must then have `name` (caught up). How long that took after the map
+/// showed it up again.
+async fn miss_a_change(
+    cluster: &mut Cluster,
+    c: &shingle_meta::client::MetaClient,
+    id: shingle_meta::ids::NodeId,
+    name: &str,
+) -> Duration {
+    cluster.nodes[id.0 as usize - 1].kill();
+    wait_map(c, id, false).await;
+    c.mknod(&root(), Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
+        .await
+        .unwrap_or_else(|e| panic!("create {name} while node {} is down: {e}", id.0));
+    cluster.nodes[id.0 as usize - 1].restart();
+    wait_map(c, id, true).await;
+    let t = std::time::Instant::now();
+    let addr = c.view().addr(id).expect("addr");
+    lookup_on(c, addr, Ino::ROOT, name, Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("node {} returned and caught up with {name}: {e}", id.0));
+    t.elapsed()
+}
+
 /// A partition larger than a transport frame still moves: to a member that missed
 /// batches (install) and to a returning primary (pull at takeover), in pieces. Before,
 /// the whole copy was one frame, and a partition over the limit (64 MiB by default)
@@ -479,62 +512,13 @@ async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
     let members = v.members(p);
     assert_eq!(members.len(), 3, "three members: {members:?}");
     let (primary, replica) = (members[0], members[2]);
-    let wait_map = async |up: bool, id: shingle_meta::ids::NodeId| {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while c.view().map.is_up(id) != up {
-            assert!(std::time::Instant::now() < deadline, "node {} never seen up={up}", id.0);
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    };
 
     // A member misses a batch while it is down, so it must install the whole copy.
-    cluster.nodes[replica.0 as usize - 1].kill();
-    wait_map(false, replica).await;
-    c.mknod(
-        &root(),
-        Ino::ROOT,
-        b"while-replica-down",
-        FileKind::File,
-        0o644,
-        0,
-        None,
-    )
-    .await
-    .expect("create while a member is down");
-    cluster.nodes[replica.0 as usize - 1].restart();
-    wait_map(true, replica).await;
-    let t = std::time::Instant::now();
-    let addr = c.view().addr(replica).expect("addr");
-    lookup_on(&c, addr, Ino::ROOT, "while-replica-down", Duration::from_secs(60))
-        .await
-        .expect("the returning member installed the copy");
-    eprintln!(
-        "install of a partition of {files} files with 64 KiB attributes: serving after {:?}",
-        t.elapsed()
-    );
-
+    let t = miss_a_change(&mut cluster, &c, replica, "while-replica-down").await;
+    eprintln!("install of a partition of {files} files with 64 KiB attributes: serving after {t:?}");
     // The primary returns after changes it did not see: it pulls the best copy.
-    cluster.nodes[primary.0 as usize - 1].kill();
-    wait_map(false, primary).await;
-    c.mknod(
-        &root(),
-        Ino::ROOT,
-        b"while-primary-down",
-        FileKind::File,
-        0o644,
-        0,
-        None,
-    )
-    .await
-    .expect("create while the primary is down");
-    cluster.nodes[primary.0 as usize - 1].restart();
-    wait_map(true, primary).await;
-    let t = std::time::Instant::now();
-    let addr = c.view().addr(primary).expect("addr");
-    lookup_on(&c, addr, Ino::ROOT, "while-primary-down", Duration::from_secs(60))
-        .await
-        .expect("the returning primary pulled the copy");
-    eprintln!("takeover pulling it: serving after {:?}", t.elapsed());
+    let t = miss_a_change(&mut cluster, &c, primary, "while-primary-down").await;
+    eprintln!("takeover pulling it: serving after {t:?}");
     c.mknod(&root(), Ino::ROOT, b"after", FileKind::File, 0o644, 0, None)
         .await
         .expect("the primary serves writes");

@@ -260,8 +260,8 @@ impl Partition {
     /// intent redone after its coordinator died re-sends every step, and re-applying
     /// one applied before would undo what later operations did to the same key (a
     /// create's inode record written again over the size a commit gave it since).
-    /// Intent 0 means no at-most-once protection: for batches that are never re-sent
-    /// (the in-memory engine, or batches of absolute steps only).
+    /// Intent 0 means no at-most-once protection: for steps that are never redone (the
+    /// in-memory engine, or absolute steps of a single-batch operation).
     pub fn apply(&mut self, intent: u64, step: u16, m: &Mutation) {
         if intent != 0 && !self.applied.insert((intent, step)) {
             return;

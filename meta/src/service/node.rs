@@ -1360,7 +1360,9 @@ impl MetaNode {
         if steps.iter().all(|(p, _)| *p == coord) {
             // One batch. A retry after a failed replication re-sends it to a primary
             // that may already have applied it: relative steps then carry an id so
-            // they apply at most once (the markers are forgotten afterwards).
+            // they apply at most once (the markers are forgotten afterwards). Absolute
+            // steps carry none: writing the same values again is harmless while this
+            // coordinator holds its locks, and nobody redoes a batch without an intent.
             let id = if steps.iter().any(|(_, m)| m.is_relative()) {
                 let counter = self.alloc(coord).await?;
                 Ino::new(coord, counter)
@@ -1373,7 +1375,7 @@ impl MetaNode {
                 .into_iter()
                 .enumerate()
                 .map(|(i, (_, m))| PartOp::Apply {
-                    intent: id,
+                    intent: if m.is_relative() { id } else { 0 },
                     step: i as u16,
                     m,
                 })

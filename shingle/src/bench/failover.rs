@@ -295,6 +295,21 @@ async fn ask_all(meta: &MetaClient, p: PartitionId, op: shingle_meta::service::w
     out.join(", ")
 }
 
+/// What every node holds of the entry `dir/name` and of inode `ino`.
+async fn where_is(meta: &MetaClient, dir: Ino, name: &str, ino: Ino) -> String {
+    use shingle_meta::service::wire::ReadOp;
+    let p = shingle_meta::placement::dentry_partition(dir, name.as_bytes(), meta.view().map.partitions);
+    let lookup = ReadOp::Lookup {
+        parent: dir,
+        name: name.as_bytes().to_vec(),
+    };
+    format!(
+        "entry: {}; inode {ino}: {}",
+        ask_all(meta, p, lookup).await,
+        who_has(meta, ino).await
+    )
+}
+
 /// Which shards of a bad file differ from what was written, and where they are.
 async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> String {
     use shingle_data::ec::EcPolicy;
@@ -303,23 +318,13 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
     let a = match meta.lookup(dir, name.as_bytes()).await {
         Ok(a) => a,
         Err(e) => {
-            use shingle_meta::service::wire::ReadOp;
-            let p = shingle_meta::placement::dentry_partition(dir, name.as_bytes(), meta.view().map.partitions);
-            let lookup = ReadOp::Lookup {
-                parent: dir,
-                name: name.as_bytes().to_vec(),
-            };
             let ino = Ino(ACKED_INO
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(name)
                 .copied()
                 .unwrap_or(0));
-            return format!(
-                "lookup failed ({e}); entry: {}; inode {ino}: {}",
-                ask_all(meta, p, lookup).await,
-                who_has(meta, ino).await
-            );
+            return format!("lookup failed ({e}); {}", where_is(meta, dir, name, ino).await);
         }
     };
     let Ok(rec) = meta.get_inode(a.ino).await else {
@@ -915,23 +920,13 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
             if let Err(e) = read_file(&client, iso_dir, name, seed, len).await {
                 let ino = Ino(ino.parse().unwrap_or(0));
                 let when = acked as i64;
-                let entry = {
-                    use shingle_meta::service::wire::ReadOp;
-                    let p =
-                        shingle_meta::placement::dentry_partition(iso_dir, name.as_bytes(), meta.view().map.partitions);
-                    let lookup = ReadOp::Lookup {
-                        parent: iso_dir,
-                        name: name.as_bytes().to_vec(),
-                    };
-                    ask_all(&meta, p, lookup).await
-                };
                 bad.push(format!(
-                    "partitioned host's acknowledged {name} (ino {ino}, acked {} ms after the cut, {} ms after the heal, {} ms after node {lead} was killed, {} ms after it restarted): {e}; entry: {entry}; inode: {}",
+                    "partitioned host's acknowledged {name} (acked {} ms after the cut, {} ms after the heal, {} ms after node {lead} was killed, {} ms after it restarted): {e}; {}",
                     when - cut_ms as i64,
                     when - heal_ms as i64,
                     when - lead_kill_ms as i64,
                     when - lead_restart_ms as i64,
-                    who_has(&meta, ino).await
+                    where_is(&meta, iso_dir, name, ino).await
                 ));
                 let log = std::fs::read_to_string(tmp.path().join("iso-writer.log")).unwrap_or_default();
                 for l in log
