@@ -1,8 +1,9 @@
 //! [`BlockZonedDevice`] on a real zoned block device, named by `SHINGLE_ZBD_DEV`
 //! (for example `/dev/nullb0` from `modprobe null_blk nr_devices=1 zoned=1`).
 //!
-//! DESTRUCTIVE: the tests reset and write the first zones of that device. Without the variable
-//! every test prints a SKIP line and passes. The tests take turns on the device (it is opened
+//! DESTRUCTIVE: the tests reset and write the first zones of that device. They are
+//! `#[ignore]`d, so a host run counts them as skipped; the guest rig (`fabric-tests/run.sh
+//! zoned`) runs them with `--include-ignored`, and there a missing device fails them. The tests take turns on the device (it is opened
 //! with `O_EXCL`, so two at once would fail), each on its own zone, which it resets first.
 
 use std::ffi::OsString;
@@ -19,17 +20,14 @@ const ZONES_NEEDED: u32 = 8;
 
 static DEVICE_TURN: Mutex<()> = Mutex::new(());
 
-/// The device path, or `None` after printing why the test is skipped.
-fn device_path(test: &str) -> Option<PathBuf> {
-    match std::env::var_os(ENV).filter(|v: &OsString| !v.is_empty()) {
-        Some(path) => Some(PathBuf::from(path)),
-        None => {
-            println!(
-                "SKIP zbd_real::{test}: {ENV} not set (needs a zoned block device, e.g. null_blk zoned=1 in the soft-RoCE guest)"
-            );
-            None
-        }
-    }
+/// The device path (a missing variable fails the test: it runs only where one is set).
+fn device_path() -> PathBuf {
+    std::env::var_os(ENV)
+        .filter(|v: &OsString| !v.is_empty())
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!("{ENV} is not set (needs a zoned block device, e.g. null_blk zoned=1 in the guest rig)")
+        })
 }
 
 /// The device, opened, while this test holds the turn.
@@ -39,8 +37,8 @@ struct Turn {
     _turn: MutexGuard<'static, ()>,
 }
 
-fn open_device(test: &str) -> Option<Turn> {
-    let path = device_path(test)?;
+fn open_device() -> Turn {
+    let path = device_path();
     let turn = DEVICE_TURN.lock().unwrap_or_else(PoisonError::into_inner);
     let dev = BlockZonedDevice::open(&path)
         .unwrap_or_else(|e| panic!("{ENV}={} cannot be opened as a zoned device: {e}", path.display()));
@@ -56,7 +54,7 @@ fn open_device(test: &str) -> Option<Turn> {
         "zones of {} bytes are too small for these tests",
         geometry.zone_capacity
     );
-    Some(Turn { dev, path, _turn: turn })
+    Turn { dev, path, _turn: turn }
 }
 
 /// A fresh (reset) zone for a test.
@@ -105,10 +103,9 @@ fn reported(dev: &BlockZonedDevice, zone: ZoneId) -> ZoneInfo {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn report_zones_matches_the_geometry() {
-    let Some(turn) = open_device("report_zones_matches_the_geometry") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let geometry = dev.geometry();
     println!(
@@ -137,10 +134,9 @@ fn report_zones_matches_the_geometry() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn writes_at_the_write_pointer_advance_it_and_read_back() {
-    let Some(turn) = open_device("writes_at_the_write_pointer_advance_it_and_read_back") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 0);
     let block = block(dev);
@@ -186,10 +182,9 @@ fn writes_at_the_write_pointer_advance_it_and_read_back() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn writes_off_the_write_pointer_or_unaligned_are_refused() {
-    let Some(turn) = open_device("writes_off_the_write_pointer_or_unaligned_are_refused") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 1);
     let block = block(dev);
@@ -223,10 +218,9 @@ fn writes_off_the_write_pointer_or_unaligned_are_refused() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn reads_past_the_write_pointer_are_refused() {
-    let Some(turn) = open_device("reads_past_the_write_pointer_are_refused") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 2);
     let block = block(dev);
@@ -245,10 +239,9 @@ fn reads_past_the_write_pointer_are_refused() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn finish_makes_a_zone_full_and_refuses_writes() {
-    let Some(turn) = open_device("finish_makes_a_zone_full_and_refuses_writes") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 3);
     let block = block(dev);
@@ -271,17 +264,16 @@ fn finish_makes_a_zone_full_and_refuses_writes() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn filling_a_zone_makes_it_full() {
-    let Some(turn) = open_device("filling_a_zone_makes_it_full") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 4);
     let capacity = info(dev, zone).capacity;
-    if capacity > 256 << 20 {
-        println!("SKIP zbd_real::filling_a_zone_makes_it_full: zone capacity {capacity} bytes is over 256 MiB");
-        return;
-    }
+    assert!(
+        capacity <= 256 << 20,
+        "zone capacity {capacity} bytes: this test fills a zone of at most 256 MiB"
+    );
     let piece = vec![0xC3u8; (4 << 20).min(capacity as usize)];
     let mut written = 0u64;
     while written < capacity {
@@ -299,10 +291,9 @@ fn filling_a_zone_makes_it_full() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn reset_empties_a_zone() {
-    let Some(turn) = open_device("reset_empties_a_zone") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 5);
     let block = block(dev);
@@ -320,10 +311,9 @@ fn reset_empties_a_zone() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn open_and_close_change_the_zone_state() {
-    let Some(turn) = open_device("open_and_close_change_the_zone_state") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 6);
     let block = block(dev);
@@ -349,10 +339,9 @@ fn open_and_close_change_the_zone_state() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn sync_succeeds() {
-    let Some(turn) = open_device("sync_succeeds") else {
-        return;
-    };
+    let turn = open_device();
     let dev = &turn.dev;
     let zone = fresh_zone(dev, 7);
     dev.write(zone, 0, &vec![4u8; block(dev)]).expect("write");
@@ -362,10 +351,9 @@ fn sync_succeeds() {
 }
 
 #[test]
+#[ignore = "needs a zoned block device: runs in the guest rig (fabric-tests/run.sh zoned)"]
 fn a_second_open_is_refused() {
-    let Some(turn) = open_device("a_second_open_is_refused") else {
-        return;
-    };
+    let turn = open_device();
     match BlockZonedDevice::open(&turn.path) {
         Err(ZoneError::Io { source, .. }) => assert_eq!(source.raw_os_error(), Some(libc::EBUSY), "{source}"),
         Ok(_) => panic!("a second exclusive open of {} succeeded", turn.path.display()),

@@ -21,8 +21,6 @@
 #   SHINGLE_GUEST_CACHE    the cache setup.sh fills (default /var/tmp/shingle-guest)
 #   SHINGLE_GUEST_NULLB    extra null_blk configfs attributes, e.g. "zone_size=8 zone_capacity=6"
 #   SHINGLE_GUEST_ENV      more variable names to pass into the guest, space separated
-#   SHINGLE_GUEST_SKIP_OK  1: if the rig cannot be prepared (setup.sh fails, e.g. no packages),
-#                          print "SKIP: <reason>" and exit 0 instead of failing
 #   SHINGLE_GUEST_CONSOLE  1: print the guest's serial console on stderr afterwards
 #   SHINGLE_GUEST_APPEND   more kernel command line words (e.g. loglevel=7 to see boot messages)
 set -euo pipefail
@@ -69,12 +67,7 @@ trap 'exit 143' TERM
 
 if ! "$here/setup.sh" 2>&1 | tee "$work/setup.log" >&2; then
     reason=$(grep -m 1 'error:' "$work/setup.log" | sed 's/^.*error: //' || true)
-    reason="the guest rig cannot be prepared: ${reason:-setup.sh failed}"
-    if [[ ${SHINGLE_GUEST_SKIP_OK:-0} == 1 ]]; then
-        echo "SKIP: $reason"
-        exit 0
-    fi
-    rig_fail "$reason"
+    rig_fail "the guest rig cannot be prepared: ${reason:-setup.sh failed}"
 fi
 
 qemu="$cache/root/usr/bin/qemu-system-x86_64"

@@ -101,13 +101,23 @@ mod tests {
             .collect()
     }
 
+    /// The hashes that decide where every entry, inode and stripe of a cluster lives,
+    /// pinned to literal values: a change to any of them would move everything an
+    /// existing cluster stores (and a mixed-version cluster would look in the wrong
+    /// places), so it must fail here first.
     #[test]
-    fn dentry_partition_is_stable_and_spread() {
-        // Pinned values: changing the hash would move every entry of every cluster.
-        assert_eq!(
-            dentry_partition(Ino::ROOT, b"data", 1024),
-            dentry_partition(Ino::ROOT, b"data", 1024)
-        );
+    fn placement_hashes_are_pinned() {
+        // splitmix64's first output for seed 0, as published with the algorithm.
+        assert_eq!(mix(0), 0xe220_a839_7b1d_cdaf);
+        assert_eq!(score(KIND_PARTITION, 5, NodeId(3)), 0x0d68_0afa_1ba8_31b7);
+        assert_eq!(dentry_partition(Ino::ROOT, b"data", 1024), PartitionId(621));
+        let ino = Ino(0x0001_0000_0000_002a);
+        assert_eq!(dentry_partition(ino, b"shard-000017.bin", 4096), PartitionId(805));
+        assert_eq!(stripe_pg(ino, 7, 256), PgId(160));
+    }
+
+    #[test]
+    fn dentry_partition_is_spread() {
         let mut counts = vec![0u32; 64];
         for i in 0..64_000u32 {
             counts[dentry_partition(Ino(7), format!("shard-{i:06}.bin").as_bytes(), 64).0 as usize] += 1;

@@ -7,8 +7,7 @@
 //! any process's log.
 //!
 //! Needs root and /dev/fuse (as the other mount tests) and the `prometheus` binary
-//! (`apt install prometheus`; .ci/run installs it). Without it the test says SKIP,
-//! unless `REQUIRE_PROMETHEUS=1`.
+//! (`apt install prometheus`; scripts/setup.sh installs it). Without it the test fails.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -146,14 +145,8 @@ fn sum(r: &[(serde_json::Value, f64)]) -> f64 {
 
 #[test]
 fn prometheus_scrapes_every_process_of_a_dev_cluster() {
-    let Some(prometheus) = prometheus_bin() else {
-        assert!(
-            std::env::var("REQUIRE_PROMETHEUS").as_deref() != Ok("1"),
-            "REQUIRE_PROMETHEUS=1 but there is no prometheus binary on PATH"
-        );
-        eprintln!("SKIP: no prometheus binary (apt install prometheus)");
-        return;
-    };
+    let prometheus = prometheus_bin()
+        .expect("this test needs the prometheus binary on PATH (apt-get install prometheus; scripts/setup.sh does)");
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     let base = free_run(NODES + 1);

@@ -52,8 +52,8 @@ pub trait TransportUnderTest: Send + Sync + 'static {
     /// A client.
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client;
 
-    /// Why this transport cannot run here (the cases then print SKIP, or fail when
-    /// `REQUIRE_RDMA=1`); `None` when it can.
+    /// Why this transport cannot run here (the cases then fail with it); `None` when
+    /// it can.
     fn unavailable() -> Option<String> {
         None
     }
@@ -596,31 +596,30 @@ fn tempfile_dir() -> std::path::PathBuf {
     p
 }
 
-/// Expands to one `#[tokio::test]` per conformance case for transport `$t`.
+/// Expands to one `#[tokio::test]` per conformance case for transport `$t`, each with
+/// the attributes given before it (e.g. `#[ignore = "needs a device"]`). A transport
+/// that cannot run here fails every case with the reason.
 #[macro_export]
 macro_rules! conformance_tests {
-    ($t:ty) => {
-        $crate::conformance_tests!(@cases $t;
+    ($(#[$attr:meta])* $t:ty) => {
+        $crate::conformance_tests!(@cases [$(#[$attr])*] $t;
             rpc_round_trip, multiplexed_out_of_order, errors_are_typed, deadlines, frame_limits,
             remote_read_returns_region_bytes, remote_read_checks, remote_read_concurrent_and_cancelled,
             wrong_secret_refused, backpressure_bounds_inflight, reconnects_after_restart,
             graceful_shutdown_finishes_inflight, dead_server_fails_calls_promptly);
     };
-    (@cases $t:ty; $($case:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $case() {
-                if let Some(why) = <$t as $crate::conformance::TransportUnderTest>::unavailable() {
-                    assert!(
-                        std::env::var("REQUIRE_RDMA").as_deref() != Ok("1"),
-                        "REQUIRE_RDMA=1 but the transport cannot run here: {why}"
-                    );
-                    eprintln!("SKIP {}: {why}", stringify!($case));
-                    return;
-                }
-                $crate::conformance::$case::<$t>().await;
+    (@cases $attrs:tt $t:ty; $($case:ident),* $(,)?) => {
+        $( $crate::conformance_tests!(@case $attrs $t; $case); )*
+    };
+    (@case [$(#[$attr:meta])*] $t:ty; $case:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        $(#[$attr])*
+        async fn $case() {
+            if let Some(why) = <$t as $crate::conformance::TransportUnderTest>::unavailable() {
+                panic!("the transport cannot run here: {why}");
             }
-        )*
+            $crate::conformance::$case::<$t>().await;
+        }
     };
 }
 

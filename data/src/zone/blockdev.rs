@@ -1597,6 +1597,8 @@ mod tests {
         }
     }
 
+    const NEEDS_A_DISK: &str = "this test needs a non-zoned block device in /dev (a disk or a loop device)";
+
     /// The first block device in /dev whose `queue/zoned` is `none`.
     fn non_zoned_block_device() -> Option<PathBuf> {
         std::fs::read_dir("/sys/block").ok()?.flatten().find_map(|entry| {
@@ -1607,14 +1609,11 @@ mod tests {
         })
     }
 
-    /// A non-zoned disk is refused from sysfs alone, before it is opened; runs where the machine
-    /// has one (loop devices, virtio disks).
+    /// A non-zoned disk is refused from sysfs alone, before it is opened (loop devices,
+    /// virtio disks).
     #[test]
     fn opening_a_non_zoned_block_device_is_unsupported() {
-        let Some(dev) = non_zoned_block_device() else {
-            println!("SKIP opening_a_non_zoned_block_device_is_unsupported: no non-zoned block device in /dev");
-            return;
-        };
+        let dev = non_zoned_block_device().expect(NEEDS_A_DISK);
         assert_unsupported(BlockZonedDevice::open(&dev), "queue/zoned = none");
     }
 
@@ -1624,20 +1623,8 @@ mod tests {
     /// O_EXCL, so harmless to a disk in use.
     #[test]
     fn the_running_kernel_accepts_the_size_queries() {
-        let Some(dev) = non_zoned_block_device() else {
-            println!("SKIP the_running_kernel_accepts_the_size_queries: no non-zoned block device in /dev");
-            return;
-        };
-        let file = match File::open(&dev) {
-            Ok(file) => file,
-            Err(e) => {
-                println!(
-                    "SKIP the_running_kernel_accepts_the_size_queries: cannot open {}: {e}",
-                    dev.display()
-                );
-                return;
-            }
-        };
+        let dev = non_zoned_block_device().expect(NEEDS_A_DISK);
+        let file = File::open(&dev).unwrap_or_else(|e| panic!("cannot open {}: {e}", dev.display()));
         let kernel = KernelIo { file };
         assert_eq!(kernel.zone_sectors().expect("BLKGETZONESZ"), 0, "{}", dev.display());
         assert_eq!(kernel.zone_count().expect("BLKGETNRZONES"), 0, "{}", dev.display());
