@@ -47,6 +47,28 @@ use tracing::{debug, info, warn};
 
 const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// The on-disk format of the chunk index (the `format` key of its `meta` table). 1: keys
+/// named a chunk alone (read and rewritten on open; the key was not yet written); 2:
+/// keys carry the version. An index of a newer format is refused, not misread.
+pub const INDEX_FORMAT: u64 = 2;
+
+/// Refuses an index written in a format this build does not read.
+fn check_index_format(db: &Database) -> StoreResult<()> {
+    let r = db.begin_read()?;
+    let found = match r.open_table(META) {
+        Ok(m) => m.get("format")?.map(|v| v.value()),
+        Err(redb::TableError::TableDoesNotExist(_)) => None,
+        Err(e) => return Err(e.into()),
+    };
+    match found {
+        Some(v) if v > INDEX_FORMAT || v == 0 => Err(StoreError::Index(format!(
+            "the chunk index has on-disk format {v}; this build reads formats 1 to {INDEX_FORMAT} \
+             (a newer release wrote it: run that release, see docs/operations.md \"Versions\")"
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// Sequence numbers are leased ahead in the index so that records appended but never
 /// committed before a crash are never numbered again.
 const SEQ_LEASE: u64 = 1 << 20;
@@ -337,6 +359,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
         } else {
             Database::create(index_path)?
         };
+        check_index_format(&db)?;
         let g = device.geometry();
         let mut map = BTreeMap::new();
         let mut leased = 0;
@@ -387,6 +410,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
             txn.commit()?;
             info!(chunks = legacy.len(), "chunk index keys rewritten with their versions");
+        }
+        {
+            let txn = db.begin_write()?;
+            txn.open_table(META)?.insert("format", INDEX_FORMAT)?;
+            txn.commit()?;
         }
         let zones_info = device.report_zones()?;
         let mut zones: Vec<ZoneAcct> = (0..g.zone_count).map(|_| ZoneAcct::default()).collect();
@@ -1059,6 +1087,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
             let mut m = txn.open_table(META)?;
             m.insert("seq_leased", max_seq + SEQ_LEASE)?;
+            m.insert("format", INDEX_FORMAT)?;
         }
         txn.commit()?;
         info!(chunks = newest.len(), "chunk index rebuilt from zones");

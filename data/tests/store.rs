@@ -435,3 +435,44 @@ fn run_model(seed: u64) {
         }
     }
 }
+
+/// An index written by a newer release (a format this build does not know) is refused
+/// with a message that names both formats, and the index is left as it was.
+#[test]
+fn an_index_of_a_newer_format_is_refused_not_misread() {
+    use redb::{ReadableDatabase, TableDefinition};
+    const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+    let dir = tempfile::tempdir().expect("tempdir");
+    {
+        let s = open(dir.path(), 4);
+        put(&s, key(1), 1, &data(1, 1, 5000)).expect("put");
+    }
+    let index = dir.path().join("index.redb");
+    let read_format = || {
+        let db = redb::Database::open(&index).expect("index");
+        let r = db.begin_read().expect("read");
+        r.open_table(META)
+            .expect("meta")
+            .get("format")
+            .expect("get")
+            .map(|v| v.value())
+    };
+    assert_eq!(
+        read_format(),
+        Some(shingle_data::store::INDEX_FORMAT),
+        "open writes its format"
+    );
+    {
+        let db = redb::Database::open(&index).expect("index");
+        let w = db.begin_write().expect("write");
+        w.open_table(META).expect("meta").insert("format", 99).expect("insert");
+        w.commit().expect("commit");
+    }
+    let dev = FileZonedDevice::open_or_create(&dir.path().join("dev"), geometry(4)).expect("device");
+    let err = ChunkStore::open(dev, &index, StoreOptions::default())
+        .err()
+        .expect("a newer format must be refused");
+    let msg = err.to_string();
+    assert!(msg.contains("format 99") && msg.contains("formats 1 to 2"), "{msg}");
+    assert_eq!(read_format(), Some(99), "the refused index is not rewritten");
+}

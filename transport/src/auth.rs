@@ -19,7 +19,14 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 const HELLO_MAGIC: [u8; 4] = *b"SHGH";
-const HANDSHAKE_VERSION: u8 = 1;
+/// The protocol version this build speaks: the server sends it in its hello and a
+/// client of another version refuses the connection before anything else is said. It
+/// covers the handshake, the frame layout and the body of every message kind of every
+/// service, so it goes up whenever any of them changes shape; a mixed-version cluster
+/// then refuses cleanly instead of misreading. 1: the first releases; 2: partition
+/// copies move in pieces (`Install` gone, `Pull` position-only, `InstallPiece` and
+/// `PullPiece` new). See docs/operations.md "Versions".
+pub const PROTOCOL_VERSION: u8 = 2;
 const NONCE_LEN: usize = 32;
 const MAC_LEN: usize = 32;
 const HELLO_LEN: usize = 8 + NONCE_LEN;
@@ -101,8 +108,10 @@ pub enum AuthError {
     /// The peer does not speak the Shingle handshake.
     #[error("peer is not a Shingle endpoint (bad hello)")]
     NotShingle,
-    /// The peer speaks a handshake version we do not.
-    #[error("peer speaks handshake version {0}, this build speaks 1")]
+    /// The peer speaks a protocol version we do not.
+    #[error(
+        "peer speaks protocol version {0}, this build speaks {PROTOCOL_VERSION}: run one release across the cluster"
+    )]
     Version(u8),
     /// The handshake did not finish in time.
     #[error("handshake timed out after {0:?}")]
@@ -137,7 +146,7 @@ async fn accept_inner<S: AsyncRead + AsyncWrite + Unpin>(
     let server_nonce = nonce()?;
     let mut hello = [0u8; HELLO_LEN];
     hello[..4].copy_from_slice(&HELLO_MAGIC);
-    hello[4] = HANDSHAKE_VERSION;
+    hello[4] = PROTOCOL_VERSION;
     hello[8..].copy_from_slice(&server_nonce);
     stream.write_all(&hello).await?;
     stream.flush().await?;
@@ -185,7 +194,7 @@ async fn connect_inner<S: AsyncRead + AsyncWrite + Unpin>(
     if hello[..4] != HELLO_MAGIC || hello[5..8] != [0, 0, 0] {
         return Err(AuthError::NotShingle);
     }
-    if hello[4] != HANDSHAKE_VERSION {
+    if hello[4] != PROTOCOL_VERSION {
         return Err(AuthError::Version(hello[4]));
     }
     let mut server_nonce = [0u8; NONCE_LEN];
@@ -231,6 +240,29 @@ mod tests {
         y.expect("client side");
     }
 
+    /// A server of another protocol version is refused by the client at its hello,
+    /// with both versions named, before the client sends anything.
+    #[tokio::test]
+    async fn another_protocol_version_is_refused() {
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let s = secret("0123456789abcdef-same");
+        let t = Duration::from_secs(5);
+        let mut hello = [0u8; HELLO_LEN];
+        hello[..4].copy_from_slice(&HELLO_MAGIC);
+        hello[4] = PROTOCOL_VERSION + 1;
+        a.write_all(&hello).await.expect("hello");
+        let e = connect(&mut b, &s, t).await.expect_err("refused");
+        assert!(matches!(e, AuthError::Version(v) if v == PROTOCOL_VERSION + 1), "{e}");
+        assert!(
+            e.to_string().contains(&format!("this build speaks {PROTOCOL_VERSION}")),
+            "{e}"
+        );
+        drop(b);
+        let mut rest = Vec::new();
+        a.read_to_end(&mut rest).await.expect("read");
+        assert!(rest.is_empty(), "the client said nothing after the hello");
+    }
+
     #[tokio::test]
     async fn wrong_secret_is_refused_on_both_sides() {
         let (mut a, mut b) = tokio::io::duplex(1024);
@@ -248,7 +280,7 @@ mod tests {
         let fake = async move {
             let mut hello = [0u8; HELLO_LEN];
             hello[..4].copy_from_slice(&HELLO_MAGIC);
-            hello[4] = 1;
+            hello[4] = PROTOCOL_VERSION;
             a.write_all(&hello).await.expect("write");
             let mut p = [0u8; PROOF_LEN];
             a.read_exact(&mut p).await.expect("read");

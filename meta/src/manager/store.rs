@@ -44,6 +44,7 @@ const LOG: TableDefinition<u64, &[u8]> = TableDefinition::new("raft_log");
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("raft_meta");
 
 const K_NODE_ID: &str = "node_id";
+const K_FORMAT: &str = "format";
 const K_VOTE: &str = "vote";
 const K_COMMITTED: &str = "committed";
 const K_PURGED: &str = "last_purged";
@@ -68,6 +69,9 @@ pub(crate) enum DbError {
         /// Decoder message.
         message: String,
     },
+    /// Written by a build with a newer on-disk format.
+    #[error("{0}")]
+    Format(String),
     /// The directory belongs to another manager.
     #[error("manager directory belongs to node {found}, not {expected}")]
     WrongNode {
@@ -150,6 +154,22 @@ pub(crate) fn open(dir: &Path, node_id: u64) -> Result<Arc<Database>, DbError> {
     {
         txn.open_table(LOG)?;
         let mut m = txn.open_table(META)?;
+        let found = match m.get(K_FORMAT)?.map(|v| v.value().to_vec()) {
+            None => None,
+            Some(b) => {
+                Some(
+                    <[u8; 8]>::try_from(b.as_slice())
+                        .map(u64::from_le_bytes)
+                        .map_err(|_| DbError::Corrupt {
+                            what: "format",
+                            message: format!("{} bytes, expected 8", b.len()),
+                        })?,
+                )
+            }
+        };
+        let what = dir.join(DB_FILE).display().to_string();
+        crate::format::check(&what, found, crate::format::MANAGER_STORE_FORMAT).map_err(DbError::Format)?;
+        m.insert(K_FORMAT, &crate::format::MANAGER_STORE_FORMAT.to_le_bytes()[..])?;
         let stored = m.get(K_NODE_ID)?.map(|v| v.value().to_vec());
         match stored {
             None => {

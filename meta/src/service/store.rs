@@ -16,6 +16,7 @@ use tokio::sync::oneshot;
 
 const RECORDS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("records");
 const PARTS: TableDefinition<u32, &[u8]> = TableDefinition::new("parts");
+const FORMAT: TableDefinition<&str, u64> = TableDefinition::new("format");
 const FILE: &str = "meta.redb";
 
 /// Storage failure (the node stops serving the partition rather than guess).
@@ -91,6 +92,11 @@ impl MetaStore {
         let db = Database::create(&path).map_err(|e| StoreError(format!("open {}: {e}", path.display())))?;
         let w = db.begin_write().map_err(err)?;
         {
+            let mut f = w.open_table(FORMAT).map_err(err)?;
+            let found = f.get("format").map_err(err)?.map(|v| v.value());
+            crate::format::check(&path.display().to_string(), found, crate::format::META_STORE_FORMAT)
+                .map_err(StoreError)?;
+            f.insert("format", crate::format::META_STORE_FORMAT).map_err(err)?;
             w.open_table(RECORDS).map_err(err)?;
             w.open_table(PARTS).map_err(err)?;
         }
@@ -247,5 +253,22 @@ mod tests {
         assert_eq!(meta.state_epoch, Epoch(4));
         assert_eq!(recs.len(), 1);
         assert!(loaded.contains_key(&PartitionId(3)));
+    }
+
+    #[test]
+    fn a_store_of_a_newer_format_is_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(MetaStore::open(dir.path()).expect("open"));
+        {
+            let db = Database::create(dir.path().join(FILE)).expect("db");
+            let w = db.begin_write().expect("write");
+            w.open_table(FORMAT)
+                .expect("format")
+                .insert("format", 7)
+                .expect("insert");
+            w.commit().expect("commit");
+        }
+        let e = MetaStore::open(dir.path()).err().expect("refused");
+        assert!(e.0.contains("on-disk format 7; this build reads formats 1 to 1"), "{e}");
     }
 }
