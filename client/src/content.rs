@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 /// Largest file size: offsets past this fail with `EFBIG`.
-pub const MAX_FILE_BYTES: u64 = 1 << 62;
+pub use shingle_meta::namespace::MAX_FILE_BYTES;
 
 /// Where bytes of a read come from, in order.
 #[derive(Clone, Debug, PartialEq, Eq)]

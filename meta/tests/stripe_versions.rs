@@ -14,6 +14,9 @@ fn policy() -> Layout {
     }
 }
 
+/// A size that reaches into stripe 1 (stripes of 4 MiB).
+const TWO_STRIPES: u64 = (4 << 20) + 4096;
+
 fn write(stripe: u64, base: u64, version: u64) -> StripeWrite {
     StripeWrite {
         stripe,
@@ -66,14 +69,14 @@ fn commits_are_compare_and_set_on_the_base_version() {
         .expect("retry");
     // A failed commit changes nothing, not even the stripes that did match.
     assert_eq!(
-        ns.commit_write(f, &policy(), 8192, &[write(1, 0, v + 2), write(0, 7, v + 3)], 6),
+        ns.commit_write(f, &policy(), TWO_STRIPES, &[write(1, 0, v + 2), write(0, 7, v + 3)], 6),
         Err(Errno::ESTALE)
     );
     let l = ns.layout(f).expect("layout").expect("a file layout");
     assert_eq!(l.stripes.len(), 1);
     assert_eq!(l.stripes[&0].version, v);
     // Based on the committed version, it applies.
-    ns.commit_write(f, &policy(), 8192, &[write(0, v, v + 4), write(1, 0, v + 5)], 7)
+    ns.commit_write(f, &policy(), TWO_STRIPES, &[write(0, v, v + 4), write(1, 0, v + 5)], 7)
         .expect("next");
     let l = ns.layout(f).expect("layout").expect("a file layout");
     assert_eq!((l.stripes[&0].version, l.stripes[&1].version), (v + 4, v + 5));
@@ -99,4 +102,59 @@ fn commits_take_only_reserved_versions_and_valid_records() {
     let bad = Layout { unit: 0, ..policy() };
     assert_eq!(ns.commit_write(f, &bad, 1, &[write(0, 0, v)], 3), Err(Errno::EINVAL));
     ns.commit_write(f, &policy(), 1, &[write(0, 0, v)], 3).expect("valid");
+}
+
+/// What a hostile (authenticated) client could send in a commit or a relocation: every
+/// field is refused before anything changes, so no reader of the file can be made to
+/// index past a shard list or to meet a stripe beyond the end of the file.
+#[test]
+fn commits_and_relocations_refuse_out_of_range_fields() {
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let v = ns.reserve_versions(f, &policy(), 8).expect("reserve");
+    let mut long = write(0, 0, v);
+    long.rec.nodes = vec![1; 7];
+    assert_eq!(
+        ns.commit_write(f, &policy(), 4096, &[long], 3),
+        Err(Errno::EINVAL),
+        "7 shards for 4+2"
+    );
+    assert_eq!(
+        ns.commit_write(f, &policy(), 4096, &[write(1, 0, v)], 3),
+        Err(Errno::EINVAL),
+        "a stripe that starts past the size"
+    );
+    assert_eq!(
+        ns.commit_write(f, &policy(), 4096, &[write(u64::MAX / 2, 0, v)], 3),
+        Err(Errno::EINVAL),
+        "a stripe whose offset overflows"
+    );
+    let huge = shingle_meta::namespace::MAX_FILE_BYTES + 1;
+    assert_eq!(
+        ns.commit_write(f, &policy(), huge, &[write(0, 0, v)], 3),
+        Err(Errno::EINVAL)
+    );
+    assert_eq!(
+        ns.layout(f).expect("layout").expect("layout").stripes.len(),
+        0,
+        "nothing applied"
+    );
+
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3)
+        .expect("valid");
+    assert_eq!(
+        ns.relocate_shards(f, 0, v, &[(6, 9)]),
+        Err(Errno::EINVAL),
+        "shard 6 of a 4+2 stripe"
+    );
+    assert_eq!(ns.relocate_shards(f, 0, v, &[(u32::MAX, 9)]), Err(Errno::EINVAL));
+    assert_eq!(ns.relocate_shards(f, 0, v, &[(5, 9)]), Ok(true));
+    let l = ns.layout(f).expect("layout").expect("layout");
+    assert_eq!(l.stripes[&0].nodes, vec![1, 2, 3, 4, 5, 9]);
+
+    let set = shingle_meta::namespace::SetAttr {
+        size: Some(huge),
+        ..Default::default()
+    };
+    assert_eq!(ns.setattr(&Creds::root(), f, &set, 4), Err(Errno::EFBIG));
 }

@@ -1125,10 +1125,24 @@ impl Namespace {
         if !policy.policy_is_valid() {
             return Err(Errno::EINVAL);
         }
+        if size > MAX_FILE_BYTES {
+            return Err(Errno::EINVAL);
+        }
         let mut new = rec;
+        let new_size = new.attr.size.max(size);
         let layout = Self::file_layout(&mut new, policy)?;
+        let shards = usize::from(layout.k) + usize::from(layout.m);
         for w in stripes {
-            if w.rec.version == 0 || w.rec.version >= layout.next_version || w.rec.len > layout.stripe_bytes() {
+            // Every field of a written stripe is checked: a version this file handed
+            // out, data that fits the stripe, a shard list no longer than the policy,
+            // and a stripe that starts inside the committed size.
+            let start = w.stripe.checked_mul(layout.stripe_bytes());
+            if w.rec.version == 0
+                || w.rec.version >= layout.next_version
+                || w.rec.len > layout.stripe_bytes()
+                || w.rec.nodes.len() > shards
+                || start.is_none_or(|s| s >= new_size)
+            {
                 return Err(Errno::EINVAL);
             }
             let cur = layout.stripes.get(&w.stripe).map_or(0, |r| r.version);
@@ -1139,7 +1153,7 @@ impl Namespace {
         for w in stripes {
             layout.stripes.insert(w.stripe, w.rec.clone());
         }
-        new.attr.size = new.attr.size.max(size);
+        new.attr.size = new_size;
         new.attr.mtime = now;
         new.attr.ctime = now;
         // Writing clears set-user-id (and set-group-id when group-executable), as Linux does.
@@ -1162,7 +1176,14 @@ impl Namespace {
     pub fn relocate_shards(&mut self, ino: Ino, stripe: u64, version: u64, moves: &[(u32, u64)]) -> NsResult<bool> {
         let rec = self.rec(ino)?.clone();
         let mut new = rec;
-        let Some(rec) = new.layout.as_mut().and_then(|l| l.stripes.get_mut(&stripe)) else {
+        let Some(layout) = new.layout.as_mut() else {
+            return Ok(false);
+        };
+        let shards = u32::from(layout.k) + u32::from(layout.m);
+        if moves.iter().any(|(i, _)| *i >= shards) {
+            return Err(Errno::EINVAL);
+        }
+        let Some(rec) = layout.stripes.get_mut(&stripe) else {
             return Ok(false);
         };
         if rec.version != version {

@@ -1,7 +1,7 @@
 //! POSIX permission rules, as pure functions (the same rules Linux applies for a local
 //! filesystem without ACLs).
 
-use super::types::{Attr, Creds, Errno, FileKind, NsResult, S_ISGID, S_ISUID, S_ISVTX, SetAttr};
+use super::types::{Attr, Creds, Errno, FileKind, MAX_FILE_BYTES, NsResult, S_ISGID, S_ISUID, S_ISVTX, SetAttr};
 
 /// Read permission bit in an access mask.
 pub const R: u32 = 4;
@@ -78,6 +78,9 @@ pub fn apply_setattr(creds: &Creds, attr: &Attr, set: &SetAttr, now: i64) -> NsR
             return Err(Errno::EINVAL);
         }
         check(creds, attr, W)?;
+        if size > MAX_FILE_BYTES {
+            return Err(Errno::EFBIG);
+        }
         a.size = size;
         a.mtime = now;
         // Writing to a file by a non-owner clears setuid/setgid like write(2) does.

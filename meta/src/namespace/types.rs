@@ -245,6 +245,10 @@ impl SetAttr {
     pub const NOW: TimeNs = TimeNs::MIN;
 }
 
+/// Largest file size: sizes and offsets past it fail with `EFBIG` (clients) or are
+/// refused by the metadata service (`EFBIG` for a truncate, `EINVAL` in a commit).
+pub const MAX_FILE_BYTES: u64 = 1 << 62;
+
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
