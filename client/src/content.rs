@@ -625,6 +625,33 @@ mod tests {
         }
     }
 
+    /// The metadata service validates policies by the data nodes' limits: the two
+    /// crates must agree on them.
+    #[test]
+    fn metadata_and_data_agree_on_policy_limits() {
+        use shingle_meta::namespace::types::MAX_UNIT_BYTES;
+        assert_eq!(MAX_UNIT_BYTES, shingle_data::ec::MAX_UNIT_BYTES);
+        let p = |k, m, unit| shingle_meta::namespace::Layout {
+            k,
+            m,
+            unit,
+            ..Default::default()
+        };
+        for (k, m, unit) in [
+            (4, 2, 1 << 20),
+            (1, 1, 4096),
+            (16, 16, MAX_UNIT_BYTES),
+            (4, 0, 1 << 20),
+            (0, 2, 4096),
+            (30, 3, 4096),
+            (4, 2, MAX_UNIT_BYTES + 4096),
+        ] {
+            let meta_ok = p(k, m, unit).policy_is_valid();
+            let data_ok = shingle_data::ec::EcPolicy::new(k, m, unit).is_ok();
+            assert_eq!(meta_ok, data_ok, "{k}+{m} unit {unit}");
+        }
+    }
+
     #[test]
     fn partial_write_of_a_committed_stripe_fetches_it_first() {
         let mut c = Content::new(16, BTreeMap::from([(0, rec(5, 16))]), 16);

@@ -568,6 +568,10 @@ where
         if want >= n {
             return Err(bad(format!("shard {want} is not in a {k}+{m} stripe")));
         }
+        // Each source may cost a connection attempt: a stripe has at most n of them.
+        if req.sources.len() > n {
+            return Err(bad(format!("{} sources for a {k}+{m} stripe", req.sources.len())));
+        }
         if req.if_missing && self.store.lookup_version(&key, req.version).is_some() {
             return Ok(RepairShardResponse { bytes: 0 });
         }
@@ -741,7 +745,11 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
             return Ok(r.data);
         }
         let (off, want) = if len == 0 { (0, r.region_len) } else { (offset, len) };
-        let want = u32::try_from(want).map_err(|_| ShardReadError::Checksum(id))?;
+        // The buffer is sized from the answer: no shard is larger than a chunk payload.
+        let want = u32::try_from(want)
+            .ok()
+            .filter(|w| *w <= crate::chunk::MAX_CHUNK_PAYLOAD)
+            .ok_or(ShardReadError::Checksum(id))?;
         let (res, buf) = client
             .read(node, r.key(), off, want, BytesMut::with_capacity(want as usize))
             .await;

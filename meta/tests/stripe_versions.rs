@@ -158,3 +158,43 @@ fn commits_and_relocations_refuse_out_of_range_fields() {
     };
     assert_eq!(ns.setattr(&Creds::root(), f, &set, 4), Err(Errno::EFBIG));
 }
+
+/// Policies the data nodes cannot store (no parity, a unit past their limit) are
+/// refused by the metadata service too, and an inode's extended attributes have a
+/// total bound, so no record grows past what a batch or a copy carries.
+#[test]
+fn policies_and_attributes_are_bounded() {
+    use shingle_meta::namespace::XattrMode;
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    for bad in [
+        Layout { m: 0, ..policy() },
+        Layout {
+            unit: shingle_meta::namespace::types::MAX_UNIT_BYTES + 4096,
+            ..policy()
+        },
+    ] {
+        assert_eq!(ns.reserve_versions(f, &bad, 1), Err(Errno::EINVAL), "{bad:?}");
+        assert_eq!(ns.set_layout(&Creds::root(), f, &bad, 2), Err(Errno::EINVAL), "{bad:?}");
+    }
+    let value = vec![7u8; 60_000];
+    let mut stored = 0;
+    let refused = (0..10).find_map(|i| {
+        let name = format!("user.a{i}");
+        match ns.setxattr(&Creds::root(), f, name.as_bytes(), &value, XattrMode::Any, 3) {
+            Ok(()) => {
+                stored += 1;
+                None
+            }
+            Err(e) => Some(e),
+        }
+    });
+    assert_eq!(refused, Some(Errno::ENOSPC));
+    assert_eq!(
+        stored, 4,
+        "four values of 60,000 bytes fit in 256 KiB, a fifth does not"
+    );
+    // Replacing a value with a smaller one still works at the limit.
+    ns.setxattr(&Creds::root(), f, b"user.a0", b"small", XattrMode::Replace, 4)
+        .expect("replace");
+}

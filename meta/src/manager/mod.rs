@@ -58,11 +58,12 @@ mod types;
 pub use client::{fetch_map, propose};
 pub use types::{ManagerNode, MapRefusal, MapResponse, TypeConfig};
 
-use crate::ids::Epoch;
+use crate::ids::{Epoch, NodeId};
 use crate::map::{ClusterMap, MapCommand, MapError};
 use bytes::Bytes;
 use network::Network;
 use openraft::error::{ClientWriteError, Fatal, InitializeError, RaftError};
+use openraft::raft::InstallSnapshotRequest;
 use openraft::{Config, Raft, ServerState, SnapshotPolicy};
 use rpc::{GetMapRequest, GetMapResponse, ProposeRequest, ProposeResponse, app_code, kinds};
 use serde::Serialize;
@@ -389,7 +390,16 @@ impl ManagerSlot {
             let s = s.clone();
             async move {
                 let m = s.get()?;
-                let req = decode_request(&payload)?;
+                let req: InstallSnapshotRequest<TypeConfig> = decode_request(&payload)?;
+                // openraft writes a chunk at its offset, filling the gap with zeros: an
+                // offset from the request must stay within what a map snapshot can be.
+                let end = req.offset.checked_add(req.data.len() as u64);
+                if end.is_none_or(|e| e > MAX_SNAPSHOT_BYTES) {
+                    return Err(Status::new(
+                        Code::InvalidRequest,
+                        format!("snapshot chunk past {MAX_SNAPSHOT_BYTES} bytes"),
+                    ));
+                }
                 encode_reply(&m.raft.install_snapshot(req).await)
             }
         };
@@ -454,7 +464,10 @@ impl ManagerSlot {
             let s = s.clone();
             async move {
                 let m = s.get()?;
-                if req.node_id != 0 {
+                // Only nodes of the map are watched (an unknown id would add an entry
+                // that nothing ever removes).
+                let known = m.map_rx.borrow().nodes.contains_key(&NodeId(req.node_id));
+                if req.node_id != 0 && known {
                     let now = Instant::now();
                     let mut seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
                     let e = seen.entry(req.node_id).or_insert_with(|| Seen {
@@ -492,6 +505,10 @@ impl ManagerSlot {
             .rpc::<rpc::Propose, _, _>(propose)
     }
 }
+
+/// Largest cluster-map snapshot a manager accepts (a map of thousands of nodes is a few
+/// MiB).
+const MAX_SNAPSHOT_BYTES: u64 = 256 << 20;
 
 fn decode_request<T: DeserializeOwned>(payload: &[u8]) -> Result<T, Status> {
     serde_json::from_slice(payload)

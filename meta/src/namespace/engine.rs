@@ -64,6 +64,8 @@ pub enum XattrMode {
 
 /// Largest extended attribute value.
 pub const XATTR_SIZE_MAX: usize = 65_536;
+/// Most bytes of extended attributes (names and values) one inode holds.
+pub const XATTR_TOTAL_MAX: usize = 256 << 10;
 
 /// A namespace of `P` partitions, held in memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -994,6 +996,11 @@ impl Namespace {
         }
         let mut new = rec;
         new.xattrs.insert(name.to_vec(), value.to_vec());
+        // The inode record carries its attributes in every batch and copy: their total
+        // is bounded as a disk's inode space is (ENOSPC, as ext4 and XFS answer).
+        if new.xattrs.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>() > XATTR_TOTAL_MAX {
+            return Err(Errno::ENOSPC);
+        }
         new.attr.ctime = now;
         let p = ino.partition();
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
@@ -1042,8 +1049,7 @@ impl Namespace {
             FileKind::File => return Err(Errno::EBUSY),
             _ => return Err(Errno::EINVAL),
         }
-        let k = usize::from(policy.k);
-        if k == 0 || policy.m == 0 || k + usize::from(policy.m) > 32 || policy.unit == 0 || policy.unit % 4096 != 0 {
+        if !policy.policy_is_valid() {
             return Err(Errno::EINVAL);
         }
         let mut new = rec;

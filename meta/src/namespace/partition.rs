@@ -14,6 +14,11 @@ use crate::ids::{Ino, PartitionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
+/// A link count changed by `delta`, kept within 0..=u32::MAX whatever the delta.
+fn add_links(nlink: u32, delta: i64) -> u32 {
+    i64::from(nlink).saturating_add(delta).clamp(0, i64::from(u32::MAX)) as u32
+}
+
 /// An inode record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InodeRec {
@@ -286,8 +291,8 @@ impl Partition {
                 time,
             } => {
                 if let Some(r) = self.inodes.get_mut(dir) {
-                    r.attr.size = (r.attr.size as i64 + entries).max(0) as u64;
-                    r.attr.nlink = (i64::from(r.attr.nlink) + subdirs).max(0) as u32;
+                    r.attr.size = r.attr.size.saturating_add_signed(*entries);
+                    r.attr.nlink = add_links(r.attr.nlink, *subdirs);
                     r.attr.mtime = *time;
                     r.attr.ctime = *time;
                 }
@@ -295,7 +300,7 @@ impl Partition {
             Mutation::AdjustLinks { ino, delta, time } => {
                 let remove = match self.inodes.get_mut(ino) {
                     Some(r) => {
-                        r.attr.nlink = (i64::from(r.attr.nlink) + delta).max(0) as u32;
+                        r.attr.nlink = add_links(r.attr.nlink, *delta);
                         r.attr.ctime = *time;
                         (r.attr.nlink == 0 && r.attr.kind != FileKind::Dir).then_some(r.attr.kind)
                     }

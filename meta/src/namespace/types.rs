@@ -249,6 +249,9 @@ impl SetAttr {
 /// refused by the metadata service (`EFBIG` for a truncate, `EINVAL` in a commit).
 pub const MAX_FILE_BYTES: u64 = 1 << 62;
 
+/// Largest stripe unit (bytes per shard); the data nodes' `ec::MAX_UNIT_BYTES`.
+pub const MAX_UNIT_BYTES: u32 = 64 << 20;
+
 /// Longest name component.
 pub const NAME_MAX: usize = 255;
 /// Longest symlink target.
@@ -304,11 +307,17 @@ impl Layout {
         }
     }
 
-    /// Whether the policy can hold data: 1 ≤ k, k + m ≤ 32, a unit that is a positive
-    /// multiple of 4 KiB.
+    /// Whether the policy can hold data, by the data nodes' rules too: 1 ≤ k, 1 ≤ m,
+    /// k + m ≤ 32, a unit that is a positive multiple of 4 KiB of at most
+    /// [`MAX_UNIT_BYTES`].
     pub fn policy_is_valid(&self) -> bool {
         let k = usize::from(self.k);
-        k >= 1 && k + usize::from(self.m) <= 32 && self.unit != 0 && self.unit % 4096 == 0
+        k >= 1
+            && self.m >= 1
+            && k + usize::from(self.m) <= 32
+            && self.unit != 0
+            && self.unit % 4096 == 0
+            && self.unit <= MAX_UNIT_BYTES
     }
 
     /// Drops stripes that lie wholly at or beyond `size`.

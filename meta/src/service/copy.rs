@@ -35,6 +35,28 @@ pub struct CopyId {
     pub total: u64,
 }
 
+impl CopyId {
+    /// Whether a copy with this position can come from a member of a cluster at map
+    /// epoch `epoch`: a reign not of a later epoch, a log position and a counter mark
+    /// with room to go on. Anything else could only come from a peer that lies, and
+    /// would leave the partition unable to take a batch, a takeover or an inode number.
+    pub fn check(&self, epoch: Epoch) -> Result<(), String> {
+        if self.state_epoch.0 >> super::replica::REIGN_SEQ_BITS > epoch.0 {
+            return Err(format!(
+                "a copy of reign {:#x}, after map epoch {}",
+                self.state_epoch.0, epoch.0
+            ));
+        }
+        if self.lsn >= u64::MAX / 2 {
+            return Err(format!("a copy at lsn {}", self.lsn));
+        }
+        if self.counter_hwm > 1 << crate::ids::Ino::COUNTER_BITS {
+            return Err(format!("a copy with counter mark {}", self.counter_hwm));
+        }
+        Ok(())
+    }
+}
+
 /// What a piece left the receiver with.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Took {
@@ -137,6 +159,27 @@ pub fn max_rounds(total: u64, size: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn impossible_positions_are_refused() {
+        let ok = CopyId {
+            state_epoch: Epoch(5 << super::super::replica::REIGN_SEQ_BITS | 3),
+            lsn: 40,
+            counter_hwm: 2048,
+            total: 10,
+        };
+        assert_eq!(ok.check(Epoch(5)), Ok(()));
+        assert!(ok.check(Epoch(4)).is_err(), "a reign of a later epoch");
+        assert!(CopyId { lsn: u64::MAX, ..ok }.check(Epoch(5)).is_err());
+        assert!(
+            CopyId {
+                counter_hwm: u64::MAX,
+                ..ok
+            }
+            .check(Epoch(5))
+            .is_err()
+        );
+    }
 
     fn id(state: u64, lsn: u64, total: u64) -> CopyId {
         CopyId {

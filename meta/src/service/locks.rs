@@ -54,6 +54,8 @@ impl LockTable {
     fn try_lock(&self, keys: &[u64], owner: u64, lease: Duration) -> bool {
         let now = Instant::now();
         let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        // Expired leases go, so the table holds only live locks.
+        held.retain(|_, (_, until, _)| *until > now);
         let free = keys
             .iter()
             .all(|k| held.get(k).is_none_or(|(o, until, _)| *o == owner || *until <= now));

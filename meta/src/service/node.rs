@@ -517,6 +517,16 @@ impl MetaNode {
             };
             match call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
                 Ok(pos) => {
+                    let id = super::copy::CopyId {
+                        state_epoch: pos.state_epoch,
+                        lsn: pos.lsn,
+                        counter_hwm: pos.counter_hwm,
+                        total: 0,
+                    };
+                    if let Err(e) = id.check(v.map.epoch) {
+                        warn!(partition = p.0, node = n.0, error = %e, "ignoring an impossible position");
+                        continue;
+                    }
                     reached += 1;
                     any_serving |= pos.serving;
                     reigns.push(pos.state_epoch);
@@ -566,7 +576,11 @@ impl MetaNode {
             st.resume_counters();
             st.meta.state_epoch = reign;
             st.meta.lsn = 0;
-            st.meta.counter_hwm = st.meta.counter_hwm.max(st.part.next_counter()) + super::replica::COUNTER_BLOCK;
+            st.meta.counter_hwm = st
+                .meta
+                .counter_hwm
+                .max(st.part.next_counter())
+                .saturating_add(super::replica::COUNTER_BLOCK);
             Write::install(p, &st)
         };
         self.inner.store.commit(vec![write]).await.map_err(|e| e.to_string())?;
@@ -805,7 +819,7 @@ impl MetaNode {
             if st.meta.state_epoch == req.state_epoch && req.lsn <= st.meta.lsn {
                 return Ok(ReplicaAck::Done);
             }
-            if st.meta.state_epoch != req.state_epoch || st.meta.lsn + 1 != req.lsn {
+            if st.meta.state_epoch != req.state_epoch || st.meta.lsn.checked_add(1) != Some(req.lsn) {
                 return Ok(ReplicaAck::NeedInstall);
             }
             let keys = st.apply(&req.ops);
@@ -833,6 +847,9 @@ impl MetaNode {
         if !v.members(p).contains(&self.me()) {
             return Err(stale(format!("not a member of partition {}", p.0)));
         }
+        req.copy
+            .check(v.map.epoch)
+            .map_err(|e| Status::new(Code::InvalidRequest, e))?;
         let took = {
             let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
             let asm = staging.entry(p).or_default();
@@ -907,8 +924,7 @@ impl MetaNode {
     /// the new reign reinstalls every member).
     async fn on_pull(&self, req: Pull) -> Result<Pulled, Status> {
         self.check_epoch(req.epoch).await?;
-        let parts = self.view().map.partitions;
-        let slot = self.slot_or_create(req.partition, parts);
+        let slot = self.member_slot(req.partition)?;
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
         let st = slot.read();
@@ -924,8 +940,7 @@ impl MetaNode {
     /// while the copy stays at the same position (and dropped after the last piece).
     async fn on_pull_piece(&self, req: PullPiece) -> Result<PulledPiece, Status> {
         self.check_epoch(req.epoch).await?;
-        let parts = self.view().map.partitions;
-        let slot = self.slot_or_create(req.partition, parts);
+        let slot = self.member_slot(req.partition)?;
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
         let (copy, bytes) = {
@@ -964,6 +979,17 @@ impl MetaNode {
         })
     }
 
+    /// The copy of `p` on this node, made if absent, when this node is one of `p`'s
+    /// members in its map (only members hold copies: anything else could make a node
+    /// keep slots for partitions it does not host).
+    fn member_slot(&self, p: PartitionId) -> Result<Arc<Slot>, Status> {
+        let v = self.view();
+        if !v.members(p).contains(&self.me()) {
+            return Err(stale(format!("not a member of partition {}", p.0)));
+        }
+        Ok(self.slot_or_create(p, v.map.partitions))
+    }
+
     async fn on_alloc(&self, req: Alloc) -> Result<u64, Status> {
         let slot = self.primary_slot(req.partition)?;
         let (c, raise) = slot.write_state().next_counter();
@@ -987,6 +1013,19 @@ impl MetaNode {
             )));
         }
         let n = req.inodes.len();
+        if n + req.dentries.len() > super::wire::MAX_FETCH {
+            return Err(Status::new(
+                Code::InvalidRequest,
+                format!("a fetch names at most {} records", super::wire::MAX_FETCH),
+            ));
+        }
+        if req
+            .dentries
+            .iter()
+            .any(|(_, name)| name.len() > crate::namespace::types::NAME_MAX)
+        {
+            return Err(errno_status(Errno::ENAMETOOLONG));
+        }
         let mut out = Fetched {
             inodes: Vec::with_capacity(n),
             dentries: Vec::with_capacity(req.dentries.len()),
@@ -1077,9 +1116,14 @@ impl MetaNode {
                 partitions,
             } => {
                 let limit = (*limit).clamp(1, 4096) as usize;
-                let mut all = Vec::new();
+                // Each partition once, and only partitions that exist: the reply holds
+                // at most 2 × limit entries at any time.
+                let mut wanted: Vec<PartitionId> = partitions.iter().copied().filter(|p| p.0 < parts).collect();
+                wanted.sort_unstable();
+                wanted.dedup();
+                let mut all: Vec<DirEntry> = Vec::new();
                 let mut missing = Vec::new();
-                for p in partitions {
+                for p in &wanted {
                     match self.serving(*p) {
                         Ok(s) => all.extend(
                             s.read()
@@ -1093,6 +1137,10 @@ impl MetaNode {
                                 }),
                         ),
                         Err(_) => missing.push(*p),
+                    }
+                    if all.len() > limit {
+                        all.sort_by(|a, b| a.name.cmp(&b.name));
+                        all.truncate(limit);
                     }
                 }
                 all.sort_by(|a, b| a.name.cmp(&b.name));
@@ -1565,6 +1613,12 @@ impl MetaNode {
         r = self.route::<Lock, _, _>(r, |n, _, req| {
             let span = info_span!("meta.lock", keys = req.keys.len(), release = req.release);
             async move {
+                if req.keys.len() > super::wire::MAX_LOCK_KEYS {
+                    return Err(Status::new(
+                        Code::InvalidRequest,
+                        format!("a lock names at most {} keys", super::wire::MAX_LOCK_KEYS),
+                    ));
+                }
                 if req.release {
                     n.inner.locks.release(&req.keys, req.owner);
                     return Ok(true);

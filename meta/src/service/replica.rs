@@ -276,9 +276,9 @@ impl Replica {
     /// rise first, the new mark to persist (and replicate) before the counter is used.
     pub fn next_counter(&mut self) -> (u64, Option<u64>) {
         let c = self.part.next_counter().max(1);
-        self.part.set_next_counter(c + 1);
-        if c + 1 > self.meta.counter_hwm {
-            let hwm = c + COUNTER_BLOCK;
+        self.part.set_next_counter(c.saturating_add(1));
+        if c.saturating_add(1) > self.meta.counter_hwm {
+            let hwm = c.saturating_add(COUNTER_BLOCK);
             (c, Some(hwm))
         } else {
             (c, None)

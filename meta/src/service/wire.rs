@@ -409,6 +409,12 @@ pub enum OpReply {
 }
 meta_rpc!(Op, 0x0401, OpReply);
 
+/// Most records one [`Fetch`] may name (a coordinator needs about eight).
+pub const MAX_FETCH: usize = 64;
+
+/// Most keys one [`Lock`] may name (an operation takes at most five).
+pub const MAX_LOCK_KEYS: usize = 8;
+
 /// Records a coordinator reads, from the primary of their partitions.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fetch {
