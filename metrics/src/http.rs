@@ -28,9 +28,26 @@ pub struct Endpoint {
     task: JoinHandle<()>,
 }
 
+/// Whether an endpoint may listen on `addr`: a loopback address always; any other only
+/// when the operator said so (`expose`), because the endpoint has no authentication.
+pub fn check_exposure(addr: SocketAddr, expose: bool) -> Result<(), String> {
+    if addr.ip().is_loopback() || expose {
+        Ok(())
+    } else {
+        Err(format!(
+            "metrics address {addr} is reachable from other hosts and the endpoint has no \
+             authentication: listen on 127.0.0.1 (or [::1]), or expose it on purpose \
+             ([metrics] expose = true, SHINGLE_METRICS_EXPOSE=1, or --metrics-expose) and \
+             restrict who can reach the port"
+        ))
+    }
+}
+
 impl Endpoint {
-    /// Binds `addr` and serves until dropped.
-    pub async fn bind(addr: SocketAddr) -> std::io::Result<Endpoint> {
+    /// Binds `addr` and serves until dropped. An address other hosts can reach needs
+    /// `expose` ([`check_exposure`]).
+    pub async fn bind(addr: SocketAddr, expose: bool) -> std::io::Result<Endpoint> {
+        check_exposure(addr, expose).map_err(|e| std::io::Error::new(std::io::ErrorKind::PermissionDenied, e))?;
         let listener = TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
         let task = tokio::spawn(async move {
@@ -106,6 +123,25 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// Without `expose`, only loopback addresses: the wildcard and a host's own
+    /// addresses are refused before anything is bound.
+    #[tokio::test]
+    async fn only_loopback_unless_exposed() {
+        for a in ["127.0.0.1:9464", "127.8.9.10:1", "[::1]:9464"] {
+            assert_eq!(check_exposure(a.parse().expect("addr"), false), Ok(()), "{a}");
+        }
+        for a in ["0.0.0.0:9464", "[::]:9464", "10.0.1.13:9464"] {
+            let e = check_exposure(a.parse().expect("addr"), false).expect_err(a);
+            assert!(e.contains("no authentication") && e.contains("expose"), "{e}");
+            assert_eq!(check_exposure(a.parse().expect("addr"), true), Ok(()), "{a}");
+        }
+        let e = Endpoint::bind("0.0.0.0:0".parse().expect("addr"), false)
+            .await
+            .err()
+            .expect("refused");
+        assert_eq!(e.kind(), std::io::ErrorKind::PermissionDenied);
+    }
+
     async fn get(addr: SocketAddr, request: &str) -> String {
         let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
         s.write_all(request.as_bytes()).await.expect("write");
@@ -116,7 +152,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_the_exposition_and_refuses_the_rest() {
-        let e = Endpoint::bind("127.0.0.1:0".parse().expect("addr"))
+        let e = Endpoint::bind("127.0.0.1:0".parse().expect("addr"), false)
             .await
             .expect("bind");
         let addr = e.local_addr();

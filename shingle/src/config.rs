@@ -70,8 +70,12 @@ pub struct NodeConfig {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
-    /// Address of the `/metrics` endpoint (HTTP), e.g. `0.0.0.0:9464`.
+    /// Address of the `/metrics` endpoint (HTTP), e.g. `127.0.0.1:9464`.
     pub listen: SocketAddr,
+    /// Allow an address other hosts can reach (the endpoint has no authentication;
+    /// restrict who can reach the port). Default false: loopback addresses only.
+    #[serde(default)]
+    pub expose: bool,
 }
 
 /// `[log]`

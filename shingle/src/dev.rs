@@ -58,6 +58,10 @@ pub struct MountArgs {
     /// Serve Prometheus metrics of this mount at http://ADDR/metrics (`off`: none).
     #[arg(long, env = "SHINGLE_METRICS_LISTEN", value_parser = parse_metrics_listen)]
     pub metrics_listen: Option<MetricsListen>,
+    /// Allow a metrics address other hosts can reach (no authentication: restrict who
+    /// can reach the port). Without it only loopback addresses are accepted.
+    #[arg(long, env = "SHINGLE_METRICS_EXPOSE")]
+    pub metrics_expose: bool,
 }
 
 /// A metrics address, or none (`off`).
@@ -129,13 +133,14 @@ async fn serve_mount(
     ec: (u8, u8),
     mountpoint: &Path,
     mc: MountConfig,
-    metrics: Option<std::net::SocketAddr>,
+    metrics: Option<(std::net::SocketAddr, bool)>,
 ) -> Result<()> {
     let _metrics = match metrics {
-        Some(a) => {
+        Some((a, expose)) => {
+            shingle_metrics::http::check_exposure(a, expose).map_err(anyhow::Error::msg)?;
             let watch = meta.maps().clone();
             shingle_metrics::on_scrape(move |m| shingle_metrics::set(&m.map_epoch, watch.current().epoch.0));
-            let e = shingle_metrics::http::Endpoint::bind(a)
+            let e = shingle_metrics::http::Endpoint::bind(a, expose)
                 .await
                 .with_context(|| format!("metrics endpoint on {a}"))?;
             println!("shingle: metrics at http://{}/metrics", e.local_addr());
@@ -342,7 +347,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
         (cf.ec_k, cf.ec_m),
         &a.mountpoint,
         mc,
-        a.metrics_listen.and_then(|m| m.0),
+        a.metrics_listen.and_then(|m| m.0).map(|addr| (addr, a.metrics_expose)),
     )
     .await
 }
@@ -391,7 +396,9 @@ pub async fn dev(a: DevArgs) -> Result<()> {
         cluster.cluster_file.display(),
         cluster.secret_file.display()
     );
-    let metrics = a.metrics_port.map(|p| std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+    let metrics = a
+        .metrics_port
+        .map(|p| (std::net::SocketAddr::from(([127, 0, 0, 1], p)), false));
     let r = serve_mount(meta, ec, &a.mount, MountConfig::default(), metrics).await;
     println!("shingle: stopping the cluster");
     cluster.stop();

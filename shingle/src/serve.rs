@@ -21,6 +21,20 @@ use tracing::{info, warn};
 /// Where the `/metrics` endpoint listens: `SHINGLE_METRICS_LISTEN`, else `[metrics]
 /// listen`, else nowhere (`SHINGLE_METRICS_LISTEN=off` turns a configured one off).
 fn metrics_listen(cfg: &NodeConfig) -> Result<Option<std::net::SocketAddr>> {
+    let addr = metrics_addr(cfg)?;
+    if let Some(a) = addr {
+        let expose = cfg.metrics.as_ref().is_some_and(|m| m.expose) || env_flag("SHINGLE_METRICS_EXPOSE");
+        shingle_metrics::http::check_exposure(a, expose).map_err(anyhow::Error::msg)?;
+    }
+    Ok(addr)
+}
+
+/// An environment switch: set to `1` or `true`.
+fn env_flag(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"))
+}
+
+fn metrics_addr(cfg: &NodeConfig) -> Result<Option<std::net::SocketAddr>> {
     match std::env::var("SHINGLE_METRICS_LISTEN") {
         Ok(v) if v == "off" => Ok(None),
         Ok(v) if !v.is_empty() => v
@@ -288,7 +302,8 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let _metrics = match metrics_listen(&cfg)? {
         Some(a) => {
             scrape_hooks(store_of_node, manager.clone(), meta.clone(), map_rx.clone());
-            let e = shingle_metrics::http::Endpoint::bind(a)
+            // metrics_listen checked the exposure.
+            let e = shingle_metrics::http::Endpoint::bind(a, true)
                 .await
                 .with_context(|| format!("metrics endpoint on {a}"))?;
             info!(addr = %e.local_addr(), "metrics at http://{}/metrics", e.local_addr());
