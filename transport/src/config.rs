@@ -10,8 +10,12 @@ pub struct TransportConfig {
     pub max_frame_bytes: u32,
     /// Requests in flight per connection; callers beyond it wait (back-pressure).
     pub max_inflight_requests: u32,
-    /// Request plus expected response bytes in flight per client connection.
+    /// Request plus response bytes in flight per connection (a client counts what it
+    /// expects back; a server holds a request's bytes until its reply is written).
     pub max_inflight_bytes: u64,
+    /// Request plus response bytes in flight over all of a server's connections: what
+    /// peers can make it hold at once (a connection beyond it stops being read).
+    pub max_server_bytes: u64,
     /// Time allowed to establish a TCP connection.
     pub connect_timeout: Duration,
     /// Time allowed for the authentication handshake.
@@ -34,6 +38,7 @@ impl Default for TransportConfig {
             max_frame_bytes: 64 << 20,
             max_inflight_requests: 512,
             max_inflight_bytes: 256 << 20,
+            max_server_bytes: 1 << 30,
             connect_timeout: Duration::from_secs(3),
             handshake_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(30),
@@ -59,6 +64,9 @@ impl TransportConfig {
         }
         if self.max_inflight_bytes < u64::from(self.max_frame_bytes) {
             return Err("max_inflight_bytes must be at least max_frame_bytes".into());
+        }
+        if self.max_server_bytes < self.max_inflight_bytes {
+            return Err("max_server_bytes must be at least max_inflight_bytes".into());
         }
         if self.conns_per_peer == 0 || self.conns_per_peer > 64 {
             return Err("conns_per_peer must be in 1..=64".into());

@@ -149,6 +149,8 @@ struct Shared {
     router: Router,
     regions: Arc<RegionTable>,
     connections: Arc<Semaphore>,
+    /// The server's byte budget ([`TransportConfig::max_server_bytes`]).
+    bytes: Arc<Semaphore>,
 }
 
 /// A running server. Dropping it without [`Server::shutdown`] aborts at once.
@@ -162,6 +164,48 @@ pub struct Server {
 
 /// Connections accepted at most at once per server.
 const MAX_CONNECTIONS: usize = 4096;
+
+/// How long a finished request waits for budget for a reply larger than its request
+/// before it answers `Overloaded` instead (small error replies need no budget, so
+/// requests waiting on each other cannot hold the budget for ever).
+const REPLY_BUDGET_WAIT: Duration = Duration::from_secs(1);
+
+fn budget_permits(bytes: u64) -> usize {
+    usize::try_from(bytes).unwrap_or(usize::MAX).min(Semaphore::MAX_PERMITS)
+}
+
+/// Bytes of a connection's and of the server's budget held by one request: taken before
+/// its payload is read, grown to its reply's size, given back once the reply is written.
+struct Budget {
+    conn: Arc<Semaphore>,
+    server: Arc<Semaphore>,
+    held: u32,
+    permits: Vec<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Budget {
+    fn new(conn: &Arc<Semaphore>, server: &Arc<Semaphore>) -> Budget {
+        Budget {
+            conn: conn.clone(),
+            server: server.clone(),
+            held: 0,
+            permits: Vec::new(),
+        }
+    }
+
+    /// Grows the holding to `bytes` (waits while the budgets are spent).
+    async fn grow_to(&mut self, bytes: u32) -> Result<(), tokio::sync::AcquireError> {
+        if bytes <= self.held {
+            return Ok(());
+        }
+        let more = bytes - self.held;
+        let c = self.conn.clone().acquire_many_owned(more).await?;
+        let s = self.server.clone().acquire_many_owned(more).await?;
+        self.permits.extend([c, s]);
+        self.held = bytes;
+        Ok(())
+    }
+}
 
 impl Server {
     /// Binds `addr` and starts serving.
@@ -178,6 +222,7 @@ impl Server {
         let shutdown = CancellationToken::new();
         let tracker = TaskTracker::new();
         let grace = config.shutdown_grace;
+        let config_bytes = config.max_server_bytes;
         let hooks = router.shutdown_hooks.clone();
         let shared = Arc::new(Shared {
             config,
@@ -185,6 +230,7 @@ impl Server {
             router,
             regions,
             connections: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+            bytes: Arc::new(Semaphore::new(budget_permits(config_bytes))),
         });
         tracker.spawn(accept_loop(listener, shared, shutdown.clone(), tracker.clone()));
         info!(addr = %local_addr, "transport listening");
@@ -265,6 +311,7 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
     let conn_dead = CancellationToken::new();
     let writer = tokio::spawn(wire::writer_loop(wr, rx, conn_dead.clone()));
     let permits = Arc::new(Semaphore::new(max_inflight));
+    let conn_bytes = Arc::new(Semaphore::new(budget_permits(shared.config.max_inflight_bytes)));
     let handlers = TaskTracker::new();
     let mut rd = BufReader::with_capacity(64 << 10, rd);
     let max_frame = shared.config.max_frame_bytes;
@@ -299,6 +346,14 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
                 break;
             }
         };
+        // Memory bound in bytes: the payload is read only once the connection's and
+        // the server's budgets have room for it (until then TCP pushes back).
+        let mut budget = Budget::new(&conn_bytes, &shared.bytes);
+        tokio::select! {
+            r = budget.grow_to(header.payload_len) => if r.is_err() { break },
+            _ = shutdown.cancelled() => break,
+            _ = conn_dead.cancelled() => break,
+        }
         let mut payload = BytesMut::new();
         let crc = match wire::read_payload_into(
             &mut rd,
@@ -323,14 +378,14 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
             // Served by the transport without blocking: answer inline, saving a task
             // hop. The reply queue holds as many frames as there are permits, so the
             // send cannot wait.
-            serve_request(&shared, peer, header, payload.freeze(), tx.clone()).await;
+            serve_request(&shared, peer, header, payload.freeze(), budget, tx.clone()).await;
             drop(permit);
             continue;
         }
         let shared = shared.clone();
         let tx = tx.clone();
         handlers.spawn(async move {
-            serve_request(&shared, peer, header, payload.freeze(), tx).await;
+            serve_request(&shared, peer, header, payload.freeze(), budget, tx).await;
             drop(permit);
         });
     }
@@ -355,6 +410,7 @@ async fn serve_request(
     peer: SocketAddr,
     header: FrameHeader,
     payload: Bytes,
+    mut budget: Budget,
     tx: mpsc::Sender<Outgoing>,
 ) {
     let span = info_span!("rpc.server", otel.kind = "server", rpc.kind = %header.kind, %peer, bytes_in = payload.len());
@@ -365,6 +421,21 @@ async fn serve_request(
             MsgKind::PING => Ok(payload),
             MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
             kind => dispatch(&shared.router, peer, kind, deadline, payload).await,
+        };
+        // A reply larger than its request needs more of the budget; one that cannot get
+        // it in time is answered Overloaded (the caller retries or goes elsewhere).
+        let result = match result {
+            Ok(b) if b.len() <= shared.config.max_frame_bytes as usize => {
+                let len = b.len() as u32;
+                match tokio::time::timeout(REPLY_BUDGET_WAIT, budget.grow_to(len)).await {
+                    Ok(Ok(())) => Ok(b),
+                    _ => Err(Status::new(
+                        Code::Overloaded,
+                        format!("no memory budget for a reply of {len} bytes now"),
+                    )),
+                }
+            }
+            other => other,
         };
         let (rh, body) = match result {
             Ok(b) if b.len() <= shared.config.max_frame_bytes as usize => {
@@ -388,7 +459,8 @@ async fn serve_request(
             }
         };
         match Outgoing::new(&rh, body) {
-            Ok(out) => {
+            Ok(mut out) => {
+                out.hold = std::mem::take(&mut budget.permits);
                 let _ = tx.send(out).await;
             }
             Err(e) => warn!(error = %e, "cannot encode reply"),

@@ -7,10 +7,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-/// One frame queued for the writer task: encoded header and payload.
+/// One frame queued for the writer task: encoded header and payload, and the share of
+/// the server's byte budget it holds until it is written.
 pub(crate) struct Outgoing {
     pub header: [u8; HEADER_LEN],
     pub payload: Bytes,
+    pub hold: Vec<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Outgoing {
@@ -19,6 +21,7 @@ impl Outgoing {
         Ok(Outgoing {
             header: header.encode(&payload)?,
             payload,
+            hold: Vec::new(),
         })
     }
 }
