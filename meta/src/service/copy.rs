@@ -22,6 +22,9 @@ pub const PIECE_BYTES: usize = 8 << 20;
 /// Largest copy a node agrees to assemble (a bound on what a peer can make it buffer).
 pub const MAX_COPY_BYTES: u64 = 64 << 30;
 
+/// Default bytes a node holds over every copy it is assembling at once.
+pub const STAGING_BYTES: u64 = 4 << 30;
+
 /// Which copy: its position, its counters, its encoded size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyId {
@@ -82,6 +85,14 @@ pub enum PieceError {
         /// The copy's size.
         total: u64,
     },
+    /// Taking the piece would make the node hold more copy bytes than its budget.
+    #[error("no room: {held} bytes of copies held, budget {budget}")]
+    NoRoom {
+        /// Bytes held over all copies being assembled.
+        held: u64,
+        /// The node's budget.
+        budget: u64,
+    },
 }
 
 /// A copy being received.
@@ -133,12 +144,78 @@ impl Assembly {
         }
     }
 
+    /// Bytes held of whatever copy is being assembled.
+    pub fn len(&self) -> u64 {
+        self.current.as_ref().map_or(0, |(_, b)| b.len() as u64)
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Bytes held of copy `id`.
     pub fn held(&self, id: &CopyId) -> u64 {
         match &self.current {
             Some((cur, buf)) if cur == id => buf.len() as u64,
             _ => 0,
         }
+    }
+}
+
+/// The copies a node is assembling, one per partition, within a byte budget: a piece
+/// that would take the node past it is refused ([`PieceError::NoRoom`]; the sender tries
+/// again later), and an assembly no piece has reached for [`STALE_NS`] is dropped first
+/// (its sender gave up or died).
+#[derive(Debug)]
+pub struct Staging {
+    budget: u64,
+    parts: std::collections::BTreeMap<u32, (Assembly, u64)>,
+}
+
+/// An assembly untouched this long (nanoseconds) no longer counts against the budget.
+pub const STALE_NS: u64 = 60_000_000_000;
+
+impl Staging {
+    /// Nothing held, at most `budget` bytes.
+    pub fn new(budget: u64) -> Staging {
+        Staging {
+            budget,
+            parts: Default::default(),
+        }
+    }
+
+    /// Bytes held over every assembly.
+    pub fn held(&self) -> u64 {
+        self.parts.values().map(|(a, _)| a.len()).sum()
+    }
+
+    /// Takes a piece of copy `id` of partition `p` at time `now_ns` (see
+    /// [`Assembly::take`]); a finished copy leaves the staging.
+    pub fn take(&mut self, p: u32, id: CopyId, offset: u64, data: &[u8], now_ns: u64) -> Result<Took, PieceError> {
+        self.parts
+            .retain(|q, (_, touched)| *q == p || now_ns.saturating_sub(*touched) < STALE_NS);
+        let (asm, _) = self.parts.entry(p).or_default();
+        // What this partition would hold after the piece, if it is taken.
+        let after = if asm.current.as_ref().is_some_and(|(cur, _)| *cur == id) {
+            asm.len() + data.len() as u64
+        } else {
+            data.len() as u64
+        };
+        let others = self.held() - self.parts.get(&p).map_or(0, |(a, _)| a.len());
+        if others + after > self.budget {
+            return Err(PieceError::NoRoom {
+                held: others + self.parts.get(&p).map_or(0, |(a, _)| a.len()),
+                budget: self.budget,
+            });
+        }
+        let entry = self.parts.entry(p).or_default();
+        entry.1 = now_ns;
+        let took = entry.0.take(id, offset, data);
+        if matches!(took, Ok(Took::Done(_))) {
+            self.parts.remove(&p);
+        }
+        took
     }
 }
 
@@ -159,6 +236,47 @@ pub fn max_rounds(total: u64, size: usize) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Copies of several partitions share one budget: a piece past it is refused (and
+    /// nothing of it held), a finished copy frees its share, and an assembly no piece
+    /// reached for a minute stops counting.
+    #[test]
+    fn staging_stays_within_its_budget() {
+        let mut s = Staging::new(100);
+        let (a, b) = (id(1, 1, 70), id(1, 2, 50));
+        assert_eq!(s.take(1, a, 0, &[1; 40], 0), Ok(Took::Need(40)));
+        assert_eq!(s.take(2, b, 0, &[2; 40], 1), Ok(Took::Need(40)));
+        assert_eq!(s.held(), 80);
+        assert!(matches!(
+            s.take(1, a, 40, &[1; 30], 2),
+            Err(PieceError::NoRoom { held: 80, budget: 100 })
+        ));
+        assert_eq!(s.held(), 80, "a refused piece is not held");
+        assert!(matches!(
+            s.take(3, id(1, 3, 30), 0, &[3; 30], 3),
+            Err(PieceError::NoRoom { .. })
+        ));
+        // Partition 2 finishes: its share is free, and partition 1 goes on.
+        assert_eq!(s.take(2, b, 40, &[2; 10], 4), Ok(Took::Done(vec![2; 50])));
+        assert_eq!(s.held(), 40);
+        assert_eq!(s.take(1, a, 40, &[1; 30], 5), Ok(Took::Done(vec![1; 70])));
+        assert_eq!(s.held(), 0);
+        // An abandoned assembly is dropped once it is stale.
+        assert_eq!(s.take(4, id(1, 4, 100), 0, &[4; 90], 10), Ok(Took::Need(90)));
+        assert!(matches!(
+            s.take(5, id(1, 5, 20), 0, &[5; 20], 11),
+            Err(PieceError::NoRoom { .. })
+        ));
+        assert_eq!(
+            s.take(5, id(1, 5, 20), 0, &[5; 20], 11 + STALE_NS),
+            Ok(Took::Done(vec![5; 20]))
+        );
+        assert_eq!(s.held(), 0, "the stale assembly of partition 4 went");
+        // A new copy of the same partition replaces the old one within the budget.
+        assert_eq!(s.take(6, id(1, 6, 100), 0, &[6; 90], 20), Ok(Took::Need(90)));
+        assert_eq!(s.take(6, id(1, 7, 100), 0, &[7; 50], 21), Ok(Took::Need(50)));
+        assert_eq!(s.held(), 50);
+    }
 
     #[test]
     fn impossible_positions_are_refused() {

@@ -25,7 +25,7 @@
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
 
-use super::copy::{Assembly, Took};
+use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
 use super::replica::{PartMeta, Replica};
 use super::store::{MetaStore, Write};
@@ -62,6 +62,9 @@ pub struct MetaConfig {
     /// Bytes per piece when a partition copy moves (installs, takeover pulls): at most
     /// [`super::copy::PIECE_BYTES`], and well inside the transport's frame limit.
     pub copy_piece: usize,
+    /// Bytes of copies this node holds at once while assembling installs (a piece past
+    /// it is answered `Overloaded` and sent again later).
+    pub copy_staging: u64,
 }
 
 impl MetaConfig {
@@ -75,6 +78,7 @@ impl MetaConfig {
             lock_lease: Duration::from_secs(30),
             op_timeout: Duration::from_secs(10),
             copy_piece: super::copy::PIECE_BYTES,
+            copy_staging: super::copy::STAGING_BYTES,
         }
     }
 
@@ -161,7 +165,7 @@ struct Inner {
     /// Operations whose at-most-once markers can be forgotten, by partition.
     forgets: Mutex<BTreeMap<PartitionId, Vec<u64>>>,
     /// Copies being received in pieces, by partition.
-    staging: Mutex<HashMap<PartitionId, Assembly>>,
+    staging: Mutex<Staging>,
     /// Encoded copies a primary taking over is pulling in pieces, by partition.
     snapshots: Mutex<HashMap<PartitionId, Snapshot>>,
 }
@@ -226,6 +230,7 @@ impl MetaNode {
             slots.insert(p, Slot::new(r));
         }
         info!(node = cfg.node_id.0, partitions = slots.len(), "metadata store loaded");
+        let staging = cfg.copy_staging;
         let inner = Arc::new(Inner {
             cfg,
             client,
@@ -239,7 +244,7 @@ impl MetaNode {
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
-            staging: Mutex::new(HashMap::new()),
+            staging: Mutex::new(Staging::new(staging)),
             snapshots: Mutex::new(HashMap::new()),
         });
         Ok(MetaNode { inner })
@@ -851,13 +856,16 @@ impl MetaNode {
             .check(v.map.epoch)
             .map_err(|e| Status::new(Code::InvalidRequest, e))?;
         let took = {
+            // Monotonic: a wall clock that jumps must not make live assemblies stale.
+            static BOOT: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
+            let now = u64::try_from(BOOT.elapsed().as_nanos()).unwrap_or(u64::MAX);
             let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
-            let asm = staging.entry(p).or_default();
-            let took = asm.take(req.copy, req.offset, &req.data);
-            if matches!(took, Ok(Took::Done(_))) {
-                staging.remove(&p);
-            }
-            took.map_err(|e| Status::new(Code::InvalidRequest, e.to_string()))?
+            staging
+                .take(p.0, req.copy, req.offset, &req.data, now)
+                .map_err(|e| match e {
+                    PieceError::NoRoom { .. } => Status::new(Code::Overloaded, e.to_string()),
+                    e => Status::new(Code::InvalidRequest, e.to_string()),
+                })?
         };
         let bytes = match took {
             Took::Need(held) => return Ok(held),
