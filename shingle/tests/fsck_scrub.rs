@@ -6,33 +6,8 @@
 
 mod common;
 
-use common::{Cluster, Spec, corrupt_first_record};
-use std::path::Path;
-use std::process::{Command, Output};
+use common::{Cluster, Spec, corrupt_first_record, json, tool};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_shingle");
-
-fn tool(root: &Path, args: &[&str]) -> Output {
-    let mut c = Command::new(BIN);
-    c.args(args)
-        .arg("--cluster-file")
-        .arg(root.join("cluster.toml"))
-        .arg("--secret-file")
-        .arg(root.join("secret"))
-        .env("SHINGLE_LOG", "error");
-    c.output().expect("run shingle")
-}
-
-fn json(o: &Output) -> serde_json::Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: stdout {:?} stderr {:?}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
-}
 
 #[test]
 fn fsck_and_scrub_find_what_is_wrong_and_say_so() {

@@ -16,7 +16,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{Cluster, Spec};
+use common::{Cluster, Spec, json, tool};
 use shingle_data::service::{
     DeleteShardRequest, RepairShardRequest, ResolveRequest, ScrubRequest, ShardId, ShardSource, StatRequest,
     WriteShardRequest,
@@ -35,23 +35,7 @@ use shingle_transport::frame::MsgKind;
 use shingle_transport::{CallOptions, Code, Rpc, RpcChannel, TransportError};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::{Command, Output};
 use std::time::Duration;
-
-const BIN: &str = env!("CARGO_BIN_EXE_shingle");
-
-fn tool(root: &Path, args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .arg("--cluster-file")
-        .arg(root.join("cluster.toml"))
-        .arg("--secret-file")
-        .arg(root.join("secret"))
-        .env("SHINGLE_LOG", "error")
-        .output()
-        .expect("run shingle")
-}
 
 /// xorshift64*: the test's only randomness, from one printed seed.
 struct Rng(u64);
@@ -676,13 +660,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     // Nothing the client sent broke another file: every file but its own reads back
     // whole.
     let fsck = tool(root, &["fsck", "--json"]);
-    let r: serde_json::Value = serde_json::from_slice(&fsck.stdout).unwrap_or_else(|e| {
-        panic!(
-            "fsck: {e}: {} {}",
-            String::from_utf8_lossy(&fsck.stdout),
-            String::from_utf8_lossy(&fsck.stderr)
-        )
-    });
+    let r = json(&fsck);
     let bad: Vec<&str> = r["bad"]
         .as_array()
         .expect("bad")

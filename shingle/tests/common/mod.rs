@@ -7,7 +7,7 @@ use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 /// One node process.
@@ -272,4 +272,29 @@ pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
             x as u8
         })
         .collect()
+}
+
+/// Runs a `shingle` tool command (`put`, `fsck`, `status`, ...) against the cluster made
+/// in `root` by [`Cluster::start`].
+pub fn tool(root: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_shingle"))
+        .args(args)
+        .arg("--cluster-file")
+        .arg(root.join("cluster.toml"))
+        .arg("--secret-file")
+        .arg(root.join("secret"))
+        .env("SHINGLE_LOG", "error")
+        .output()
+        .expect("run shingle")
+}
+
+/// A tool's JSON output (`--json`), or a panic naming what it printed.
+pub fn json(o: &Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: stdout {:?} stderr {:?}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
 }
