@@ -4,8 +4,10 @@
 //! A newer format (written by a newer release) is refused with both numbers, never
 //! misread. See docs/operations.md "Versions".
 
-/// Format of a metadata node's partition store (`meta.redb`).
-pub const META_STORE_FORMAT: u64 = 1;
+/// Format of a metadata node's partition store (`meta.redb`). 1: a file's stripes
+/// inside its inode record; 2: one record per stripe (a store of format 1 is
+/// rewritten at open).
+pub const META_STORE_FORMAT: u64 = 2;
 /// Format of a manager's Raft store (`manager.redb`).
 pub const MANAGER_STORE_FORMAT: u64 = 1;
 

@@ -198,3 +198,87 @@ fn policies_and_attributes_are_bounded() {
     ns.setxattr(&Creds::root(), f, b"user.a0", b"small", XattrMode::Replace, 4)
         .expect("replace");
 }
+
+/// A commit on a coordinator's sparse view asks for the stripes it writes and nothing
+/// else of the layout, and writes only those records: its cost does not grow with the
+/// file. A truncate cuts the stripe records past the new size.
+#[test]
+fn commits_read_and_write_only_the_stripes_they_change() {
+    use shingle_meta::namespace::{Mutation, Need};
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let first = ns.reserve_versions(f, &policy(), 10_000).expect("reserve");
+    let sb = 4u64 << 20;
+    let big: Vec<StripeWrite> = (0..2_000).map(|s| write(s, 0, first + s)).collect();
+    ns.commit_write(f, &policy(), 2_000 * sb, &big, 2).expect("commit");
+    assert_eq!(ns.layout(f).expect("layout").expect("some").stripes.len(), 2_000);
+    let part = ns.partition(f.partition()).expect("partition");
+    let inode = part.inodes[&f].clone();
+    assert!(inode.layout.as_ref().is_some_and(|l| l.stripes.is_empty()), "no stripes in the inode record");
+
+    // The coordinator's view: the inode, then exactly the stripes written.
+    let one = [write(7, first + 7, first + 5_000)];
+    let mut view = Namespace::sparse(4);
+    view.provide_inode(f, Some(inode.clone()));
+    assert_eq!(view.commit_write(f, &policy(), 2_000 * sb, &one, 3), Err(Errno::EAGAIN));
+    assert_eq!(view.needs(), vec![Need::Stripe(f, 7)]);
+    let mut view = Namespace::sparse(4);
+    view.provide_inode(f, Some(inode.clone()));
+    view.provide_stripe(f, 7, part.stripes.get(&(f, 7)).cloned());
+    view.commit_write(f, &policy(), 2_000 * sb, &one, 3).expect("commit");
+    let plans = view.take_plans();
+    assert_eq!(plans.len(), 1);
+    let steps = &plans[0].1;
+    assert_eq!(steps.len(), 2, "{steps:?}");
+    match &steps[0].1 {
+        Mutation::PutInode(r) => assert!(r.layout.as_ref().is_some_and(|l| l.stripes.is_empty())),
+        m => panic!("{m:?}"),
+    }
+    match &steps[1].1 {
+        Mutation::PutStripes { ino, stripes } => {
+            assert_eq!(*ino, f);
+            assert_eq!(stripes.len(), 1);
+            assert_eq!(stripes[0].0, 7);
+        }
+        m => panic!("{m:?}"),
+    }
+    // A stale base is still refused on the sparse view.
+    let mut view = Namespace::sparse(4);
+    view.provide_inode(f, Some(inode));
+    view.provide_stripe(f, 7, part.stripes.get(&(f, 7)).cloned());
+    let stale = [write(7, first + 1, first + 5_001)];
+    assert_eq!(view.commit_write(f, &policy(), 2_000 * sb, &stale, 3), Err(Errno::ESTALE));
+
+    // Truncating to 10 stripes and a bit keeps stripes 0..=10 only.
+    let set = shingle_meta::namespace::SetAttr {
+        size: Some(10 * sb + 1),
+        ..Default::default()
+    };
+    ns.setattr(&Creds::root(), f, &set, 4).expect("truncate");
+    let l = ns.layout(f).expect("layout").expect("some");
+    assert_eq!(l.stripes.keys().copied().collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+    // Removing the file removes every stripe record with it.
+    ns.unlink(&Creds::root(), Ino::ROOT, b"f", 5).expect("unlink");
+    let part = ns.partition(f.partition()).expect("partition");
+    assert!(part.stripes.is_empty(), "{} stripe records left", part.stripes.len());
+}
+
+/// A policy may change only while the file holds no data (size 0).
+#[test]
+fn a_file_with_data_keeps_its_policy() {
+    let mut ns = Namespace::format(4, 1);
+    let f = file(&mut ns);
+    let other = Layout { k: 2, ..policy() };
+    ns.set_layout(&Creds::root(), f, &other, 2).expect("empty file");
+    let v = ns.reserve_versions(f, &policy(), 4).expect("the writer's policy while empty");
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3).expect("commit");
+    assert_eq!(ns.set_layout(&Creds::root(), f, &other, 4), Err(Errno::EBUSY));
+    assert_eq!(ns.reserve_versions(f, &other, 4), Err(Errno::EINVAL));
+    // Truncated to zero, it holds nothing and may take another policy.
+    let set = shingle_meta::namespace::SetAttr {
+        size: Some(0),
+        ..Default::default()
+    };
+    ns.setattr(&Creds::root(), f, &set, 5).expect("truncate");
+    ns.set_layout(&Creds::root(), f, &other, 6).expect("empty again");
+}

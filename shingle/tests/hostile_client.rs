@@ -334,6 +334,18 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 epoch,
                 inodes: vec![f; 100_000],
                 dentries: vec![],
+                stripes: vec![],
+            }),
+        ),
+        (
+            true,
+            fp,
+            kind::<Fetch>(),
+            meta_enc(&Fetch {
+                epoch,
+                inodes: vec![],
+                dentries: vec![],
+                stripes: vec![(f, u64::MAX); 100_000],
             }),
         ),
         (
@@ -542,6 +554,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 epoch,
                 inodes: vec![f, Ino::ROOT],
                 dentries: vec![(Ino::ROOT, b"f.bin".to_vec())],
+                stripes: vec![(f, 0), (f, 1)],
             }),
         ),
         (

@@ -25,8 +25,10 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// service, so it goes up whenever any of them changes shape; a mixed-version cluster
 /// then refuses cleanly instead of misreading. 1: the first releases; 2: partition
 /// copies move in pieces (`Install` gone, `Pull` position-only, `InstallPiece` and
-/// `PullPiece` new). See docs/operations.md "Versions".
-pub const PROTOCOL_VERSION: u8 = 2;
+/// `PullPiece` new); 3: stripe records apart from inode records (`Fetch` names
+/// stripes, partition copies carry them, `PutStripes`/`CutStripes` mutations). See
+/// docs/operations.md "Versions".
+pub const PROTOCOL_VERSION: u8 = 3;
 const NONCE_LEN: usize = 32;
 const MAC_LEN: usize = 32;
 const HELLO_LEN: usize = 8 + NONCE_LEN;

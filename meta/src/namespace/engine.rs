@@ -86,6 +86,8 @@ pub enum Need {
     Dentry(Ino, Vec<u8>),
     /// A fresh inode counter of a partition (allocated by its primary).
     Counter(PartitionId),
+    /// A stripe record of a file (from the primary of `ino.partition()`).
+    Stripe(Ino, u64),
 }
 
 /// The changes one operation makes: `(coordinator, steps)`, executed like
@@ -99,6 +101,7 @@ struct Sparse {
     inodes: std::collections::BTreeSet<Ino>,
     dentries: std::collections::BTreeSet<(Ino, Vec<u8>)>,
     counters: std::collections::BTreeSet<PartitionId>,
+    stripes: std::collections::BTreeSet<(Ino, u64)>,
     needs: std::cell::RefCell<std::collections::BTreeSet<Need>>,
     plans: Vec<Plan>,
 }
@@ -191,6 +194,16 @@ impl Namespace {
         }
     }
 
+    /// Sparse view: gives a stripe record of a file (`None`: known absent).
+    pub fn provide_stripe(&mut self, ino: Ino, stripe: u64, rec: Option<StripeRec>) {
+        if let Some(s) = self.sparse.as_mut() {
+            s.stripes.insert((ino, stripe));
+        }
+        if let (Some(rec), Some(p)) = (rec, self.parts.get_mut(ino.partition().0 as usize)) {
+            p.stripes.insert((ino, stripe), rec);
+        }
+    }
+
     /// Sparse view: the records the last operation lacked.
     pub fn needs(&self) -> Vec<Need> {
         self.sparse
@@ -249,6 +262,17 @@ impl Namespace {
             return Err(Errno::EAGAIN);
         }
         self.part(ino.partition())?.inodes.get(&ino).ok_or(Errno::ENOENT)
+    }
+
+    /// The committed record of stripe `stripe` of file `ino` (`None`: not written).
+    fn stripe(&self, ino: Ino, stripe: u64) -> NsResult<Option<&StripeRec>> {
+        if let Some(s) = &self.sparse
+            && !s.stripes.contains(&(ino, stripe))
+        {
+            self.need(Need::Stripe(ino, stripe));
+            return Err(Errno::EAGAIN);
+        }
+        Ok(self.part(ino.partition())?.stripes.get(&(ino, stripe)))
     }
 
     fn alloc_ino(&mut self, p: PartitionId) -> NsResult<Ino> {
@@ -912,16 +936,17 @@ impl Namespace {
         let mut a = perm::apply_setattr(creds, &rec.attr, set, now)?;
         a.ctime = now;
         let p = ino.partition();
-        let mut layout = rec.layout.clone();
-        if let (Some(size), Some(l)) = (set.size, layout.as_mut()) {
-            l.truncate(size);
-        }
-        let new = InodeRec {
-            attr: a.clone(),
-            layout,
-            ..rec
+        let cut = match (set.size, rec.layout.as_ref()) {
+            (Some(size), Some(l)) if rec.attr.kind == FileKind::File => Some(size.div_ceil(l.stripe_bytes().max(1))),
+            _ => None,
         };
-        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        let new = InodeRec { attr: a.clone(), ..rec };
+        let mut steps = vec![(p, Mutation::PutInode(Box::new(new)))];
+        // Stripes wholly at or beyond the new size go with it.
+        if let Some(from) = cut {
+            steps.push((p, Mutation::CutStripes { ino, from }));
+        }
+        self.execute(p, steps)?;
         Ok(a)
     }
 
@@ -1031,9 +1056,11 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
     }
 
-    /// The data layout of a file (or the policy of a directory).
+    /// The data layout of a file with its committed stripes (or the policy of a
+    /// directory). Not for sparse views (they hold only the stripes they fetched).
     pub fn layout(&self, ino: Ino) -> NsResult<Option<Layout>> {
-        Ok(self.rec(ino)?.layout.clone())
+        self.rec(ino)?;
+        Ok(self.part(ino.partition())?.inode_with_stripes(ino).and_then(|r| r.layout))
     }
 
     /// Sets the erasure-coding policy of a directory (inherited by what is created in
@@ -1045,7 +1072,7 @@ impl Namespace {
         }
         match rec.attr.kind {
             FileKind::Dir => {}
-            FileKind::File if rec.layout.as_ref().is_none_or(|l| l.stripes.is_empty()) => {}
+            FileKind::File if rec.attr.size == 0 => {}
             FileKind::File => return Err(Errno::EBUSY),
             _ => return Err(Errno::EINVAL),
         }
@@ -1072,9 +1099,9 @@ impl Namespace {
         }
         let mut new = rec;
         let layout = Self::file_layout(&mut new, policy)?;
-        // Versions of files written before versions were handed out came from clocks.
-        let newest = layout.stripes.values().map(|r| r.version).max().unwrap_or(0);
-        let first = layout.next_version.max(newest + 1).max(1);
+        // (Files written before versions were handed out had clock versions: their
+        // `next_version` was raised above them when their stripes were split out.)
+        let first = layout.next_version.max(1);
         layout.next_version = first.checked_add(u64::from(count)).ok_or(Errno::EOVERFLOW)?;
         let p = ino.partition();
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
@@ -1095,10 +1122,13 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::Purged(ino))])
     }
 
-    /// The layout of file record `new`, taking `policy` while it has no data.
+    /// The layout of file record `new`, taking `policy` while it has no data. A file
+    /// of size 0 has no stripes (stripes lie below the size: commits write inside it,
+    /// truncates cut what lies past it).
     fn file_layout<'a>(new: &'a mut InodeRec, policy: &Layout) -> NsResult<&'a mut Layout> {
+        let empty = new.attr.size == 0;
         let layout = new.layout.get_or_insert_with(|| policy.policy());
-        if layout.stripes.is_empty() && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
+        if empty && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
             let next = layout.next_version;
             *layout = policy.policy();
             layout.next_version = next;
@@ -1136,9 +1166,22 @@ impl Namespace {
         }
         let mut new = rec;
         let new_size = new.attr.size.max(size);
-        let layout = Self::file_layout(&mut new, policy)?;
+        let layout = Self::file_layout(&mut new, policy)?.clone();
         let shards = usize::from(layout.k) + usize::from(layout.m);
+        // The current records of the stripes written (all asked for at once).
+        let mut current = Vec::with_capacity(stripes.len());
+        let mut missing = false;
         for w in stripes {
+            match self.stripe(ino, w.stripe) {
+                Ok(r) => current.push(r.map_or(0, |r| r.version)),
+                Err(Errno::EAGAIN) => missing = true,
+                Err(e) => return Err(e),
+            }
+        }
+        if missing {
+            return Err(Errno::EAGAIN);
+        }
+        for (w, cur) in stripes.iter().zip(current) {
             // Every field of a written stripe is checked: a version this file handed
             // out, data that fits the stripe, a shard list no longer than the policy,
             // and a stripe that starts inside the committed size.
@@ -1151,13 +1194,9 @@ impl Namespace {
             {
                 return Err(Errno::EINVAL);
             }
-            let cur = layout.stripes.get(&w.stripe).map_or(0, |r| r.version);
             if cur != w.base && cur != w.rec.version {
                 return Err(Errno::ESTALE);
             }
-        }
-        for w in stripes {
-            layout.stripes.insert(w.stripe, w.rec.clone());
         }
         new.attr.size = new_size;
         new.attr.mtime = now;
@@ -1171,7 +1210,12 @@ impl Namespace {
         }
         let attr = new.attr.clone();
         let p = ino.partition();
-        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        let mut steps = vec![(p, Mutation::PutInode(Box::new(new)))];
+        if !stripes.is_empty() {
+            let recs = stripes.iter().map(|w| (w.stripe, w.rec.clone())).collect();
+            steps.push((p, Mutation::PutStripes { ino, stripes: recs }));
+        }
+        self.execute(p, steps)?;
         Ok(attr)
     }
 
@@ -1180,16 +1224,14 @@ impl Namespace {
     /// `version` (a newer write wins; the repair then was moot). Location hints only:
     /// no timestamp changes. Returns whether anything changed.
     pub fn relocate_shards(&mut self, ino: Ino, stripe: u64, version: u64, moves: &[(u32, u64)]) -> NsResult<bool> {
-        let rec = self.rec(ino)?.clone();
-        let mut new = rec;
-        let Some(layout) = new.layout.as_mut() else {
+        let Some(layout) = self.rec(ino)?.layout.clone() else {
             return Ok(false);
         };
         let shards = u32::from(layout.k) + u32::from(layout.m);
         if moves.iter().any(|(i, _)| *i >= shards) {
             return Err(Errno::EINVAL);
         }
-        let Some(rec) = layout.stripes.get_mut(&stripe) else {
+        let Some(mut rec) = self.stripe(ino, stripe)?.cloned() else {
             return Ok(false);
         };
         if rec.version != version {
@@ -1210,7 +1252,16 @@ impl Namespace {
             return Ok(false);
         }
         let p = ino.partition();
-        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])?;
+        self.execute(
+            p,
+            vec![(
+                p,
+                Mutation::PutStripes {
+                    ino,
+                    stripes: vec![(stripe, rec)],
+                },
+            )],
+        )?;
         Ok(true)
     }
 

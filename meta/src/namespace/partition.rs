@@ -9,7 +9,7 @@
 //! of their intent and step and are applied at most once, so an operation can be redone
 //! from its intent after a crash without double-counting.
 
-use super::types::{Attr, FileKind, Layout, TimeNs};
+use super::types::{Attr, FileKind, Layout, StripeRec, TimeNs};
 use crate::ids::{Ino, PartitionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -31,6 +31,10 @@ pub struct InodeRec {
     /// Extended attributes.
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
     /// Data layout (files) or layout policy (directories); `None` uses the default.
+    /// In a partition the record holds the policy and version counter only: a file's
+    /// stripes are records of their own ([`Partition::stripes`]), so a commit writes
+    /// the stripes it changes, not the whole layout. Replies that hand a layout to a
+    /// client fill `stripes` in from them.
     #[serde(default)]
     pub layout: Option<Layout>,
     /// The token of the create that made it (0: none): a create retried after its
@@ -116,6 +120,21 @@ pub enum Mutation {
     },
     /// The data of removed file `ino` was deleted on the data nodes: forget it.
     Purged(Ino),
+    /// Create or replace stripe records of file `ino` (a commit, or a relocation of
+    /// shards). Absolute: applying it twice changes nothing.
+    PutStripes {
+        /// The file.
+        ino: Ino,
+        /// (stripe index, record).
+        stripes: Vec<(u64, StripeRec)>,
+    },
+    /// Remove the stripe records of file `ino` from stripe `from` on (a truncate).
+    CutStripes {
+        /// The file.
+        ino: Ino,
+        /// First stripe removed.
+        from: u64,
+    },
     /// A directory moved to another parent.
     SetParent {
         /// The directory.
@@ -158,6 +177,9 @@ pub struct Partition {
     pub intents: BTreeMap<u64, Intent>,
     /// Removed files (allocated here) whose data is not deleted yet.
     pub purges: BTreeMap<Ino, Purge>,
+    /// Committed stripes of the files allocated here, by (file, stripe index): one
+    /// record per stripe, so a commit costs what it changes, not the file's size.
+    pub stripes: BTreeMap<(Ino, u64), StripeRec>,
     applied: BTreeSet<(u64, u16)>,
 }
 
@@ -172,8 +194,54 @@ impl Partition {
             inodes: BTreeMap::new(),
             intents: BTreeMap::new(),
             purges: BTreeMap::new(),
+            stripes: BTreeMap::new(),
             applied: BTreeSet::new(),
         }
+    }
+
+    /// The committed stripes of file `ino` from stripe `from` on, in order.
+    pub fn stripes_of(&self, ino: Ino, from: u64) -> impl Iterator<Item = (u64, &StripeRec)> + '_ {
+        self.stripes.range((ino, from)..=(ino, u64::MAX)).map(|((_, s), r)| (*s, r))
+    }
+
+    /// The inode record of `ino` with its layout's stripes filled in (what a client
+    /// that opens the file is given).
+    pub fn inode_with_stripes(&self, ino: Ino) -> Option<InodeRec> {
+        let mut rec = self.inodes.get(&ino)?.clone();
+        if let Some(l) = rec.layout.as_mut() {
+            l.stripes.extend(self.stripes_of(ino, 0).map(|(s, r)| (s, r.clone())));
+        }
+        Some(rec)
+    }
+
+    /// Removes the stripes of `ino` from `from` on; returns their indexes.
+    fn cut_stripes(&mut self, ino: Ino, from: u64) -> Vec<u64> {
+        let cut: Vec<u64> = self.stripes_of(ino, from).map(|(s, _)| s).collect();
+        for s in &cut {
+            self.stripes.remove(&(ino, *s));
+        }
+        cut
+    }
+
+    /// Moves stripes held inside inode records (as stores of format 1 kept them) into
+    /// stripe records. Returns whether anything moved (the copy must then be rewritten).
+    pub fn split_embedded_stripes(&mut self) -> bool {
+        let mut moved = false;
+        for (ino, rec) in self.inodes.iter_mut() {
+            if let Some(l) = rec.layout.as_mut()
+                && !l.stripes.is_empty()
+            {
+                // Versions of files written before versions were handed out came from
+                // clocks: the next one handed out must be above them all.
+                let newest = l.stripes.values().map(|r| r.version).max().unwrap_or(0);
+                l.next_version = l.next_version.max(newest.saturating_add(1));
+                for (s, r) in std::mem::take(&mut l.stripes) {
+                    self.stripes.insert((*ino, s), r);
+                }
+                moved = true;
+            }
+        }
+        moved
     }
 
     /// Allocates an inode number in this partition.
@@ -279,10 +347,28 @@ impl Partition {
                 self.dentries.remove(&(*parent, name.clone()));
             }
             Mutation::PutInode(rec) => {
-                self.inodes.insert(rec.attr.ino, (**rec).clone());
+                let mut rec = (**rec).clone();
+                // Stripes are records of their own; an inode record never carries them.
+                if let Some(l) = rec.layout.as_mut()
+                    && !l.stripes.is_empty()
+                {
+                    for (s, r) in std::mem::take(&mut l.stripes) {
+                        self.stripes.insert((rec.attr.ino, s), r);
+                    }
+                }
+                self.inodes.insert(rec.attr.ino, rec);
             }
             Mutation::DelInode(ino) => {
                 self.inodes.remove(ino);
+                self.cut_stripes(*ino, 0);
+            }
+            Mutation::PutStripes { ino, stripes } => {
+                for (s, r) in stripes {
+                    self.stripes.insert((*ino, *s), r.clone());
+                }
+            }
+            Mutation::CutStripes { ino, from } => {
+                self.cut_stripes(*ino, *from);
             }
             Mutation::AdjustDir {
                 dir,
@@ -308,6 +394,7 @@ impl Partition {
                 };
                 if let Some(kind) = remove {
                     self.inodes.remove(ino);
+                    self.cut_stripes(*ino, 0);
                     if kind == FileKind::File {
                         // Its shards go once no client holds it open (see `HoldPurge`).
                         self.purges.insert(

@@ -227,6 +227,15 @@ impl MetaNode {
                     .map_err(|e| super::store::StoreError(format!("partition {}: {e}", p.0)))?;
             }
             r.resume_counters();
+            if r.part.split_embedded_stripes() {
+                // A store of format 1 kept stripes inside inode records: rewrite the
+                // copy once with stripe records before it serves.
+                store
+                    .commit(vec![super::store::Write::install(p, &r)])
+                    .await
+                    .map_err(|e| super::store::StoreError(format!("partition {}: upgrade: {e}", p.0)))?;
+                info!(node = cfg.node_id.0, partition = p.0, "stripe records split out of inode records");
+            }
             slots.insert(p, Slot::new(r));
         }
         info!(node = cfg.node_id.0, partitions = slots.len(), "metadata store loaded");
@@ -297,8 +306,11 @@ impl MetaNode {
                 .inodes
                 .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             {
-                if let Some(l) = rec.layout.as_ref().filter(|l| !l.stripes.is_empty()) {
-                    out.push((*ino, l.clone()));
+                if rec.layout.is_some() && st.part.stripes_of(*ino, 0).next().is_some() {
+                    let Some(l) = st.part.inode_with_stripes(*ino).and_then(|r| r.layout) else {
+                        continue;
+                    };
+                    out.push((*ino, l));
                     taken += 1;
                     if taken > limit {
                         break;
@@ -1021,7 +1033,7 @@ impl MetaNode {
             )));
         }
         let n = req.inodes.len();
-        if n + req.dentries.len() > super::wire::MAX_FETCH {
+        if n + req.dentries.len() + req.stripes.len() > super::wire::MAX_FETCH {
             return Err(Status::new(
                 Code::InvalidRequest,
                 format!("a fetch names at most {} records", super::wire::MAX_FETCH),
@@ -1037,7 +1049,12 @@ impl MetaNode {
         let mut out = Fetched {
             inodes: Vec::with_capacity(n),
             dentries: Vec::with_capacity(req.dentries.len()),
+            stripes: Vec::with_capacity(req.stripes.len()),
         };
+        for (ino, stripe) in &req.stripes {
+            let s = self.primary_slot(ino.partition())?;
+            out.stripes.push(s.read().part.stripes.get(&(*ino, *stripe)).cloned());
+        }
         for ino in &req.inodes {
             let s = self.primary_slot(ino.partition())?;
             out.inodes.push(s.read().part.inodes.get(ino).cloned());
@@ -1085,8 +1102,8 @@ impl MetaNode {
             ReadOp::GetInode(ino) => {
                 let s = self.serving(ino.partition())?;
                 let st = s.read();
-                let r = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
-                Ok(ReadReply::Inode(Box::new(r.clone())))
+                let r = st.part.inode_with_stripes(*ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
+                Ok(ReadReply::Inode(Box::new(r)))
             }
             ReadOp::GetXattr { creds, ino, name } => {
                 sparse_read(*ino, &|ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))
@@ -1326,23 +1343,32 @@ impl MetaNode {
                     let c = self.alloc(*p).await.map_err(|_| Retry::Busy)?;
                     cache.counters.insert(*p, c);
                 }
+                Need::Stripe(ino, stripe) => {
+                    let host = v.primary(ino.partition()).ok_or(Retry::Busy)?;
+                    by_node.entry(host).or_default().stripes.push((*ino, *stripe));
+                }
             }
         }
-        for (node, mut req) in by_node {
-            req.epoch = v.map.epoch;
-            let got = if node == self.me() {
-                self.on_fetch(&req).map_err(|_| Retry::Busy)?
-            } else {
-                let addr = v.addr(node).ok_or(Retry::Busy)?;
-                call(&self.inner.client, addr, &req, Duration::from_secs(2))
-                    .await
-                    .map_err(|_| Retry::Busy)?
-            };
-            for (ino, r) in req.inodes.iter().zip(got.inodes) {
-                cache.inodes.insert(*ino, r);
-            }
-            for (k, d) in req.dentries.into_iter().zip(got.dentries) {
-                cache.dentries.insert(k, d);
+        for (node, all) in by_node {
+            for mut req in all.split(super::wire::MAX_FETCH) {
+                req.epoch = v.map.epoch;
+                let got = if node == self.me() {
+                    self.on_fetch(&req).map_err(|_| Retry::Busy)?
+                } else {
+                    let addr = v.addr(node).ok_or(Retry::Busy)?;
+                    call(&self.inner.client, addr, &req, Duration::from_secs(2))
+                        .await
+                        .map_err(|_| Retry::Busy)?
+                };
+                for (ino, r) in req.inodes.iter().zip(got.inodes) {
+                    cache.inodes.insert(*ino, r);
+                }
+                for (k, d) in req.dentries.into_iter().zip(got.dentries) {
+                    cache.dentries.insert(k, d);
+                }
+                for (k, r) in req.stripes.into_iter().zip(got.stripes) {
+                    cache.stripes.insert(k, r);
+                }
             }
         }
         Ok(())
@@ -1712,6 +1738,7 @@ struct Cache {
     inodes: BTreeMap<Ino, Option<InodeRec>>,
     dentries: BTreeMap<(Ino, Vec<u8>), Option<DentryVal>>,
     counters: BTreeMap<PartitionId, u64>,
+    stripes: BTreeMap<(Ino, u64), Option<crate::namespace::StripeRec>>,
 }
 
 impl Cache {
@@ -1724,6 +1751,9 @@ impl Cache {
         }
         for (p, c) in &self.counters {
             ns.provide_counter(*p, *c);
+        }
+        for ((ino, stripe), r) in &self.stripes {
+            ns.provide_stripe(*ino, *stripe, r.clone());
         }
     }
 

@@ -6,7 +6,7 @@
 
 use super::wire::PartOp;
 use crate::ids::{Epoch, Ino, PartitionId};
-use crate::namespace::{InodeRec, Mutation, Partition};
+use crate::namespace::{FileKind, InodeRec, Mutation, Partition};
 use serde::{Deserialize, Serialize};
 
 /// Counters are made durable this many at a time (a restarted primary skips the rest).
@@ -25,6 +25,8 @@ pub enum Key {
     Marker(u64, u16),
     /// A removed file waiting for its data to be purged.
     Purge(Ino),
+    /// One committed stripe of a file: (file, stripe index).
+    Stripe(Ino, u64),
 }
 
 const TAG_DENTRY: u8 = 1;
@@ -32,6 +34,7 @@ const TAG_INODE: u8 = 2;
 const TAG_INTENT: u8 = 3;
 const TAG_MARKER: u8 = 4;
 const TAG_PURGE: u8 = 5;
+const TAG_STRIPE: u8 = 6;
 
 impl Key {
     /// The on-disk key: partition, tag, fields (big-endian, so order is preserved).
@@ -60,6 +63,11 @@ impl Key {
                 k.push(TAG_PURGE);
                 k.extend_from_slice(&ino.0.to_be_bytes());
             }
+            Key::Stripe(ino, s) => {
+                k.push(TAG_STRIPE);
+                k.extend_from_slice(&ino.0.to_be_bytes());
+                k.extend_from_slice(&s.to_be_bytes());
+            }
         }
         k
     }
@@ -74,6 +82,7 @@ impl Key {
             TAG_INODE if rest.len() == 8 => Key::Inode(Ino(u64_at(rest)?)),
             TAG_INTENT if rest.len() == 8 => Key::Intent(u64_at(rest)?),
             TAG_PURGE if rest.len() == 8 => Key::Purge(Ino(u64_at(rest)?)),
+            TAG_STRIPE if rest.len() == 16 => Key::Stripe(Ino(u64_at(rest)?), u64_at(rest.get(8..)?)?),
             TAG_MARKER if rest.len() == 10 => {
                 Key::Marker(u64_at(rest)?, u16::from_be_bytes(rest.get(8..10)?.try_into().ok()?))
             }
@@ -172,8 +181,24 @@ impl Replica {
                         Mutation::PutDentry { parent, name, .. } | Mutation::DelDentry { parent, name } => {
                             Key::Dentry(*parent, name.clone())
                         }
-                        Mutation::PutInode(rec) => Key::Inode(rec.attr.ino),
-                        Mutation::DelInode(ino) => Key::Inode(*ino),
+                        Mutation::PutInode(rec) => {
+                            if let Some(l) = &rec.layout {
+                                keys.extend(l.stripes.keys().map(|s| Key::Stripe(rec.attr.ino, *s)));
+                            }
+                            Key::Inode(rec.attr.ino)
+                        }
+                        Mutation::DelInode(ino) => {
+                            keys.extend(self.part.stripes_of(*ino, 0).map(|(s, _)| Key::Stripe(*ino, s)));
+                            Key::Inode(*ino)
+                        }
+                        Mutation::PutStripes { ino, stripes } => {
+                            keys.extend(stripes.iter().map(|(s, _)| Key::Stripe(*ino, *s)));
+                            continue;
+                        }
+                        Mutation::CutStripes { ino, from } => {
+                            keys.extend(self.part.stripes_of(*ino, *from).map(|(s, _)| Key::Stripe(*ino, s)));
+                            continue;
+                        }
                         Mutation::AdjustDir { dir, .. } | Mutation::SetParent { dir, .. } => Key::Inode(*dir),
                         Mutation::AdjustLinks { ino, .. } => {
                             // The last link of a file also queues its purge.
@@ -199,8 +224,34 @@ impl Replica {
 
     /// Applies a batch in memory; returns the keys to persist.
     pub fn apply(&mut self, ops: &[PartOp]) -> Vec<Key> {
-        let keys = self.touched(ops);
+        let mut keys = Vec::new();
         for op in ops {
+            // Each operation's keys are found just before it runs, on the state the
+            // earlier operations of the batch left.
+            keys.extend(self.touched(std::slice::from_ref(op)));
+            // The last link of a file going also removes its stripes.
+            if let PartOp::Apply {
+                m: Mutation::AdjustLinks { ino, .. },
+                ..
+            } = op
+                && self.part.inodes.get(ino).is_some_and(|r| r.attr.kind == FileKind::File)
+            {
+                let had: Vec<u64> = self.part.stripes_of(*ino, 0).map(|(s, _)| s).collect();
+                self.apply_one(op);
+                if !self.part.inodes.contains_key(ino) {
+                    keys.extend(had.into_iter().map(|s| Key::Stripe(*ino, s)));
+                }
+                continue;
+            }
+            self.apply_one(op);
+        }
+        keys.sort();
+        keys.dedup();
+        keys
+    }
+
+    fn apply_one(&mut self, op: &PartOp) {
+        {
             match op {
                 PartOp::Apply { intent, step, m } => self.part.apply(*intent, *step, m),
                 PartOp::Begin(i) => self.part.put_intent(i.clone()),
@@ -211,7 +262,6 @@ impl Replica {
                 }
             }
         }
-        keys
     }
 
     /// The current value of a key, encoded for disk (`None`: absent).
@@ -222,6 +272,7 @@ impl Replica {
             Key::Intent(id) => self.part.intents.get(id).map(enc),
             Key::Marker(id, step) => self.part.has_marker(*id, *step).then(Vec::new),
             Key::Purge(ino) => self.part.purges.get(ino).map(enc),
+            Key::Stripe(ino, s) => self.part.stripes.get(&(*ino, *s)).map(enc),
         }
     }
 
@@ -239,6 +290,9 @@ impl Replica {
         }
         for (ino, p) in &self.part.purges {
             out.push((Key::Purge(*ino), enc(p)));
+        }
+        for ((ino, s), r) in &self.part.stripes {
+            out.push((Key::Stripe(*ino, *s), enc(r)));
         }
         // All markers, not only those of intents coordinated here: a step of another
         // partition's intent applied here must stay applied-once across a restart.
@@ -267,6 +321,10 @@ impl Replica {
             Key::Purge(ino) => {
                 let p = postcard::from_bytes(value)?;
                 self.part.purges.insert(ino, p);
+            }
+            Key::Stripe(ino, s) => {
+                let r = postcard::from_bytes(value)?;
+                self.part.stripes.insert((ino, s), r);
             }
         }
         Ok(())
@@ -300,7 +358,7 @@ fn enc<T: Serialize>(v: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::{DentryVal, FileKind};
+    use crate::namespace::DentryVal;
 
     #[test]
     fn keys_round_trip_and_keep_order() {
@@ -371,6 +429,100 @@ mod tests {
         assert!(back.part.has_marker(5, 1));
         back.apply(&ops[1..]);
         assert_eq!(back.part.inodes[&Ino::ROOT].attr.size, 1);
+    }
+
+    fn stripe(version: u64) -> crate::namespace::StripeRec {
+        crate::namespace::StripeRec {
+            version,
+            len: 4096,
+            nodes: vec![1, 2, 3],
+        }
+    }
+
+    fn file(ino: Ino) -> InodeRec {
+        let mut rec = Replica::initial(PartitionId(0), 4, 1).part.inodes[&Ino::ROOT].clone();
+        rec.attr.ino = ino;
+        rec.attr.kind = FileKind::File;
+        rec.attr.nlink = 1;
+        rec.parent = None;
+        rec.layout = Some(crate::namespace::Layout {
+            k: 2,
+            m: 1,
+            unit: 4096,
+            ..Default::default()
+        });
+        rec
+    }
+
+    fn put(m: Mutation) -> PartOp {
+        PartOp::Apply { intent: 0, step: 0, m }
+    }
+
+    /// Stripe records are persisted one key each: a commit touches the stripes it
+    /// writes, a truncate the ones it cuts, the last unlink all of the file's.
+    #[test]
+    fn stripe_records_are_keys_of_their_own() {
+        let f = Ino(0x55);
+        let mut r = Replica::initial(PartitionId(0), 4, 1);
+        let stripes = (0..100).map(|s| (s, stripe(s + 1))).collect();
+        let keys = r.apply(&[
+            put(Mutation::PutInode(Box::new(file(f)))),
+            put(Mutation::PutStripes { ino: f, stripes }),
+        ]);
+        assert_eq!(keys.len(), 101);
+        // One stripe rewritten: its key and nothing else of the layout.
+        let keys = r.apply(&[put(Mutation::PutStripes {
+            ino: f,
+            stripes: vec![(42, stripe(500))],
+        })]);
+        assert_eq!(keys, vec![Key::Stripe(f, 42)]);
+        assert_eq!(r.value(&Key::Stripe(f, 42)), Some(enc(&stripe(500))));
+        // A truncate cuts 90..100.
+        let keys = r.apply(&[put(Mutation::CutStripes { ino: f, from: 90 })]);
+        assert_eq!(keys, (90..100).map(|s| Key::Stripe(f, s)).collect::<Vec<_>>());
+        assert!(keys.iter().all(|k| r.value(k).is_none()));
+        // A second link going is not the last: the stripes stay and are not rewritten.
+        let mut two = file(f);
+        two.attr.nlink = 2;
+        r.apply(&[put(Mutation::PutInode(Box::new(two)))]);
+        let keys = r.apply(&[put(Mutation::AdjustLinks { ino: f, delta: -1, time: 3 })]);
+        assert!(!keys.iter().any(|k| matches!(k, Key::Stripe(..))), "{keys:?}");
+        // The last link: every stripe key goes with the inode.
+        let keys = r.apply(&[put(Mutation::AdjustLinks { ino: f, delta: -1, time: 4 })]);
+        assert_eq!(keys.iter().filter(|k| matches!(k, Key::Stripe(..))).count(), 90);
+        assert!(r.part.stripes.is_empty());
+        let k = Key::Stripe(f, 7);
+        assert_eq!(Key::decode(&k.encode(PartitionId(0))), Some((PartitionId(0), k)));
+    }
+
+    /// A copy loaded from a store of format 1 (stripes inside inode records) splits
+    /// them into stripe records, raising the version counter above clock versions.
+    #[test]
+    fn embedded_stripes_are_split_out_on_upgrade() {
+        let f = Ino(0x56);
+        let mut old = file(f);
+        if let Some(l) = old.layout.as_mut() {
+            l.stripes.insert(0, stripe(1_700_000_000));
+            l.stripes.insert(3, stripe(5));
+        }
+        let mut r = Replica::initial(PartitionId(0), 4, 1);
+        r.restore(Key::Inode(f), &enc(&old)).expect("restore");
+        assert!(r.part.split_embedded_stripes());
+        assert!(!r.part.split_embedded_stripes(), "once");
+        let rec = &r.part.inodes[&f];
+        let l = rec.layout.as_ref().expect("layout");
+        assert!(l.stripes.is_empty());
+        assert_eq!(l.next_version, 1_700_000_001);
+        assert_eq!(r.part.stripes.len(), 2);
+        let whole = r.part.inode_with_stripes(f).and_then(|r| r.layout).expect("layout");
+        assert_eq!(whole.stripes.keys().copied().collect::<Vec<_>>(), vec![0, 3]);
+        // What an install then writes reloads to the same copy.
+        let mut back = Replica::initial(PartitionId(0), 4, 1);
+        for (k, v) in r.all_values() {
+            back.restore(k, &v).expect("restore");
+        }
+        assert_eq!(back.part.stripes, r.part.stripes);
+        assert_eq!(back.part.inodes[&f], r.part.inodes[&f]);
     }
 
     #[test]

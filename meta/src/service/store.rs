@@ -269,6 +269,6 @@ mod tests {
             w.commit().expect("commit");
         }
         let e = MetaStore::open(dir.path()).err().expect("refused");
-        assert!(e.0.contains("on-disk format 7; this build reads formats 1 to 1"), "{e}");
+        assert!(e.0.contains("on-disk format 7; this build reads formats 1 to 2"), "{e}");
     }
 }

@@ -26,7 +26,7 @@
 pub use super::copy::CopyId;
 use crate::ids::{Epoch, Ino, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
-use crate::namespace::{Purge, RenameFlags, SetAttr, TimeNs, XattrMode};
+use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, TimeNs, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -424,6 +424,8 @@ pub struct Fetch {
     pub inodes: Vec<Ino>,
     /// Entries.
     pub dentries: Vec<(Ino, Vec<u8>)>,
+    /// Stripe records: (file, stripe index).
+    pub stripes: Vec<(Ino, u64)>,
 }
 
 /// Reply to [`Fetch`], in request order.
@@ -433,8 +435,49 @@ pub struct Fetched {
     pub inodes: Vec<Option<InodeRec>>,
     /// Entries.
     pub dentries: Vec<Option<DentryVal>>,
+    /// Stripe records.
+    pub stripes: Vec<Option<StripeRec>>,
 }
 meta_rpc!(Fetch, 0x0402, Fetched);
+
+impl Fetch {
+    /// The same records in requests of at most `most` records each.
+    pub fn split(self, most: usize) -> Vec<Fetch> {
+        let most = most.max(1);
+        let mut out: Vec<Fetch> = Vec::new();
+        let mut cur = Fetch {
+            epoch: self.epoch,
+            ..Fetch::default()
+        };
+        let full = |f: &Fetch| f.inodes.len() + f.dentries.len() + f.stripes.len() >= most;
+        let next = |cur: &mut Fetch, out: &mut Vec<Fetch>| {
+            if full(cur) {
+                let epoch = cur.epoch;
+                out.push(std::mem::replace(
+                    cur,
+                    Fetch {
+                        epoch,
+                        ..Fetch::default()
+                    },
+                ));
+            }
+        };
+        for i in self.inodes {
+            next(&mut cur, &mut out);
+            cur.inodes.push(i);
+        }
+        for d in self.dentries {
+            next(&mut cur, &mut out);
+            cur.dentries.push(d);
+        }
+        for st in self.stripes {
+            next(&mut cur, &mut out);
+            cur.stripes.push(st);
+        }
+        out.push(cur);
+        out
+    }
+}
 
 /// One change to a partition, as replicated.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
