@@ -16,6 +16,14 @@
 //! - [`Content::truncate`] and [`Content::set_committed`] follow size changes and
 //!   other clients' commits.
 //!
+//! The committed layout of a large file is not loaded whole: a content made with
+//! [`Content::with_head`] knows the records of the first window of stripes and of
+//! every stripe at or past the committed size (none exist); the shell loads other
+//! windows ([`Content::unknown_windows`], [`Content::load`]) before an operation
+//! touches them, so an open costs the same for a 1 GiB and a 1 TiB file. Asking a
+//! core about a stripe whose window is not loaded is a bug in the shell and panics
+//! (answering "no data" would read zeros where data is).
+//!
 //! Every handle of the file on this client shares one `Content` (what one handle
 //! writes, the others read at once, as on a local filesystem). Errors are reported
 //! Linux-style (errseq): a stripe that could not be stored, or a commit that lost a
@@ -29,7 +37,7 @@
 
 use bytes::{Bytes, BytesMut};
 use shingle_meta::namespace::{Errno, StripeRec, StripeWrite};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 
 /// Largest file size: offsets past this fail with `EFBIG`.
@@ -113,6 +121,12 @@ struct Slot {
 pub struct Content {
     sb: u64,
     committed: BTreeMap<u64, StripeRec>,
+    /// Which committed records are known: `None` all of them, else the loaded windows.
+    loaded: Option<BTreeSet<u64>>,
+    /// Stripes per window.
+    window: u64,
+    /// Stripes from this one on had no committed record when the layout was read.
+    known_from: u64,
     committed_size: u64,
     slots: BTreeMap<u64, Slot>,
     size: u64,
@@ -130,6 +144,9 @@ impl Content {
         Content {
             sb: stripe_bytes,
             committed: stripes,
+            loaded: None,
+            window: u64::MAX,
+            known_from: 0,
             committed_size: size,
             slots: BTreeMap::new(),
             size,
@@ -138,6 +155,77 @@ impl Content {
             err_seq: 0,
             err: None,
         }
+    }
+
+    /// The content of a file whose committed size is `size`, knowing only the records
+    /// of its first window of `window` stripes (`head`, read with the size): other
+    /// windows are loaded on demand ([`Content::load`]).
+    pub fn with_head(stripe_bytes: u64, window: u64, head: BTreeMap<u64, StripeRec>, size: u64) -> Content {
+        let mut c = Content::new(stripe_bytes, BTreeMap::new(), size);
+        c.set_head(window, head, size);
+        c
+    }
+
+    /// Stripes per window of records loaded at once (`u64::MAX`: all are known).
+    pub fn window(&self) -> u64 {
+        self.window
+    }
+
+    /// Whether the committed record (or its absence) of stripe `s` is known.
+    pub fn known(&self, s: u64) -> bool {
+        match &self.loaded {
+            None => true,
+            Some(w) => s >= self.known_from || w.contains(&(s / self.window)),
+        }
+    }
+
+    /// The windows holding stripes `from..to` whose records are not known yet, in
+    /// order: the shell loads them before an operation on those stripes.
+    pub fn unknown_windows(&self, from: u64, to: u64) -> Vec<u64> {
+        let Some(loaded) = &self.loaded else {
+            return Vec::new();
+        };
+        let to = to.min(self.known_from);
+        if from >= to {
+            return Vec::new();
+        }
+        (from / self.window..=(to - 1) / self.window)
+            .filter(|w| !loaded.contains(w))
+            .collect()
+    }
+
+    /// The windows an operation on bytes `[offset, offset + len)` needs loaded.
+    pub fn unknown_for(&self, offset: u64, len: u64) -> Vec<u64> {
+        let end = offset.saturating_add(len);
+        self.unknown_windows(offset / self.sb, end.div_ceil(self.sb))
+    }
+
+    /// The committed records of window `w` as the metadata service has them now.
+    pub fn load(&mut self, w: u64, recs: impl IntoIterator<Item = (u64, StripeRec)>) {
+        let Some(loaded) = self.loaded.as_mut() else {
+            return;
+        };
+        let lo = w.saturating_mul(self.window);
+        let hi = lo.saturating_add(self.window);
+        let old: Vec<u64> = self.committed.range(lo..hi).map(|(s, _)| *s).collect();
+        for s in old {
+            self.committed.remove(&s);
+        }
+        for (s, r) in recs {
+            if (lo..hi).contains(&s) {
+                self.committed.insert(s, r);
+            }
+        }
+        loaded.insert(w);
+    }
+
+    /// The committed record of stripe `s`: its record must be known.
+    fn rec_of(&self, s: u64) -> Option<&StripeRec> {
+        assert!(
+            self.known(s),
+            "stripe {s}'s committed record was used before its window was loaded"
+        );
+        self.committed.get(&s)
     }
 
     /// Bytes per stripe.
@@ -155,9 +243,9 @@ impl Content {
         self.committed_size
     }
 
-    /// The committed record of stripe `s`, as last known.
+    /// The committed record of stripe `s`, as last known (its window must be loaded).
     pub fn committed(&self, s: u64) -> Option<&StripeRec> {
-        self.committed.get(&s)
+        self.rec_of(s)
     }
 
     /// True while something is written here and not committed.
@@ -276,7 +364,7 @@ impl Content {
                     zeros_from(data.len(), &mut out);
                 }
                 Some(State::Stored { rec }) => self.remote(s, rec, lo, hi, &mut out),
-                None => match self.committed.get(&s) {
+                None => match self.rec_of(s) {
                     Some(rec) => self.remote(s, rec, lo, hi, &mut out),
                     None => out.push(Piece::Zeros(hi - lo)),
                 },
@@ -306,7 +394,7 @@ impl Content {
         let rec = match self.slots.get(&s).map(|sl| &sl.state) {
             Some(State::Dirty { .. } | State::Storing { .. }) => return None,
             Some(State::Stored { rec }) => rec,
-            None => self.committed.get(&s)?,
+            None => self.rec_of(s)?,
         };
         let have = (rec.len as usize).min(self.in_size(s));
         // Nothing to keep when the write covers every byte the stripe has.
@@ -327,7 +415,7 @@ impl Content {
         let base = self
             .slots
             .get(&s)
-            .map_or_else(|| self.committed.get(&s).map_or(0, |r| r.version), |sl| sl.base);
+            .map_or_else(|| self.rec_of(s).map_or(0, |r| r.version), |sl| sl.base);
         if let Some(Slot {
             state: State::Stored { rec },
             ..
@@ -358,7 +446,7 @@ impl Content {
         let current = match self.slots.get(&s).map(|sl| &sl.state) {
             Some(State::Stored { rec }) => Some(rec.version),
             Some(_) => None,
-            None => self.committed.get(&s).map(|r| r.version),
+            None => self.rec_of(s).map(|r| r.version),
         };
         if current == Some(version) {
             self.make_dirty(s, bytes);
@@ -424,7 +512,7 @@ impl Content {
             let remote_len = match self.slots.get(&s).map(|sl| &sl.state) {
                 Some(State::Stored { rec }) => Some(rec),
                 Some(_) => None,
-                None => self.committed.get(&s),
+                None => self.rec_of(s),
             }
             .map(|rec| (rec.len as usize).min(self.in_size(s)));
             if remote_len.is_some_and(|have| have > within) {
@@ -466,9 +554,11 @@ impl Content {
     }
 
     /// The metadata service has cut (or extended) the committed file to `size`: the
-    /// committed stripes wholly past it are gone (their versions are garbage).
+    /// committed stripes wholly past it are gone (their versions are garbage; the shell
+    /// loads their windows before the cut, so it knows them).
     pub fn truncated(&mut self, size: u64) {
         let keep = size.div_ceil(self.sb);
+        self.known_from = self.known_from.min(keep);
         let cut: Vec<u64> = self.committed.range(keep..).map(|(s, _)| *s).collect();
         for s in cut {
             if let Some(rec) = self.committed.remove(&s) {
@@ -599,12 +689,25 @@ impl Content {
     /// a conflict shows at their commit.
     pub fn set_committed(&mut self, stripes: BTreeMap<u64, StripeRec>, size: u64) {
         self.committed = stripes;
+        self.loaded = None;
+        self.window = u64::MAX;
         self.committed_size = size;
         self.size = if self.slots.is_empty() {
             size
         } else {
             size.max(self.local_end())
         };
+    }
+
+    /// Like [`Content::set_committed`], knowing only the first window (`head`) of the
+    /// layout; the rest is loaded on demand.
+    pub fn set_head(&mut self, window: u64, head: BTreeMap<u64, StripeRec>, size: u64) {
+        let window = window.max(1);
+        self.set_committed(head, size);
+        self.committed.retain(|s, _| *s < window);
+        self.window = window;
+        self.known_from = size.div_ceil(self.sb);
+        self.loaded = Some(BTreeSet::from([0]));
     }
 
     /// Records a failure that lost written data (reported by every handle once).

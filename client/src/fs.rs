@@ -39,6 +39,7 @@ use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
 use shingle_meta::placement::stripe_pg;
+use shingle_meta::service::wire::HEAD_STRIPES;
 use shingle_transport::{CallOptions, Health, RpcChannel, TcpClient};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
@@ -406,7 +407,7 @@ impl Client {
         if let Some(sh) = existing {
             let mut st = sh.state.lock().await;
             if !st.unlinked {
-                st.content.set_committed(layout.stripes.clone(), rec.attr.size);
+                st.content.set_head(HEAD_STRIPES, layout.stripes.clone(), rec.attr.size);
                 if !st.content.has_local() {
                     st.policy = layout.policy();
                 }
@@ -425,7 +426,7 @@ impl Client {
             attr: Mutex::new(rec.attr.clone()),
             state: tokio::sync::Mutex::new(FileState {
                 policy: layout.policy(),
-                content: Content::new(sb, layout.stripes.clone(), rec.attr.size),
+                content: Content::with_head(sb, HEAD_STRIPES, layout.stripes.clone(), rec.attr.size),
                 cache: VecDeque::new(),
                 reserve_next: RESERVE_MIN,
                 unlinked: false,
@@ -447,7 +448,7 @@ impl Client {
     /// Like [`Client::open`]; also says whether the file is unchanged since this client
     /// last opened or wrote it (so cached pages of it are still valid).
     pub async fn open_cached(&self, creds: &Creds, ino: Ino) -> Result<(Arc<OpenFile>, bool), Errno> {
-        let rec = self.inner.meta.get_inode(ino).await?;
+        let rec = self.inner.meta.head(ino).await?;
         if rec.attr.kind == FileKind::Dir {
             return Err(Errno::EISDIR);
         }
@@ -478,7 +479,7 @@ impl Client {
             }
             return Ok(a);
         };
-        let rec = self.inner.meta.get_inode(ino).await?;
+        let rec = self.inner.meta.head(ino).await?;
         if rec.attr.kind != FileKind::File {
             return self.inner.meta.setattr(creds, ino, set).await;
         }
@@ -507,6 +508,13 @@ impl Client {
             return (st, Err(e));
         }
         if let Err(e) = self.commit(creds, sh.ino, &mut st).await {
+            return (st, Err(e));
+        }
+        // The stripes the cut removes (their versions become garbage) and the one it
+        // lands in must be known.
+        let cut_from = size / st.content.stripe_bytes();
+        let unknown = st.content.unknown_windows(cut_from, u64::MAX);
+        if let Err(e) = self.load_windows(sh.ino, &mut st, unknown).await {
             return (st, Err(e));
         }
         if let Err(e) = self.apply(sh.ino, &mut st, |c| c.truncate(size)).await {
@@ -717,6 +725,18 @@ impl Client {
 
     /// Runs `op` on the content, fetching (and filling in) each stripe it says it needs
     /// first, until it applies or is refused.
+    /// Loads the committed stripe records of `windows` of file `ino` (a window of
+    /// [`Content::window`] stripes per request), so the content core knows them.
+    async fn load_windows(&self, ino: Ino, st: &mut FileState, windows: Vec<u64>) -> Result<(), Errno> {
+        let w = st.content.window();
+        for win in windows {
+            let from = win.saturating_mul(w);
+            let recs = self.inner.meta.stripes(ino, from, from.saturating_add(w)).await?;
+            st.content.load(win, recs);
+        }
+        Ok(())
+    }
+
     async fn apply(
         &self,
         ino: Ino,
@@ -880,7 +900,7 @@ impl Client {
                 ino = ino.0,
                 "another client committed the same stripes first; this client's writes to them are dropped"
             );
-            if let Ok(rec) = self.inner.meta.get_inode(ino).await {
+            if let Ok(rec) = self.inner.meta.head(ino).await {
                 st.adopt(rec);
             }
         }
@@ -894,7 +914,7 @@ impl Client {
     /// Whether `ino` is really gone (its record removed), asked again: an ENOENT from
     /// an operation is taken for an unlink only when a read agrees.
     async fn removed(&self, ino: Ino) -> bool {
-        matches!(self.inner.meta.get_inode(ino).await, Err(Errno::ENOENT))
+        matches!(self.inner.meta.getattr(ino).await, Err(Errno::ENOENT))
     }
 
     /// Deletes versions nobody references any more on their nodes, in the background
@@ -1037,7 +1057,7 @@ impl OpenFile {
 
     /// Reloads the committed layout (another client replaced a stripe we read).
     async fn refresh(&self, c: &Client) {
-        if let Ok(rec) = c.inner.meta.get_inode(self.ino).await {
+        if let Ok(rec) = c.inner.meta.head(self.ino).await {
             let mut st = self.shared.state.lock().await;
             if !st.unlinked {
                 st.adopt(rec);
@@ -1051,6 +1071,8 @@ impl OpenFile {
         // Plan under the lock; fetch without it (versions are immutable).
         let (plan, policy, cells) = {
             let mut st = self.shared.state.lock().await;
+            let unknown = st.content.unknown_for(offset, u64::from(len));
+            c.load_windows(self.ino, &mut st, unknown).await?;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
             // A reader that goes on where it stopped, or whose large reads stay in (or
@@ -1076,6 +1098,7 @@ impl OpenFile {
             if sequential
                 && c.inner.cfg.cache_stripes > 1
                 && let Some((last, _)) = last_remote
+                && st.content.known(last + 1)
                 && let Some(Piece::Remote { stripe, rec, .. }) =
                     st.content.read_plan((last + 1) * sb, 1).into_iter().next()
                 && st.cached(stripe, rec.version).is_none()
@@ -1140,6 +1163,8 @@ impl OpenFile {
         let c = self.client()?;
         let sh = &self.shared;
         let mut st = sh.state.lock().await;
+        let unknown = st.content.unknown_for(offset, data.len() as u64);
+        c.load_windows(self.ino, &mut st, unknown).await?;
         c.apply(self.ino, &mut st, |content| content.write(offset, data))
             .await?;
         // The read cache holds immutable versions: nothing in it goes stale here.
@@ -1219,7 +1244,7 @@ impl FileState {
     /// another client's commit); local writes stay.
     fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec) {
         let layout = rec.layout.unwrap_or_else(|| self.policy.clone());
-        self.content.set_committed(layout.stripes, rec.attr.size);
+        self.content.set_head(HEAD_STRIPES, layout.stripes, rec.attr.size);
         self.cache.clear();
     }
 

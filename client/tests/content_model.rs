@@ -4,7 +4,9 @@
 //! over thousands of seeds. The "world" around the core is a minimal metadata service
 //! (compare-and-set commits, version reservations) and data nodes (versions by name);
 //! reading a version that was deleted while the core still referenced it fails the
-//! test. Replay a failure with SHINGLE_SEED=<seed>.
+//! test. Odd seeds open the file as the shell does, knowing only the first window of
+//! its layout and loading the others before an operation touches them (the core panics
+//! if asked about a stripe it does not know). Replay a failure with SHINGLE_SEED=<seed>.
 
 use shingle_client::content::{Blocked, Content, Piece};
 use shingle_meta::namespace::{Errno, StripeRec};
@@ -25,8 +27,13 @@ impl Rng {
     }
 }
 
+/// Stripes per window of a lazily loaded layout.
+const WINDOW: u64 = 2;
+
 #[derive(Default)]
 struct World {
+    /// Open files knowing only the layout's first window.
+    lazy: bool,
     stripes: BTreeMap<u64, StripeRec>,
     size: u64,
     next_version: u64,
@@ -66,7 +73,42 @@ impl World {
 
     /// The committed content, as a fresh open reads it.
     fn content(&self) -> Content {
+        if self.lazy {
+            Content::with_head(SB, WINDOW, self.head(), self.size)
+        } else {
+            self.complete()
+        }
+    }
+
+    /// The committed content with every stripe known.
+    fn complete(&self) -> Content {
         Content::new(SB, self.stripes.clone(), self.size)
+    }
+
+    /// The records of the first window.
+    fn head(&self) -> BTreeMap<u64, StripeRec> {
+        self.stripes.range(..WINDOW).map(|(s, r)| (*s, r.clone())).collect()
+    }
+
+    /// Takes the committed layout again (after a lost race), as the shell does.
+    fn reload(&self, c: &mut Content) {
+        if self.lazy {
+            c.set_head(WINDOW, self.head(), self.size);
+        } else {
+            c.set_committed(self.stripes.clone(), self.size);
+        }
+    }
+
+    /// Loads what an operation on bytes `off..off + len` needs, as the shell does.
+    fn ensure(&self, c: &mut Content, off: u64, len: u64) {
+        for win in c.unknown_for(off, len) {
+            let lo = win * c.window();
+            c.load(
+                win,
+                self.stripes.range(lo..lo + c.window()).map(|(s, r)| (*s, r.clone())),
+            );
+        }
+        assert!(c.unknown_for(off, len).is_empty());
     }
 
     fn gc(&mut self, c: &mut Content) {
@@ -135,7 +177,7 @@ impl World {
     }
 
     fn reference(&self) -> Vec<u8> {
-        let c = self.content();
+        let c = self.complete();
         self.bytes(&c, 0, self.size, 0, 0)
     }
 }
@@ -149,6 +191,7 @@ fn apply(r: &mut Vec<u8>, off: u64, data: &[u8]) {
 }
 
 fn write(w: &mut World, c: &mut Content, off: u64, data: &[u8]) {
+    w.ensure(c, off, data.len() as u64);
     loop {
         match c.write(off, data) {
             Ok(()) => return,
@@ -162,6 +205,8 @@ fn write(w: &mut World, c: &mut Content, off: u64, data: &[u8]) {
 }
 
 fn truncate(w: &mut World, c: &mut Content, size: u64) {
+    // The stripe the cut lands in and every stripe it removes.
+    w.ensure(c, size / SB * SB, u64::MAX - size);
     loop {
         match c.truncate(size) {
             Ok(()) => return,
@@ -176,7 +221,10 @@ fn truncate(w: &mut World, c: &mut Content, size: u64) {
 
 fn run(seed: u64) {
     let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
-    let mut w = World::default();
+    let mut w = World {
+        lazy: seed % 2 == 1,
+        ..World::default()
+    };
     let mut c = w.content();
     let mut r: Vec<u8> = Vec::new();
     let mut seen = c.err_seq();
@@ -193,6 +241,7 @@ fn run(seed: u64) {
             35..=49 => {
                 let off = rng.below(SB * 7);
                 let len = rng.below(SB * 3);
+                w.ensure(&mut c, off, len);
                 let got = w.bytes(&c, off, len, seed, step);
                 let end = (off + len).min(r.len() as u64);
                 let want = if off >= end {
@@ -241,6 +290,8 @@ fn run(seed: u64) {
                     );
                     // The stripe reads as it was stored or committed before; the rest
                     // of what is below the new size is unchanged.
+                    let n = c.size();
+                    w.ensure(&mut c, 0, n);
                     let got = w.bytes(&c, 0, c.size(), seed, step);
                     let (lo, hi) = ((s * SB) as usize, ((s + 1) * SB) as usize);
                     let n = got.len();
@@ -278,6 +329,8 @@ fn run(seed: u64) {
                 w.gc(&mut c);
                 c = w.content();
                 seen = c.err_seq();
+                let n = c.size();
+                w.ensure(&mut c, 0, n);
                 assert_eq!(
                     w.bytes(&c, 0, c.size(), seed, step),
                     r,
@@ -297,7 +350,7 @@ fn run(seed: u64) {
                     let (_, now) = c.error_since(seen).expect("a lost race is reported");
                     seen = now;
                     // The dropped writes are gone; the file is what the service has.
-                    c.set_committed(w.stripes.clone(), w.size);
+                    w.reload(&mut c);
                     r = w.reference();
                 } else if !touched {
                     // Nothing of ours: the other writer's bytes show after a reopen.
@@ -309,7 +362,7 @@ fn run(seed: u64) {
                         let mut x = r.clone();
                         let end = (w.size as usize).max(x.len());
                         x.resize(end, 0);
-                        let other = w.bytes(&w.content(), s * SB, SB, seed, step);
+                        let other = w.bytes(&w.complete(), s * SB, SB, seed, step);
                         x[(s * SB) as usize..(s * SB) as usize + other.len()].copy_from_slice(&other);
                         x
                     });

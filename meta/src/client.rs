@@ -16,7 +16,9 @@
 
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
-use crate::namespace::{Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeWrite};
+use crate::namespace::{
+    Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
+};
 use crate::service::MapView;
 use crate::service::wire::*;
 use shingle_transport::{Health, TcpClient};
@@ -316,12 +318,54 @@ impl MetaClient {
         }
     }
 
-    /// The whole inode (attributes, symlink target, layout).
-    pub async fn get_inode(&self, ino: Ino) -> Result<InodeRec, Errno> {
+    /// The inode with the records of its first [`HEAD_STRIPES`] stripes (what an open
+    /// needs: one request, whatever the file's size).
+    pub async fn head(&self, ino: Ino) -> Result<InodeRec, Errno> {
         match self.read(ino.partition(), ReadOp::GetInode(ino)).await? {
             ReadReply::Inode(r) => Ok(*r),
             _ => Err(Errno::EIO),
         }
+    }
+
+    /// The committed stripe records of file `ino` in `from..to`, in order (as many
+    /// requests as it takes).
+    pub async fn stripes(&self, ino: Ino, from: u64, to: u64) -> Result<Vec<(u64, StripeRec)>, Errno> {
+        let mut out = Vec::new();
+        let mut at = from;
+        while at < to {
+            let limit = (to - at).min(u64::from(MAX_STRIPES_READ)) as u32;
+            let (recs, more) = match self
+                .read(ino.partition(), ReadOp::Stripes { ino, from: at, limit })
+                .await?
+            {
+                ReadReply::Stripes(recs, more) => (recs, more),
+                _ => return Err(Errno::EIO),
+            };
+            let Some(last) = recs.last().map(|(s, _)| *s) else {
+                break;
+            };
+            if last < at {
+                return Err(Errno::EIO);
+            }
+            out.extend(recs.into_iter().filter(|(s, _)| (at..to).contains(s)));
+            if !more {
+                break;
+            }
+            at = last.saturating_add(1);
+        }
+        Ok(out)
+    }
+
+    /// The whole inode: attributes, symlink target and every stripe of its layout (for
+    /// tools; a file system client reads [`MetaClient::head`] and loads the rest on demand).
+    pub async fn get_inode(&self, ino: Ino) -> Result<InodeRec, Errno> {
+        let mut rec = self.head(ino).await?;
+        if let Some(l) = rec.layout.as_mut()
+            && rec.attr.size.div_ceil(l.stripe_bytes().max(1)) > HEAD_STRIPES
+        {
+            l.stripes.extend(self.stripes(ino, HEAD_STRIPES, u64::MAX).await?);
+        }
+        Ok(rec)
     }
 
     /// A symlink's target.

@@ -214,7 +214,10 @@ fn commits_read_and_write_only_the_stripes_they_change() {
     assert_eq!(ns.layout(f).expect("layout").expect("some").stripes.len(), 2_000);
     let part = ns.partition(f.partition()).expect("partition");
     let inode = part.inodes[&f].clone();
-    assert!(inode.layout.as_ref().is_some_and(|l| l.stripes.is_empty()), "no stripes in the inode record");
+    assert!(
+        inode.layout.as_ref().is_some_and(|l| l.stripes.is_empty()),
+        "no stripes in the inode record"
+    );
 
     // The coordinator's view: the inode, then exactly the stripes written.
     let one = [write(7, first + 7, first + 5_000)];
@@ -247,7 +250,10 @@ fn commits_read_and_write_only_the_stripes_they_change() {
     view.provide_inode(f, Some(inode));
     view.provide_stripe(f, 7, part.stripes.get(&(f, 7)).cloned());
     let stale = [write(7, first + 1, first + 5_001)];
-    assert_eq!(view.commit_write(f, &policy(), 2_000 * sb, &stale, 3), Err(Errno::ESTALE));
+    assert_eq!(
+        view.commit_write(f, &policy(), 2_000 * sb, &stale, 3),
+        Err(Errno::ESTALE)
+    );
 
     // Truncating to 10 stripes and a bit keeps stripes 0..=10 only.
     let set = shingle_meta::namespace::SetAttr {
@@ -256,7 +262,10 @@ fn commits_read_and_write_only_the_stripes_they_change() {
     };
     ns.setattr(&Creds::root(), f, &set, 4).expect("truncate");
     let l = ns.layout(f).expect("layout").expect("some");
-    assert_eq!(l.stripes.keys().copied().collect::<Vec<_>>(), (0..=10).collect::<Vec<_>>());
+    assert_eq!(
+        l.stripes.keys().copied().collect::<Vec<_>>(),
+        (0..=10).collect::<Vec<_>>()
+    );
     // Removing the file removes every stripe record with it.
     ns.unlink(&Creds::root(), Ino::ROOT, b"f", 5).expect("unlink");
     let part = ns.partition(f.partition()).expect("partition");
@@ -270,8 +279,11 @@ fn a_file_with_data_keeps_its_policy() {
     let f = file(&mut ns);
     let other = Layout { k: 2, ..policy() };
     ns.set_layout(&Creds::root(), f, &other, 2).expect("empty file");
-    let v = ns.reserve_versions(f, &policy(), 4).expect("the writer's policy while empty");
-    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3).expect("commit");
+    let v = ns
+        .reserve_versions(f, &policy(), 4)
+        .expect("the writer's policy while empty");
+    ns.commit_write(f, &policy(), 4096, &[write(0, 0, v)], 3)
+        .expect("commit");
     assert_eq!(ns.set_layout(&Creds::root(), f, &other, 4), Err(Errno::EBUSY));
     assert_eq!(ns.reserve_versions(f, &other, 4), Err(Errno::EINVAL));
     // Truncated to zero, it holds nothing and may take another policy.

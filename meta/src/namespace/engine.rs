@@ -1060,7 +1060,10 @@ impl Namespace {
     /// directory). Not for sparse views (they hold only the stripes they fetched).
     pub fn layout(&self, ino: Ino) -> NsResult<Option<Layout>> {
         self.rec(ino)?;
-        Ok(self.part(ino.partition())?.inode_with_stripes(ino).and_then(|r| r.layout))
+        Ok(self
+            .part(ino.partition())?
+            .inode_with_stripes(ino)
+            .and_then(|r| r.layout))
     }
 
     /// Sets the erasure-coding policy of a directory (inherited by what is created in

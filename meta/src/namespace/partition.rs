@@ -201,7 +201,9 @@ impl Partition {
 
     /// The committed stripes of file `ino` from stripe `from` on, in order.
     pub fn stripes_of(&self, ino: Ino, from: u64) -> impl Iterator<Item = (u64, &StripeRec)> + '_ {
-        self.stripes.range((ino, from)..=(ino, u64::MAX)).map(|((_, s), r)| (*s, r))
+        self.stripes
+            .range((ino, from)..=(ino, u64::MAX))
+            .map(|((_, s), r)| (*s, r))
     }
 
     /// The inode record of `ino` with its layout's stripes filled in (what a client

@@ -234,7 +234,11 @@ impl MetaNode {
                     .commit(vec![super::store::Write::install(p, &r)])
                     .await
                     .map_err(|e| super::store::StoreError(format!("partition {}: upgrade: {e}", p.0)))?;
-                info!(node = cfg.node_id.0, partition = p.0, "stripe records split out of inode records");
+                info!(
+                    node = cfg.node_id.0,
+                    partition = p.0,
+                    "stripe records split out of inode records"
+                );
             }
             slots.insert(p, Slot::new(r));
         }
@@ -1102,8 +1106,37 @@ impl MetaNode {
             ReadOp::GetInode(ino) => {
                 let s = self.serving(ino.partition())?;
                 let st = s.read();
-                let r = st.part.inode_with_stripes(*ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
+                let mut r = st
+                    .part
+                    .inodes
+                    .get(ino)
+                    .cloned()
+                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
+                if let Some(l) = r.layout.as_mut() {
+                    let head = st
+                        .part
+                        .stripes_of(*ino, 0)
+                        .take_while(|(s, _)| *s < super::wire::HEAD_STRIPES);
+                    l.stripes.extend(head.map(|(s, r)| (s, r.clone())));
+                }
                 Ok(ReadReply::Inode(Box::new(r)))
+            }
+            ReadOp::Stripes { ino, from, limit } => {
+                let s = self.serving(ino.partition())?;
+                let st = s.read();
+                if !st.part.inodes.contains_key(ino) {
+                    return Err(errno_status(Errno::ENOENT));
+                }
+                let limit = (*limit).clamp(1, super::wire::MAX_STRIPES_READ) as usize;
+                let mut recs: Vec<(u64, crate::namespace::StripeRec)> = st
+                    .part
+                    .stripes_of(*ino, *from)
+                    .take(limit + 1)
+                    .map(|(s, r)| (s, r.clone()))
+                    .collect();
+                let more = recs.len() > limit;
+                recs.truncate(limit);
+                Ok(ReadReply::Stripes(recs, more))
             }
             ReadOp::GetXattr { creds, ino, name } => {
                 sparse_read(*ino, &|ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))

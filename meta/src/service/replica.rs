@@ -485,10 +485,18 @@ mod tests {
         let mut two = file(f);
         two.attr.nlink = 2;
         r.apply(&[put(Mutation::PutInode(Box::new(two)))]);
-        let keys = r.apply(&[put(Mutation::AdjustLinks { ino: f, delta: -1, time: 3 })]);
+        let keys = r.apply(&[put(Mutation::AdjustLinks {
+            ino: f,
+            delta: -1,
+            time: 3,
+        })]);
         assert!(!keys.iter().any(|k| matches!(k, Key::Stripe(..))), "{keys:?}");
         // The last link: every stripe key goes with the inode.
-        let keys = r.apply(&[put(Mutation::AdjustLinks { ino: f, delta: -1, time: 4 })]);
+        let keys = r.apply(&[put(Mutation::AdjustLinks {
+            ino: f,
+            delta: -1,
+            time: 4,
+        })]);
         assert_eq!(keys.iter().filter(|k| matches!(k, Key::Stripe(..))).count(), 90);
         assert!(r.part.stripes.is_empty());
         let k = Key::Stripe(f, 7);

@@ -72,8 +72,19 @@ pub enum ReadOp {
     },
     /// Attributes (at the inode's partition).
     GetAttr(Ino),
-    /// The whole inode: attributes, symlink target, layout (at the inode's partition).
+    /// The inode: attributes, symlink target, layout with the records of its first
+    /// [`HEAD_STRIPES`] stripes (at the inode's partition; the rest: [`ReadOp::Stripes`]).
     GetInode(Ino),
+    /// Committed stripe records of a file with index ≥ `from`, in order, at most
+    /// `limit` (≤ [`MAX_STRIPES_READ`]).
+    Stripes {
+        /// The file.
+        ino: Ino,
+        /// First stripe index.
+        from: u64,
+        /// Most records.
+        limit: u32,
+    },
     /// One extended attribute.
     GetXattr {
         /// Caller.
@@ -122,6 +133,7 @@ impl ReadOp {
             ReadOp::Lookup { .. } => "lookup",
             ReadOp::GetAttr(_) => "getattr",
             ReadOp::GetInode(_) => "get_inode",
+            ReadOp::Stripes { .. } => "stripes",
             ReadOp::GetXattr { .. } => "getxattr",
             ReadOp::ListXattr { .. } => "listxattr",
             ReadOp::ReadDir { .. } => "readdir",
@@ -136,6 +148,7 @@ impl ReadOp {
             ReadOp::Lookup { parent: ino, .. }
             | ReadOp::GetAttr(ino)
             | ReadOp::GetInode(ino)
+            | ReadOp::Stripes { ino, .. }
             | ReadOp::GetXattr { ino, .. }
             | ReadOp::ListXattr { ino, .. }
             | ReadOp::ReadDir { dir: ino, .. }
@@ -154,6 +167,8 @@ pub enum ReadReply {
     Attr(Attr),
     /// GetInode.
     Inode(Box<InodeRec>),
+    /// Stripes: (index, record) in order, and whether more follow.
+    Stripes(Vec<(u64, StripeRec)>, bool),
     /// GetXattr.
     Value(Vec<u8>),
     /// ListXattr.
@@ -408,6 +423,13 @@ pub enum OpReply {
     Versions(u64),
 }
 meta_rpc!(Op, 0x0401, OpReply);
+
+/// Stripe records a [`ReadOp::GetInode`] reply carries: the first window of the
+/// layout (4 GiB of a file of 4 MiB stripes). An open reads this much and no more.
+pub const HEAD_STRIPES: u64 = 1024;
+
+/// Most stripe records one [`ReadOp::Stripes`] reply carries.
+pub const MAX_STRIPES_READ: u32 = 4096;
 
 /// Most records one [`Fetch`] may name (a coordinator needs about eight).
 pub const MAX_FETCH: usize = 64;
