@@ -66,6 +66,17 @@ pub struct ClientConfig {
     pub inflight_stripes: usize,
     /// Stripes being stored at once by the whole client (memory bound per mount).
     pub inflight_stripes_total: usize,
+    /// Stripe records loaded per request when a read or write reaches a part of a
+    /// layout not loaded yet (at most [`HEAD_STRIPES`], what an open reads; tests make
+    /// it small so small files load their layouts in pieces).
+    pub layout_window: u64,
+}
+
+impl ClientConfig {
+    /// The layout window in use: within 1..=[`HEAD_STRIPES`].
+    fn window(&self) -> u64 {
+        self.layout_window.clamp(1, HEAD_STRIPES)
+    }
 }
 
 impl Default for ClientConfig {
@@ -80,6 +91,7 @@ impl Default for ClientConfig {
             commit_every: 16,
             inflight_stripes: 4,
             inflight_stripes_total: 32,
+            layout_window: HEAD_STRIPES,
         }
     }
 }
@@ -407,7 +419,8 @@ impl Client {
         if let Some(sh) = existing {
             let mut st = sh.state.lock().await;
             if !st.unlinked {
-                st.content.set_head(HEAD_STRIPES, layout.stripes.clone(), rec.attr.size);
+                st.content
+                    .set_head(self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size);
                 if !st.content.has_local() {
                     st.policy = layout.policy();
                 }
@@ -426,7 +439,7 @@ impl Client {
             attr: Mutex::new(rec.attr.clone()),
             state: tokio::sync::Mutex::new(FileState {
                 policy: layout.policy(),
-                content: Content::with_head(sb, HEAD_STRIPES, layout.stripes.clone(), rec.attr.size),
+                content: Content::with_head(sb, self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size),
                 cache: VecDeque::new(),
                 reserve_next: RESERVE_MIN,
                 unlinked: false,
@@ -901,7 +914,7 @@ impl Client {
                 "another client committed the same stripes first; this client's writes to them are dropped"
             );
             if let Ok(rec) = self.inner.meta.head(ino).await {
-                st.adopt(rec);
+                st.adopt(rec, self.inner.cfg.window());
             }
         }
         self.collect_garbage(ino, st);
@@ -1060,7 +1073,7 @@ impl OpenFile {
         if let Ok(rec) = c.inner.meta.head(self.ino).await {
             let mut st = self.shared.state.lock().await;
             if !st.unlinked {
-                st.adopt(rec);
+                st.adopt(rec, c.inner.cfg.window());
                 self.shared.publish(&st);
             }
         }
@@ -1242,9 +1255,9 @@ impl Shared {
 impl FileState {
     /// Takes the committed layout and size the metadata service has now (after
     /// another client's commit); local writes stay.
-    fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec) {
+    fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec, window: u64) {
         let layout = rec.layout.unwrap_or_else(|| self.policy.clone());
-        self.content.set_head(HEAD_STRIPES, layout.stripes, rec.attr.size);
+        self.content.set_head(window, layout.stripes, rec.attr.size);
         self.cache.clear();
     }
 

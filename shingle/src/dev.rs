@@ -34,6 +34,12 @@ pub struct DevArgs {
     /// Serve Prometheus metrics: the mount's on 127.0.0.1:PORT, node i's on PORT+i.
     #[arg(long)]
     pub metrics_port: Option<u16>,
+    /// Stripe records the mount loads per request when a read or write reaches a part
+    /// of a layout it has not loaded (default and most: 1,024, what an open reads). The
+    /// checks run the exercisers with 2, so their files are opened knowing only part of
+    /// their layout.
+    #[arg(long, env = "SHINGLE_LAYOUT_WINDOW", default_value_t = shingle_meta::service::wire::HEAD_STRIPES)]
+    pub layout_window: u64,
 }
 
 /// Options of `shingle mount`. Runs in the foreground until SIGINT/SIGTERM (or an
@@ -131,6 +137,7 @@ fn which(cmd: &str) -> Option<PathBuf> {
 async fn serve_mount(
     meta: MetaClient,
     ec: (u8, u8),
+    layout_window: u64,
     mountpoint: &Path,
     mc: MountConfig,
     metrics: Option<(std::net::SocketAddr, bool)>,
@@ -150,6 +157,7 @@ async fn serve_mount(
     };
     let cfg = ClientConfig {
         ec,
+        layout_window: layout_window.max(1),
         ..ClientConfig::default()
     };
     let client = Client::new(meta, cfg);
@@ -345,6 +353,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     serve_mount(
         meta,
         (cf.ec_k, cf.ec_m),
+        shingle_meta::service::wire::HEAD_STRIPES,
         &a.mountpoint,
         mc,
         a.metrics_listen.and_then(|m| m.0).map(|addr| (addr, a.metrics_expose)),
@@ -399,7 +408,7 @@ pub async fn dev(a: DevArgs) -> Result<()> {
     let metrics = a
         .metrics_port
         .map(|p| (std::net::SocketAddr::from(([127, 0, 0, 1], p)), false));
-    let r = serve_mount(meta, ec, &a.mount, MountConfig::default(), metrics).await;
+    let r = serve_mount(meta, ec, a.layout_window, &a.mount, MountConfig::default(), metrics).await;
     println!("shingle: stopping the cluster");
     cluster.stop();
     r

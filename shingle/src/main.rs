@@ -91,6 +91,8 @@ enum BenchCommand {
     Ec(bench::ec::EcBenchArgs),
     /// Lookup + getattr storm against local meta-node processes; CPU-capped scale-out.
     Meta(bench::meta::MetaBenchArgs),
+    /// Commit and open cost against file size (metadata only, 1 to 64 GiB layouts).
+    Layout(bench::layout::LayoutBenchArgs),
     /// DataLoader scan and metadata storm through a FUSE mount of a local cluster, vs a
     /// local directory.
     Loader(bench::loader::LoaderBenchArgs),
@@ -147,6 +149,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Store(a)) => bench::store::run(a).await,
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
+            Command::Bench(BenchCommand::Layout(a)) => bench::layout::run(a).await,
             Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
             Command::Bench(BenchCommand::Failover(a)) => bench::failover::run(a).await,
             Command::Bench(BenchCommand::Fabric(a)) => bench::fabric::run(a).await,

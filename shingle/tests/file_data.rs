@@ -12,7 +12,8 @@ use shingle_meta::ids::Ino;
 use shingle_meta::namespace::{Creds, Errno, FileKind, SetAttr};
 use std::time::Duration;
 
-/// 4 data shards of 16 KiB: 64 KiB stripes.
+/// 4 data shards of 16 KiB: 64 KiB stripes; layouts loaded two stripes at a time, so
+/// every file here is opened knowing only part of its layout.
 fn config() -> ClientConfig {
     ClientConfig {
         ec: (4, 2),
@@ -22,6 +23,7 @@ fn config() -> ClientConfig {
         commit_every: 4,
         inflight_stripes: 3,
         inflight_stripes_total: 8,
+        layout_window: 2,
     }
 }
 

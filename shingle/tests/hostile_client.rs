@@ -363,6 +363,19 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             }),
         ),
         (
+            false, // answered, at most MAX_STRIPES_READ records
+            fp,
+            kind::<Read>(),
+            meta_enc(&Read {
+                epoch,
+                op: ReadOp::Stripes {
+                    ino: f,
+                    from: u64::MAX,
+                    limit: u32::MAX,
+                },
+            }),
+        ),
+        (
             true,
             fp,
             kind::<Lock>(),
@@ -495,6 +508,18 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                     after: None,
                     limit: 100,
                     partitions: (0..16).map(PartitionId).collect(),
+                },
+            }),
+        ),
+        (
+            "Read/Stripes",
+            kind::<Read>(),
+            meta_enc(&Read {
+                epoch,
+                op: ReadOp::Stripes {
+                    ino: f,
+                    from: 0,
+                    limit: 64,
                 },
             }),
         ),

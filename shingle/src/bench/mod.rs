@@ -3,6 +3,7 @@
 pub mod ec;
 pub mod fabric;
 pub mod failover;
+pub mod layout;
 pub mod loader;
 pub mod meta;
 pub mod store;

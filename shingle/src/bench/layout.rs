@@ -1,0 +1,196 @@
+//! `shingle bench layout`: what a commit and an open cost as a file grows.
+//!
+//! Starts a local cluster of meta-node processes (no data nodes: only metadata is
+//! measured), creates one file per size and gives it the layout a writer of that size
+//! leaves: stripe records committed 16 at a time, as the client commits (every stripe's
+//! shards named on six nodes; no data is written, so a 64 GiB file costs no disk). For
+//! each size it then measures, with the layout in place:
+//!
+//! - **commit**: one more commit of 16 rewritten stripes (a writer's steady state);
+//! - **open**: what a file system client reads at open (`MetaClient::head`);
+//! - **whole layout**: every stripe record (`MetaClient::get_inode`, what a tool reads,
+//!   and what every open read before layouts were loaded on demand);
+//!
+//! and how long building the whole layout took (the metadata cost of writing the file).
+
+use super::median;
+use super::transport::machine;
+use crate::local::{LocalCluster, LocalSpec};
+use anyhow::{Result, anyhow};
+use shingle_meta::ids::Ino;
+use shingle_meta::namespace::{Creds, FileKind, Layout, StripeRec, StripeWrite};
+use std::time::{Duration, Instant};
+
+/// Options of the layout benchmark.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LayoutBenchArgs {
+    /// File sizes in GiB.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1u64, 8, 64])]
+    pub gib: Vec<u64>,
+    /// Meta nodes (every partition on min(3, N) of them).
+    #[arg(long, default_value_t = 3)]
+    pub nodes: usize,
+    /// Measurements per figure.
+    #[arg(long, default_value_t = 50)]
+    pub samples: usize,
+    /// Work folder (default: a temporary folder).
+    #[arg(long)]
+    pub dir: Option<std::path::PathBuf>,
+}
+
+/// Stripes per commit, as the client commits (`ClientConfig::commit_every`).
+const COMMIT_STRIPES: u64 = 16;
+
+fn policy() -> Layout {
+    Layout {
+        k: 4,
+        m: 2,
+        unit: 1 << 20,
+        ..Default::default()
+    }
+}
+
+fn writes(from: u64, to: u64, version: &mut u64, sb: u64) -> Vec<StripeWrite> {
+    (from..to)
+        .map(|s| {
+            let v = *version;
+            *version += 1;
+            StripeWrite {
+                stripe: s,
+                base: 0,
+                rec: StripeRec {
+                    version: v,
+                    len: sb,
+                    nodes: vec![1, 2, 3, 4, 5, 6],
+                },
+            }
+        })
+        .collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Runs the benchmark and prints a table (and JSON lines).
+pub async fn run(a: LayoutBenchArgs) -> Result<()> {
+    let (_tmp, dir) = match &a.dir {
+        Some(d) => (None, d.join("layout")),
+        None => {
+            let t = tempfile::tempdir()?;
+            let d = t.path().to_path_buf();
+            (Some(t), d)
+        }
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = LocalSpec {
+        dir,
+        nodes: a.nodes,
+        managers: 1,
+        data: false,
+        partitions: 64,
+        replication: a.nodes.min(3) as u8,
+        ec: (4, 2),
+        zones: (8, "16MiB"),
+        log: "warn,openraft=error".into(),
+        cpu_cap: None,
+        manager_toml: String::new(),
+        meta_toml: String::new(),
+        netns: None,
+        metrics_port: None,
+    };
+    let cluster = LocalCluster::start(&spec)?;
+    let client = cluster.meta_client().await?;
+    cluster.wait_ready(&client, Duration::from_secs(60)).await?;
+    println!(
+        "# layout at scale: commit and open cost against file size ({})",
+        machine()
+    );
+    println!(
+        "# {} meta nodes, R = {}, EC 4+2 x 1 MiB (4 MiB stripes), layouts built {} stripes per commit; p50 of {} samples",
+        a.nodes,
+        a.nodes.min(3),
+        COMMIT_STRIPES,
+        a.samples
+    );
+    println!("   GiB  stripes   build s  commit p50 ms  open p50 ms  whole layout p50 ms");
+    let root = Creds::root();
+    for &gib in &a.gib {
+        let sb = 4u64 << 20;
+        let stripes = (gib << 30) / sb;
+        let name = format!("file-{gib}g");
+        let ino = client
+            .mknod(&root, Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
+            .await
+            .map_err(|e| anyhow!("create: {e}"))?
+            .ino;
+        let count = u32::try_from(stripes + COMMIT_STRIPES * a.samples as u64 + 1)?;
+        let mut version = client
+            .reserve_versions(&root, ino, policy(), count)
+            .await
+            .map_err(|e| anyhow!("reserve: {e}"))?;
+        let start = Instant::now();
+        let mut s = 0;
+        while s < stripes {
+            let to = (s + COMMIT_STRIPES).min(stripes);
+            let w = writes(s, to, &mut version, sb);
+            client
+                .commit_write(&root, ino, policy(), to * sb, w)
+                .await
+                .map_err(|e| anyhow!("commit: {e}"))?;
+            s = to;
+        }
+        let build = start.elapsed();
+        // The steady state: rewriting 16 stripes in the middle of the file.
+        let mut commit = Vec::new();
+        let mid = stripes / 2;
+        for _ in 0..a.samples {
+            let cur = client.get_inode(ino).await.map_err(|e| anyhow!("layout: {e}"))?;
+            let Some(layout) = cur.layout else {
+                return Err(anyhow!("file {name} has no layout"));
+            };
+            let mut w = writes(mid, mid + COMMIT_STRIPES, &mut version, sb);
+            for x in &mut w {
+                x.base = layout.stripes.get(&x.stripe).map_or(0, |r| r.version);
+            }
+            let t = Instant::now();
+            client
+                .commit_write(&root, ino, policy(), stripes * sb, w)
+                .await
+                .map_err(|e| anyhow!("commit: {e}"))?;
+            commit.push(ms(t.elapsed()));
+        }
+        let mut open = Vec::new();
+        let mut whole = Vec::new();
+        for _ in 0..a.samples {
+            let t = Instant::now();
+            let head = client.head(ino).await.map_err(|e| anyhow!("open: {e}"))?;
+            open.push(ms(t.elapsed()));
+            if head.attr.size != stripes * sb {
+                return Err(anyhow!("{name}: size {} after the build", head.attr.size));
+            }
+            let t = Instant::now();
+            let all = client.get_inode(ino).await.map_err(|e| anyhow!("layout: {e}"))?;
+            whole.push(ms(t.elapsed()));
+            let n = all.layout.map_or(0, |l| l.stripes.len() as u64);
+            if n != stripes {
+                return Err(anyhow!("{name}: {n} stripe records, {stripes} written"));
+            }
+        }
+        let (c, o, w) = (median(&mut commit), median(&mut open), median(&mut whole));
+        println!(
+            "{gib:6} {stripes:8} {:9.2} {c:14.2} {o:12.2} {w:20.2}",
+            build.as_secs_f64()
+        );
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "layout", "gib": gib, "stripes": stripes,
+                "build_s": build.as_secs_f64(), "commit_p50_ms": c, "open_p50_ms": o,
+                "whole_layout_p50_ms": w,
+            })
+        );
+    }
+    drop(cluster);
+    Ok(())
+}
