@@ -129,6 +129,10 @@ pub struct Metrics {
     pub repair_running: Gauge,
     /// Removed files whose data waits for its purge (partitions this node is primary of).
     pub purges_pending: Gauge,
+    /// Group commits of the metadata store (one redb transaction with its fsync): time.
+    pub meta_store_commit_seconds: Histogram,
+    /// Partition writes (a batch's records, or an install) persisted by group commits.
+    pub meta_store_writes: Counter,
     /// Repair passes finished since start.
     pub repair_passes: Counter,
     /// This manager's Raft term.
@@ -185,6 +189,8 @@ impl Metrics {
             repair_unreadable_stripes: Gauge::default(),
             repair_running: Gauge::default(),
             purges_pending: Gauge::default(),
+            meta_store_commit_seconds: latency(),
+            meta_store_writes: Counter::default(),
             repair_passes: Counter::default(),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
@@ -323,6 +329,17 @@ impl Metrics {
             m.repair_unreadable_stripes.clone(),
         );
         r.register("repair_running", "1 while a repair pass runs", m.repair_running.clone());
+        r.register_with_unit(
+            "meta_store_commit",
+            "Group commits of the metadata store (one transaction and its fsync)",
+            Unit::Seconds,
+            m.meta_store_commit_seconds.clone(),
+        );
+        r.register(
+            "meta_store_writes",
+            "Partition writes persisted by the metadata store's group commits",
+            m.meta_store_writes.clone(),
+        );
         r.register(
             "purges_pending",
             "Removed files whose data waits for its purge (held open, or a data node unreachable)",

@@ -91,6 +91,10 @@ enum BenchCommand {
     Ec(bench::ec::EcBenchArgs),
     /// Lookup + getattr storm against local meta-node processes; CPU-capped scale-out.
     Meta(bench::meta::MetaBenchArgs),
+    /// Metadata mutations (create, chmod, rename, unlink, mkdir, ...; cp -a and rm -rf of
+    /// a tree; a create/unlink storm) through a FUSE mount of a local cluster vs a local
+    /// directory.
+    Mutate(bench::mutate::MutateBenchArgs),
     /// Commit and open cost against file size (metadata only, 1 to 64 GiB layouts).
     Layout(bench::layout::LayoutBenchArgs),
     /// DataLoader scan and metadata storm through a FUSE mount of a local cluster, vs a
@@ -150,6 +154,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::Ec(a)) => bench::ec::run(a).await,
             Command::Bench(BenchCommand::Meta(a)) => bench::meta::run(a).await,
             Command::Bench(BenchCommand::Layout(a)) => bench::layout::run(a).await,
+            Command::Bench(BenchCommand::Mutate(a)) => bench::mutate::run(a).await,
             Command::Bench(BenchCommand::Loader(a)) => bench::loader::run(a).await,
             Command::Bench(BenchCommand::Failover(a)) => bench::failover::run(a).await,
             Command::Bench(BenchCommand::Fabric(a)) => bench::fabric::run(a).await,

@@ -156,7 +156,11 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>) {
         while let Ok(j) = rx.try_recv() {
             jobs.push(j);
         }
+        let started = std::time::Instant::now();
         let result = commit_all(&db, &jobs).map_err(|e| e.to_string());
+        let m = shingle_metrics::get();
+        m.meta_store_commit_seconds.observe(started.elapsed().as_secs_f64());
+        m.meta_store_writes.inc_by(jobs.iter().map(|(ws, _)| ws.len() as u64).sum());
         for (_, done) in jobs {
             let _ = done.send(result.clone());
         }

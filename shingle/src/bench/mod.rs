@@ -6,6 +6,7 @@ pub mod failover;
 pub mod layout;
 pub mod loader;
 pub mod meta;
+pub mod mutate;
 pub mod store;
 pub mod transport;
 
