@@ -1507,17 +1507,47 @@ impl MetaNode {
             .ok_or_else(|| errno_status(Errno::ENOSPC))?;
         self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         let intent = Intent { id, steps };
-        let r = self.drive_intent(coord, &intent, true).await;
-        self.inner
-            .inflight
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        r
+        match self.apply_intent(coord, &intent, true).await {
+            Ok(others) => {
+                // Every step is durable on its partition's copies: the operation is
+                // done and is answered now. Finishing the intent only drops its record
+                // (and then its markers); if that fails or this node dies first, the
+                // sweep redoes the intent, whose steps the markers keep from applying
+                // twice, and finishes it. Until then it stays "in flight" here so this
+                // node's own sweep leaves it alone.
+                let node = self.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = node.finish_intent(coord, id, others).await {
+                        debug!(intent = id, error = %e, "finishing an intent failed; the sweep will");
+                    }
+                    node.inner
+                        .inflight
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .remove(&id);
+                });
+                Ok(())
+            }
+            Err(e) => {
+                self.inner
+                    .inflight
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&id);
+                Err(e)
+            }
+        }
     }
 
     /// Records (when `begin`) and applies every step of an intent, then finishes it.
     async fn drive_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<(), Status> {
+        let others = self.apply_intent(coord, intent, begin).await?;
+        self.finish_intent(coord, intent.id, others).await
+    }
+
+    /// Records (when `begin`) and applies every step of an intent; returns the other
+    /// partitions it touched.
+    async fn apply_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<Vec<PartitionId>, Status> {
         let id = intent.id;
         let mut by_part: BTreeMap<PartitionId, Vec<PartOp>> = BTreeMap::new();
         for (i, (p, m)) in intent.steps.iter().enumerate() {
@@ -1538,6 +1568,12 @@ impl MetaNode {
         for r in results {
             r?;
         }
+        Ok(others)
+    }
+
+    /// Drops a finished intent's record and markers (in its partition now; in the
+    /// `others` with their next batches).
+    async fn finish_intent(&self, coord: PartitionId, id: u64, others: Vec<PartitionId>) -> Result<(), Status> {
         self.execute_at(coord, vec![PartOp::Finish(id), PartOp::Forget(id)])
             .await?;
         for p in others {

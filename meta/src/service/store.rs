@@ -160,7 +160,8 @@ fn writer(db: Database, rx: mpsc::Receiver<Job>) {
         let result = commit_all(&db, &jobs).map_err(|e| e.to_string());
         let m = shingle_metrics::get();
         m.meta_store_commit_seconds.observe(started.elapsed().as_secs_f64());
-        m.meta_store_writes.inc_by(jobs.iter().map(|(ws, _)| ws.len() as u64).sum());
+        m.meta_store_writes
+            .inc_by(jobs.iter().map(|(ws, _)| ws.len() as u64).sum());
         for (_, done) in jobs {
             let _ = done.send(result.clone());
         }

@@ -61,7 +61,9 @@ struct Side {
 
 fn pct(v: &mut [u64], q: f64) -> u64 {
     v.sort_unstable();
-    v.get(((v.len() as f64 - 1.0) * q).round() as usize).copied().unwrap_or(0)
+    v.get(((v.len() as f64 - 1.0) * q).round() as usize)
+        .copied()
+        .unwrap_or(0)
 }
 
 fn timed(samples: &mut Vec<u64>, f: impl FnOnce() -> std::io::Result<()>) -> Result<()> {
@@ -83,17 +85,23 @@ fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u6
     }
     after(OPS[0]);
     for i in 0..n {
-        timed(&mut all[1], || fs::set_permissions(path(i), fs::Permissions::from_mode(0o600)))?;
+        timed(&mut all[1], || {
+            fs::set_permissions(path(i), fs::Permissions::from_mode(0o600))
+        })?;
     }
     after(OPS[1]);
     for i in 0..n {
-        timed(&mut all[2], || std::os::unix::fs::chown(path(i), Some(1000), Some(1000)))?;
+        timed(&mut all[2], || {
+            std::os::unix::fs::chown(path(i), Some(1000), Some(1000))
+        })?;
     }
     after(OPS[2]);
     for i in 0..n {
         let f = fs::File::options().write(true).open(path(i))?;
         let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + i as u64);
-        timed(&mut all[3], || f.set_times(fs::FileTimes::new().set_modified(when).set_accessed(when)))?;
+        timed(&mut all[3], || {
+            f.set_times(fs::FileTimes::new().set_modified(when).set_accessed(when))
+        })?;
     }
     after(OPS[3]);
     for i in 0..n {
@@ -262,7 +270,10 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     let _ = tokio::task::spawn_blocking(move || session.umount_and_join()).await?;
     cluster.stop();
     let (local, shingle, lines) = result?;
-    println!("# metadata mutations ({}), 6-node dev cluster, R = 3, through FUSE", machine());
+    println!(
+        "# metadata mutations ({}), 6-node dev cluster, R = 3, through FUSE",
+        machine()
+    );
     println!(
         "# latency: {} of each, one thread; tree: {} entries (4 KiB files); storm: {} threads x {} files",
         a.ops, a.tree, a.threads, a.files
@@ -317,7 +328,9 @@ fn parse_into(text: &str, out: &mut Snapshot) {
         if line.starts_with('#') {
             continue;
         }
-        let Some((key, value)) = line.rsplit_once(' ') else { continue };
+        let Some((key, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let Ok(v) = value.parse::<f64>() else { continue };
         let (name, labels) = match key.find('{') {
             Some(i) => (&key[..i], &key[i..]),
@@ -339,7 +352,9 @@ fn scrape(port: u16) -> String {
         return String::new();
     };
     let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-    if s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").is_err() {
+    if s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
         return String::new();
     }
     let mut body = String::new();
