@@ -32,7 +32,6 @@
 
 use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
-use shingle_data::ec::EcPolicy;
 use shingle_data::service::{DeleteShard, DeleteShardRequest, ShardId, read_shard_range};
 use shingle_data::stripe::{StripeError, read_stripe, write_stripe};
 use shingle_meta::client::MetaClient;
@@ -604,11 +603,7 @@ impl Client {
     }
 
     async fn fetch_stripe(&self, ino: Ino, layout: &Layout, s: u64, rec: &StripeRec) -> Result<Bytes, Errno> {
-        let policy = EcPolicy {
-            k: layout.k,
-            m: layout.m,
-            unit: layout.unit,
-        };
+        let policy = crate::ec_policy(layout);
         let n = usize::from(layout.k) + usize::from(layout.m);
         let sources = self.shard_sources(ino, s, n, &rec.nodes);
         let r = read_stripe(
@@ -654,11 +649,7 @@ impl Client {
         version: u64,
         data: Bytes,
     ) -> Result<StripeRec, Errno> {
-        let policy = EcPolicy {
-            k: layout.k,
-            m: layout.m,
-            unit: layout.unit,
-        };
+        let policy = crate::ec_policy(layout);
         let n = usize::from(layout.k) + usize::from(layout.m);
         let v = self.inner.meta.view();
         let g = stripe_pg(ino, s, v.map.pgs);

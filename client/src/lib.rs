@@ -71,3 +71,14 @@ fn raise_readahead(mountpoint: &Path, kb: u32) {
         tracing::info!(path, error = %e, "cannot raise the readahead window; reads use the kernel default size");
     }
 }
+
+/// The erasure-coding policy of a layout: the one conversion between the metadata's
+/// [`shingle_meta::namespace::Layout`] and the data path's [`shingle_data::ec::EcPolicy`]
+/// (neither crate knows the other).
+pub fn ec_policy(layout: &shingle_meta::namespace::Layout) -> shingle_data::ec::EcPolicy {
+    shingle_data::ec::EcPolicy {
+        k: layout.k,
+        m: layout.m,
+        unit: layout.unit,
+    }
+}

@@ -26,8 +26,8 @@
 use shingle_data::service::{DeleteFile, DeleteFileRequest};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::Ino;
+use shingle_meta::namespace::types::now_ns;
 use shingle_meta::service::MetaNode;
-use shingle_meta::service::wire::now_ns;
 use shingle_transport::{CallOptions, RpcChannel, TcpClient};
 use std::collections::HashMap;
 use std::net::SocketAddr;

@@ -22,7 +22,6 @@
 //! rewritten meanwhile). Rebuild bandwidth is throttled; progress is published in the
 //! node's `Stats` and shown by `shingle status`.
 
-use shingle_data::ec::EcPolicy;
 use shingle_data::service::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
@@ -96,12 +95,7 @@ pub fn plan_stripe(
     rec: &StripeRec,
 ) -> StripePlan {
     let (k, n) = (usize::from(layout.k), usize::from(layout.k) + usize::from(layout.m));
-    let used = EcPolicy {
-        k: layout.k,
-        m: layout.m,
-        unit: layout.unit,
-    }
-    .data_shards_used(rec.len as usize);
+    let used = crate::ec_policy(layout).data_shards_used(rec.len as usize);
     let g = stripe_pg(ino, s, map.pgs);
     let group = placement.pg(g);
     // Where each stored shard is: None when lost.

@@ -137,7 +137,7 @@ async fn follow(
                 (m, r)
             }
         });
-        for (m, r) in crate::client::join_all(calls).await {
+        for (m, r) in crate::join::join_all(calls).await {
             match r {
                 Ok(r) => {
                     any = true;

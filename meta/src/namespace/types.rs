@@ -166,6 +166,14 @@ pub const PERM_MASK: u32 = 0o7777;
 /// Nanoseconds since the Unix epoch.
 pub type TimeNs = i64;
 
+/// The current time as a [`TimeNs`] (0 for a clock before 1970): the one clock of the
+/// metadata service and its clients.
+pub fn now_ns() -> TimeNs {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
 /// Attributes of an inode (what GETATTR returns).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Attr {

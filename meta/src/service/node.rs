@@ -32,6 +32,7 @@ use super::store::{MetaStore, Write};
 use super::wire::*;
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::map::{ClusterMap, Placement};
+use crate::namespace::types::now_ns;
 use crate::namespace::{Creds, DirEntry, Errno, Intent, Namespace, Need, Plan};
 use crate::namespace::{DentryVal, InodeRec};
 use bytes::Bytes;
@@ -672,7 +673,7 @@ impl MetaNode {
             .collect();
         Span::current().record("replicas", others.len());
         let local = self.inner.store.commit(vec![write]);
-        let remote = crate::client::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
+        let remote = crate::join::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
         let (local, remote) = tokio::join!(local, remote);
         if let Err(e) = local {
             // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
@@ -1564,7 +1565,7 @@ impl MetaNode {
         first.extend(by_part.remove(&coord).unwrap_or_default());
         self.execute_at(coord, first).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
-        let results = crate::client::join_all(by_part.into_iter().map(|(p, ops)| self.execute_at(p, ops))).await;
+        let results = crate::join::join_all(by_part.into_iter().map(|(p, ops)| self.execute_at(p, ops))).await;
         for r in results {
             r?;
         }

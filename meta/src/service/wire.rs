@@ -26,7 +26,7 @@
 pub use super::copy::CopyId;
 use crate::ids::{Epoch, Ino, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
-use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, TimeNs, XattrMode};
+use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -800,12 +800,4 @@ pub async fn call<C: RpcChannel, R: MetaRpc>(
             _ => CallError::Transport(e),
         }),
     }
-}
-
-/// Current time in nanoseconds since the Unix epoch.
-pub fn now_ns() -> TimeNs {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos() as i64)
-        .unwrap_or(0)
 }

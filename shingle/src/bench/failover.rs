@@ -312,7 +312,6 @@ async fn where_is(meta: &MetaClient, dir: Ino, name: &str, ino: Ino) -> String {
 
 /// Which shards of a bad file differ from what was written, and where they are.
 async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> String {
-    use shingle_data::ec::EcPolicy;
     use shingle_data::service::{ShardId, read_shard};
     let meta = client.meta();
     let a = match meta.lookup(dir, name.as_bytes()).await {
@@ -342,11 +341,7 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
                 .map(|e| String::from_utf8_lossy(&e.name).into_owned()),
         );
     }
-    let policy = EcPolicy {
-        k: l.k,
-        m: l.m,
-        unit: l.unit,
-    };
+    let policy = shingle_client::ec_policy(&l);
     let data = content(seed, len);
     let v = meta.view();
     let mut out = Vec::new();
