@@ -317,6 +317,9 @@ impl Client {
     /// here (POSIX: an open file outlives its name); then it is purged.
     pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
         let victim = self.open_victim(parent, name).await;
+        if let Some(ino) = victim {
+            self.load_whole_layout(ino).await;
+        }
         let keep = if victim.is_some() { HOLD_SECS } else { 0 };
         self.inner.meta.unlink_keep(creds, parent, name, keep).await?;
         if let Some(ino) = victim {
@@ -342,6 +345,9 @@ impl Client {
         } else {
             self.open_victim(newparent, newname).await
         };
+        if let Some(ino) = victim {
+            self.load_whole_layout(ino).await;
+        }
         self.inner
             .meta
             .rename(creds, parent, name, newparent, newname, noreplace, exchange)
@@ -350,6 +356,17 @@ impl Client {
             self.hold(ino).await;
         }
         Ok(())
+    }
+
+    /// Loads every stripe record of file `ino`, open here, whose name is about to go:
+    /// its records go with its last link, and its handles must still read all of it.
+    async fn load_whole_layout(&self, ino: Ino) {
+        let Some(sh) = self.shared(ino) else { return };
+        let mut st = sh.state.lock().await;
+        let unknown = st.content.unknown_windows(0, u64::MAX);
+        if let Err(e) = self.load_windows(ino, &mut st, unknown).await {
+            warn!(ino = ino.0, error = %e, "cannot load the layout of an open file being removed; reads past its first window may fail");
+        }
     }
 
     /// Keeps removed file `ino`'s data while this client has it open: a hold now, renewed

@@ -250,3 +250,29 @@ async fn a_stripe_that_cannot_be_stored_is_reported_once_and_changes_nothing() {
     let g = b.open(&root, ino).await.expect("reopen on b");
     assert!(read_all(&g, SB).await.iter().all(|x| *x == 5));
 }
+
+/// A file removed while open here still reads back whole: opened knowing only the first
+/// window of its layout, it loads the rest before its name (and with its last link, its
+/// stripe records) goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_removed_while_open_reads_back_whole() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (_cluster, a, _b) = start(tmp.path()).await;
+    let root = Creds::root();
+    let ino = create(&a, "doomed").await;
+    let data: Vec<u8> = (0..SB * 7).map(|i| (i % 251) as u8).collect();
+    {
+        let f = a.open(&root, ino).await.expect("open");
+        f.write(0, &data).await.expect("write");
+        f.flush().await.expect("flush");
+    }
+    assert!(!a.is_open(ino), "closed: the next open reads the layout afresh");
+    let f = a.open(&root, ino).await.expect("reopen");
+    a.unlink(&root, Ino::ROOT, b"doomed").await.expect("unlink");
+    assert_eq!(
+        a.meta().getattr(ino).await.err(),
+        Some(Errno::ENOENT),
+        "the inode and its stripe records are gone"
+    );
+    assert_eq!(read_all(&f, data.len() as u64).await, data);
+}
