@@ -17,10 +17,10 @@
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
 use crate::join::join_all;
+use crate::map::MapView;
 use crate::namespace::{
     Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
 };
-use crate::service::MapView;
 use crate::service::wire::*;
 use shingle_transport::{Health, TcpClient};
 use std::collections::BTreeMap;

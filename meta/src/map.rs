@@ -246,6 +246,43 @@ impl Placement {
     }
 }
 
+/// A map and the placement derived from it: what the metadata service and its
+/// clients route by (members of a partition, its primary, node addresses).
+pub struct MapView {
+    /// The map.
+    pub map: ClusterMap,
+    /// Its placement.
+    pub placement: Placement,
+}
+
+impl MapView {
+    /// Derives the placement.
+    pub fn new(map: ClusterMap) -> Self {
+        let placement = map.placement();
+        MapView { map, placement }
+    }
+
+    /// Up replicas of `p`, primary first.
+    pub fn members(&self, p: PartitionId) -> Vec<NodeId> {
+        self.placement
+            .partition(p)
+            .iter()
+            .copied()
+            .filter(|n| self.map.is_up(*n))
+            .collect()
+    }
+
+    /// The primary of `p`.
+    pub fn primary(&self, p: PartitionId) -> Option<NodeId> {
+        self.members(p).first().copied()
+    }
+
+    /// A node's address.
+    pub fn addr(&self, n: NodeId) -> Option<SocketAddr> {
+        self.map.addr(n)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

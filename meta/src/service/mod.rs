@@ -16,4 +16,4 @@ pub mod replica;
 pub mod store;
 pub mod wire;
 
-pub use node::{MapView, MetaConfig, MetaNode};
+pub use node::{MetaConfig, MetaNode};

@@ -31,7 +31,7 @@ use super::replica::{PartMeta, Replica};
 use super::store::{MetaStore, Write};
 use super::wire::*;
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
-use crate::map::{ClusterMap, Placement};
+use crate::map::{ClusterMap, MapView};
 use crate::namespace::types::now_ns;
 use crate::namespace::{Creds, DirEntry, Errno, Intent, Namespace, Need, Plan};
 use crate::namespace::{DentryVal, InodeRec};
@@ -88,42 +88,6 @@ impl MetaConfig {
     pub fn with_frame_limit(mut self, max_frame_bytes: usize) -> Self {
         self.copy_piece = (max_frame_bytes / 2).clamp(1, super::copy::PIECE_BYTES);
         self
-    }
-}
-
-/// A map and the placement derived from it.
-pub struct MapView {
-    /// The map.
-    pub map: ClusterMap,
-    /// Its placement.
-    pub placement: Placement,
-}
-
-impl MapView {
-    /// Derives the placement.
-    pub fn new(map: ClusterMap) -> Self {
-        let placement = map.placement();
-        MapView { map, placement }
-    }
-
-    /// Up replicas of `p`, primary first.
-    pub fn members(&self, p: PartitionId) -> Vec<NodeId> {
-        self.placement
-            .partition(p)
-            .iter()
-            .copied()
-            .filter(|n| self.map.is_up(*n))
-            .collect()
-    }
-
-    /// The primary of `p`.
-    pub fn primary(&self, p: PartitionId) -> Option<NodeId> {
-        self.members(p).first().copied()
-    }
-
-    /// A node's address.
-    pub fn addr(&self, n: NodeId) -> Option<SocketAddr> {
-        self.map.addr(n)
     }
 }
 
