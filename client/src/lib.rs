@@ -7,22 +7,16 @@
 //!   decode when a shard fails, readahead of whole stripes, write buffering to full
 //!   stripes, commit on flush/fsync/close), bounded memory per open file.
 //! - [`fuse`]: the FUSE adapter (fuser): every request runs as its own task.
-//! - [`heal`]: data nodes scrub their chunks and rebuild corrupt shards a layout names
-//!   from the rest of their stripe (the corrupt record then no longer pins its zone).
-//! - [`reclaim`]: space comes back: removed files' data purged by the meta nodes, and
-//!   shards of dead inodes swept by the data nodes.
-//! - [`repair`]: the repair scan meta nodes run over their files: rebuilds shards lost
-//!   with a node (or left out by a degraded write) and records their new locations.
+//! - [`content`]: the content of one open file as a pure core (which stripe version
+//!   holds each byte, what to store and commit), checked against a reference model.
 //!
 //! It talks to servers only through `shingle-transport` (via the meta and data
-//! client helpers); it knows nothing of zones or Raft.
+//! client helpers); it knows nothing of zones or Raft. The nodes' own background work
+//! (repair, purge and sweep, scrub-and-heal) lives with the server (`shingle serve`).
 
 pub mod content;
 pub mod fs;
 pub mod fuse;
-pub mod heal;
-pub mod reclaim;
-pub mod repair;
 
 pub use fs::{Client, ClientConfig, OpenFile, StatFs};
 pub use fuse::{MountConfig, ShingleFs};

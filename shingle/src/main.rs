@@ -9,6 +9,7 @@ mod bench;
 mod check;
 mod cli;
 mod config;
+mod daemons;
 mod dev;
 mod fabric;
 mod local;

@@ -250,23 +250,23 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         }));
         if let Some(m) = &meta {
             m.start();
-            let rc = shingle_client::repair::RepairConfig {
+            let rc = crate::daemons::repair::RepairConfig {
                 interval: Duration::from_millis(cfg.meta.as_ref().map_or(10_000, |s| s.repair_interval_ms)),
                 bytes_per_sec: cfg.meta.as_ref().map_or(200 << 20, |s| s.rebuild_rate.0),
                 ..Default::default()
             };
             let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
-            let purge = shingle_client::reclaim::ReclaimConfig {
+            let purge = crate::daemons::reclaim::ReclaimConfig {
                 purge_interval: Duration::from_millis(cfg.meta.as_ref().map_or(1_000, |s| s.purge_interval_ms)),
                 ..Default::default()
             };
-            reclaim.push(tokio::spawn(shingle_client::reclaim::purge_loop(
+            reclaim.push(tokio::spawn(crate::daemons::reclaim::purge_loop(
                 m.clone(),
                 mc.clone(),
                 peers.clone(),
                 purge,
             )));
-            repair = Some(tokio::spawn(shingle_client::repair::run(
+            repair = Some(tokio::spawn(crate::daemons::repair::run(
                 m.clone(),
                 mc,
                 peers.clone(),
@@ -275,14 +275,14 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         }
         if let (Some(store), Some(d)) = (&store_of_node, &cfg.data) {
             let every = Duration::from_millis(d.sweep_interval_ms);
-            let sweep = shingle_client::reclaim::ReclaimConfig {
+            let sweep = crate::daemons::reclaim::ReclaimConfig {
                 sweep_interval: every,
                 grace: every,
                 ..Default::default()
             };
             let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
             let scrubbed = store.clone();
-            reclaim.push(tokio::spawn(shingle_client::heal::heal_loop(
+            reclaim.push(tokio::spawn(crate::daemons::heal::heal_loop(
                 move || corrupt_versions(&scrubbed),
                 addr,
                 mc.clone(),
@@ -290,7 +290,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 Duration::from_millis(d.scrub_interval_ms),
             )));
             let store = store.clone();
-            reclaim.push(tokio::spawn(shingle_client::reclaim::sweep_loop(
+            reclaim.push(tokio::spawn(crate::daemons::reclaim::sweep_loop(
                 move || store.inos(),
                 addr,
                 mc,

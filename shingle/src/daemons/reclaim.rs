@@ -133,6 +133,7 @@ impl Sweep {
     }
 
     /// Inodes found dead and waiting for their grace.
+    #[cfg(test)]
     pub fn pending(&self) -> usize {
         self.dead_since.len()
     }

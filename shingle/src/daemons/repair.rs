@@ -95,7 +95,7 @@ pub fn plan_stripe(
     rec: &StripeRec,
 ) -> StripePlan {
     let (k, n) = (usize::from(layout.k), usize::from(layout.k) + usize::from(layout.m));
-    let used = crate::ec_policy(layout).data_shards_used(rec.len as usize);
+    let used = shingle_client::ec_policy(layout).data_shards_used(rec.len as usize);
     let g = stripe_pg(ino, s, map.pgs);
     let group = placement.pg(g);
     // Where each stored shard is: None when lost.
