@@ -32,8 +32,9 @@
 
 use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
-use shingle_data::service::{DeleteShard, DeleteShardRequest, ShardId, read_shard_range};
+use shingle_data::shard::read_shard_range;
 use shingle_data::stripe::{StripeError, read_stripe, write_stripe};
+use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
@@ -568,7 +569,7 @@ impl Client {
 
     /// Capacity (usable after erasure coding, by the default policy) and inode counts.
     pub async fn statfs(&self) -> StatFs {
-        use shingle_data::service::{Stat, StatRequest};
+        use shingle_data::wire::{Stat, StatRequest};
         use shingle_transport::{CallOptions, RpcChannel};
         let v = self.inner.meta.view();
         let mut s = StatFs::default();

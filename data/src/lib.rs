@@ -9,8 +9,10 @@
 //! - [`store`]: chunks appended to zones, a redb index (rebuildable by scanning zones),
 //!   group commit, GC by garbage ratio, scrub.
 //! - [`ec`]: Reed-Solomon stripes (k data + m parity shards, reed-solomon-simd).
-//! - [`service`]: the chunk service on the transport: write, resolve + remote read,
-//!   delete, scrub, repair.
+//! - [`wire`]: the chunk service's messages and RPC kinds.
+//! - [`service`]: the chunk service on the transport (the server): write, resolve +
+//!   remote read, delete, scrub, repair.
+//! - [`shard`]: the calls a client makes to it (read a shard or a range, write one).
 //!
 //! This crate must never learn about paths, directories or FUSE; it stores and serves
 //! shards named by [`chunk::ChunkKey`]. Nothing is acknowledged before it is durable.
@@ -18,6 +20,8 @@
 pub mod chunk;
 pub mod ec;
 pub mod service;
+pub mod shard;
 pub mod store;
 pub mod stripe;
+pub mod wire;
 pub mod zone;

@@ -19,7 +19,8 @@
 //! parent of that request's RPC spans. Facts known only at the end are recorded late.
 
 use crate::ec::{EcError, EcPolicy};
-use crate::service::{ShardId, ShardReadError, read_shard, write_shard};
+use crate::shard::{ShardReadError, read_shard, write_shard};
+use crate::wire::ShardId;
 use bytes::Bytes;
 use shingle_transport::{Health, RemoteRead, RpcChannel};
 use std::net::SocketAddr;

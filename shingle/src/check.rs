@@ -14,7 +14,7 @@
 use crate::progress::Progress;
 use anyhow::{Result, bail};
 use shingle_client::Client;
-use shingle_data::service::{Scrub, ScrubRequest};
+use shingle_data::wire::{Scrub, ScrubRequest};
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::{Creds, Errno, FileKind};
 use shingle_transport::{CallOptions, RpcChannel};

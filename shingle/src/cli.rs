@@ -3,7 +3,7 @@
 
 use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig};
-use shingle_data::service::{Stat, StatRequest};
+use shingle_data::wire::{Stat, StatRequest};
 use shingle_meta::ids::Ino;
 use shingle_meta::map::NodeState;
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout};

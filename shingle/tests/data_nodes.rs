@@ -8,11 +8,12 @@ mod common;
 use bytes::Bytes;
 use common::{corrupt_first_record, spawn};
 use shingle_data::ec::EcPolicy;
-use shingle_data::service::{
-    DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
-    StatRequest, errno, read_shard, write_shard,
-};
+use shingle_data::shard::{read_shard, write_shard};
 use shingle_data::stripe::{read_stripe, write_stripe};
+use shingle_data::wire::{
+    DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
+    StatRequest, errno,
+};
 use shingle_transport::{CallOptions, ClusterSecret, Health, RpcChannel, TcpClient, TransportConfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -17,7 +17,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{Cluster, Spec, json, tool};
-use shingle_data::service::{
+use shingle_data::wire::{
     DeleteShardRequest, RepairShardRequest, ResolveRequest, ScrubRequest, ShardId, ShardSource, StatRequest,
     WriteShardRequest,
 };
@@ -143,7 +143,7 @@ fn snapshot_at(offset: u64) -> Vec<u8> {
 /// or its shards.
 fn names_victim(k: MsgKind, req: &[u8], victim: Ino) -> bool {
     use prost::Message;
-    use shingle_data::service as ds;
+    use shingle_data::wire as ds;
     let shard = |id: Option<ShardId>| id.is_some_and(|id| id.ino == victim.0);
     if k == kind::<Op>() {
         let Ok(op) = shingle_meta::service::wire::decode::<Op>(req) else {
@@ -418,7 +418,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         (
             true,
             nodes[0].1,
-            shingle_data::service::RepairShard::KIND,
+            shingle_data::wire::RepairShard::KIND,
             pb(&RepairShardRequest {
                 id: Some(ShardId {
                     ino: f.0,
@@ -442,7 +442,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         (
             true,
             nodes[0].1,
-            shingle_data::service::Resolve::KIND,
+            shingle_data::wire::Resolve::KIND,
             pb(&ResolveRequest {
                 id: Some(ShardId {
                     ino: f.0,
@@ -613,7 +613,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         ("Stats", kind::<Stats>(), meta_enc(&Stats)),
         (
             "Resolve",
-            shingle_data::service::Resolve::KIND,
+            shingle_data::wire::Resolve::KIND,
             pb(&ResolveRequest {
                 id: Some(ShardId {
                     ino: f.0,
@@ -626,11 +626,11 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 inline: true,
             }),
         ),
-        ("Stat", shingle_data::service::Stat::KIND, pb(&StatRequest {})),
-        ("Scrub", shingle_data::service::Scrub::KIND, pb(&ScrubRequest {})),
+        ("Stat", shingle_data::wire::Stat::KIND, pb(&StatRequest {})),
+        ("Scrub", shingle_data::wire::Scrub::KIND, pb(&ScrubRequest {})),
         (
             "RepairShard",
-            shingle_data::service::RepairShard::KIND,
+            shingle_data::wire::RepairShard::KIND,
             pb(&RepairShardRequest {
                 id: Some(ShardId {
                     ino: 1 << 40,
@@ -651,7 +651,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         ),
         (
             "WriteShard",
-            shingle_data::service::WriteShard::KIND,
+            shingle_data::wire::WriteShard::KIND,
             pb(&WriteShardRequest {
                 id: Some(ShardId {
                     ino: 1 << 40,
@@ -665,7 +665,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         ),
         (
             "DeleteShard",
-            shingle_data::service::DeleteShard::KIND,
+            shingle_data::wire::DeleteShard::KIND,
             pb(&DeleteShardRequest {
                 id: Some(ShardId {
                     ino: 1 << 40,

@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shingle_data::service::{RepairShardRequest, ResolveRequest, WriteShardRequest};
+use shingle_data::wire::{RepairShardRequest, ResolveRequest, WriteShardRequest};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(w) = WriteShardRequest::decode(data) {

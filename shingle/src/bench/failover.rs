@@ -312,7 +312,8 @@ async fn where_is(meta: &MetaClient, dir: Ino, name: &str, ino: Ino) -> String {
 
 /// Which shards of a bad file differ from what was written, and where they are.
 async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> String {
-    use shingle_data::service::{ShardId, read_shard};
+    use shingle_data::shard::read_shard;
+    use shingle_data::wire::ShardId;
     let meta = client.meta();
     let a = match meta.lookup(dir, name.as_bytes()).await {
         Ok(a) => a,
@@ -848,7 +849,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         let held = v.placement.partitions_of(shingle_meta::ids::NodeId(id)).len() as u64;
         let (mut chunks_new, mut chunks_all) = (0u64, 0u64);
         for n in v.map.nodes.values().filter(|n| n.roles.data) {
-            use shingle_data::service::{Stat, StatRequest};
+            use shingle_data::wire::{Stat, StatRequest};
             if let Ok(st) = meta
                 .transport()
                 .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(5)))

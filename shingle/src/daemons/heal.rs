@@ -9,7 +9,7 @@
 //! are present but wrong, which only the node that holds them can tell cheaply.
 
 use shingle_data::chunk::ChunkKey;
-use shingle_data::service::{RepairShard, RepairShardRequest, ShardId, ShardSource};
+use shingle_data::wire::{RepairShard, RepairShardRequest, ShardId, ShardSource};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Layout, StripeRec};

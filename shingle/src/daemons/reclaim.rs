@@ -23,7 +23,7 @@
 //!
 //! Zone GC then reclaims the space; `df` reports live bytes (the data nodes' index).
 
-use shingle_data::service::{DeleteFile, DeleteFileRequest};
+use shingle_data::wire::{DeleteFile, DeleteFileRequest};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::types::now_ns;

@@ -22,7 +22,7 @@
 //! rewritten meanwhile). Rebuild bandwidth is throttled; progress is published in the
 //! node's `Stats` and shown by `shingle status`.
 
-use shingle_data::service::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
+use shingle_data::wire::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::map::{ClusterMap, NodeState, Placement};
