@@ -40,7 +40,7 @@ use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
 use shingle_meta::placement::stripe_pg;
 use shingle_meta::service::wire::HEAD_STRIPES;
-use shingle_transport::{CallOptions, Health, RpcChannel, TcpClient};
+use shingle_transport::{CallOptions, Health, PeerClient, RpcChannel};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -117,7 +117,7 @@ pub struct Client {
 
 struct Inner {
     meta: MetaClient,
-    tcp: TcpClient,
+    tcp: PeerClient,
     health: Arc<Health>,
     cfg: ClientConfig,
     /// The shared state of each file open here.

@@ -36,9 +36,9 @@ pub trait Fabric {
     fn fabric(&self, peer: SocketAddr) -> &'static str;
 }
 
-impl Fabric for shingle_transport::TcpClient {
+impl Fabric for shingle_transport::PeerClient {
     fn fabric(&self, peer: SocketAddr) -> &'static str {
-        shingle_transport::TcpClient::fabric(self, peer)
+        shingle_transport::PeerClient::fabric(self, peer)
     }
 }
 

@@ -12,7 +12,7 @@ use crate::manager::ManagerError;
 use crate::manager::rpc::{Heartbeat, HeartbeatRequest};
 use crate::manager::{fetch_map, propose};
 use crate::map::{ClusterMap, MapCommand, NodeInfo};
-use shingle_transport::{CallOptions, RpcChannel, TcpClient};
+use shingle_transport::{CallOptions, PeerClient, RpcChannel};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -43,7 +43,7 @@ impl MapWatch {
     /// Registers (servers), fetches the first map, and starts following. Retries until
     /// a manager answers or `wait` passes. `on_touch` hears whether heartbeats get through.
     pub async fn start(
-        client: TcpClient,
+        client: PeerClient,
         cfg: WatchConfig,
         wait: Duration,
         on_touch: impl Fn(bool) + Send + Sync + 'static,
@@ -100,7 +100,7 @@ impl MapWatch {
 type TouchFn = Box<dyn Fn(bool) + Send + Sync>;
 
 async fn follow(
-    client: TcpClient,
+    client: PeerClient,
     cfg: WatchConfig,
     tx: watch::Sender<Arc<ClusterMap>>,
     kick: Arc<Notify>,

@@ -22,7 +22,7 @@ use crate::namespace::{
     Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
 };
 use crate::service::wire::*;
-use shingle_transport::{Health, TcpClient};
+use shingle_transport::{Health, PeerClient};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,7 +34,7 @@ use tracing::{Instrument, Span, debug, info_span};
 /// A namespace client. Clones share connections and the map.
 #[derive(Clone)]
 pub struct MetaClient {
-    client: TcpClient,
+    client: PeerClient,
     maps: MapWatch,
     view: Arc<RwLock<Arc<MapView>>>,
     rr: Arc<AtomicU64>,
@@ -46,7 +46,7 @@ pub struct MetaClient {
 
 impl MetaClient {
     /// A client over `client`, routing by the maps `maps` delivers.
-    pub fn new(client: TcpClient, maps: MapWatch) -> Self {
+    pub fn new(client: PeerClient, maps: MapWatch) -> Self {
         let view = Arc::new(RwLock::new(Arc::new(MapView::new((*maps.current()).clone()))));
         MetaClient {
             client,
@@ -84,7 +84,7 @@ impl MetaClient {
     }
 
     /// The transport client.
-    pub fn transport(&self) -> &TcpClient {
+    pub fn transport(&self) -> &PeerClient {
         &self.client
     }
 

@@ -4,7 +4,7 @@
 use shingle_meta::ids::{Epoch, NodeId};
 use shingle_meta::manager::{self, Manager, ManagerConfig, ManagerError, ManagerSlot, Role, rpc};
 use shingle_meta::map::{ClusterMap, MapCommand, MapError, NodeInfo, NodeState, Roles};
-use shingle_transport::{CallOptions, ClusterSecret, RegionTable, RpcChannel, Server, TcpClient, TransportConfig};
+use shingle_transport::{CallOptions, ClusterSecret, PeerClient, RegionTable, RpcChannel, Server, TransportConfig};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -63,7 +63,7 @@ struct Running {
     addr: SocketAddr,
     dir: PathBuf,
     server: Server,
-    client: TcpClient,
+    client: PeerClient,
     mgr: Manager,
 }
 
@@ -84,7 +84,7 @@ async fn boot(id: u64, addr: SocketAddr, dir: &Path, snapshot_every_logs: u64) -
         down_after_ms: 3_600_000,
         ..ManagerConfig::new(id, addr, dir.to_path_buf())
     };
-    let client = TcpClient::new(transport(), secret());
+    let client = PeerClient::new(transport(), secret());
     let mgr = Manager::start_in(&slot, config, client.clone(), initial_map())
         .await
         .expect("start manager");
@@ -154,7 +154,7 @@ async fn one_manager_commits_and_recovers_its_map_after_restart() {
     assert_eq!(watch.borrow_and_update().epoch, Epoch(3), "the watch sees applied maps");
 
     // Client helpers from another process: a dead manager first, then the live one.
-    let outsider = TcpClient::new(transport(), secret());
+    let outsider = PeerClient::new(transport(), secret());
     let dead = SocketAddr::from(([127, 0, 0, 1], 1));
     assert_eq!(
         manager::fetch_map(&outsider, &[dead, n.addr]).await.expect("fetch"),
@@ -240,7 +240,7 @@ async fn three_managers_elect_forward_fail_over_and_catch_up() {
     }
     let members: BTreeMap<u64, SocketAddr> = nodes.iter().map(|n| (n.id, n.addr)).collect();
     let addrs: Vec<SocketAddr> = members.values().copied().collect();
-    let outsider = TcpClient::new(transport(), secret());
+    let outsider = PeerClient::new(transport(), secret());
     assert_eq!(
         manager::fetch_map(&outsider, &addrs)
             .await

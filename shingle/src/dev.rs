@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig, MountConfig};
 use shingle_meta::agent::{MapWatch, WatchConfig};
 use shingle_meta::client::MetaClient;
-use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -327,7 +327,7 @@ pub async fn connect(
     let cf = crate::config::ClusterFile::load(cluster_file)?;
     let secret = ClusterSecret::from_file(secret_file)
         .with_context(|| format!("load cluster secret {}", secret_file.display()))?;
-    let tcp = TcpClient::new(TransportConfig::default(), secret);
+    let tcp = PeerClient::new(TransportConfig::default(), secret);
     crate::fabric::attach(&crate::fabric::RdmaSettings::default().with_env()?, &tcp)?;
     let wc = WatchConfig {
         managers: cf.manager_addrs(),

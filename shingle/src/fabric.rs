@@ -8,7 +8,7 @@
 
 use anyhow::{Result, bail};
 use serde::Deserialize;
-use shingle_transport::{RegionTable, Router, TcpClient};
+use shingle_transport::{PeerClient, RegionTable, Router};
 use std::sync::Arc;
 
 /// Whether to use RDMA.
@@ -136,7 +136,7 @@ pub fn export(
 }
 
 /// Makes `tcp`'s remote reads go over RDMA, when the settings and the host allow.
-pub fn attach(s: &RdmaSettings, tcp: &TcpClient) -> Result<()> {
+pub fn attach(s: &RdmaSettings, tcp: &PeerClient) -> Result<()> {
     #[cfg(feature = "rdma")]
     if let Some(dev) = open(s)? {
         tracing::info!(device = dev.name(), "remote reads go over RDMA where peers offer it");
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn off_never_touches_the_device_and_required_fails_without_one() {
-        let tcp = TcpClient::new(Default::default(), shingle_transport::conformance::secret());
+        let tcp = PeerClient::new(Default::default(), shingle_transport::conformance::secret());
         let off = RdmaSettings {
             mode: RdmaMode::Off,
             ..RdmaSettings::default()

@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use shingle_meta::agent::{MapWatch, WatchConfig};
 use shingle_meta::client::MetaClient;
 use shingle_meta::map::NodeState;
-use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -436,7 +436,7 @@ impl LocalCluster {
 
     /// A namespace client of this cluster.
     pub async fn meta_client(&self) -> Result<MetaClient> {
-        let tcp = TcpClient::new(TransportConfig::default(), self.secret.clone());
+        let tcp = PeerClient::new(TransportConfig::default(), self.secret.clone());
         let wc = WatchConfig {
             managers: self.managers.clone(),
             node: None,

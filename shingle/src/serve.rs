@@ -13,7 +13,7 @@ use shingle_meta::ids::NodeId;
 use shingle_meta::manager::{Manager, ManagerConfig, ManagerSlot};
 use shingle_meta::map::{ClusterMap, NodeInfo, NodeState, Roles};
 use shingle_meta::service::{MetaConfig, MetaNode};
-use shingle_transport::{ClusterSecret, RegionTable, Router, Server, TcpClient, TransportConfig};
+use shingle_transport::{ClusterSecret, PeerClient, RegionTable, Router, Server, TransportConfig};
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
@@ -109,7 +109,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         ..TransportConfig::default()
     };
     let regions = Arc::new(RegionTable::new());
-    let peers = TcpClient::new(transport.clone(), secret.clone());
+    let peers = PeerClient::new(transport.clone(), secret.clone());
     let rdma = cfg.rdma.clone().unwrap_or_default().with_env()?;
     rdma.validate()?;
     // Nodes read each other's shards too (repair, rebuild).

@@ -14,7 +14,7 @@ use shingle_data::wire::{
     DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
     StatRequest, errno,
 };
-use shingle_transport::{CallOptions, ClusterSecret, Health, RpcChannel, TcpClient, TransportConfig};
+use shingle_transport::{CallOptions, ClusterSecret, Health, PeerClient, RpcChannel, TransportConfig};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
@@ -105,8 +105,8 @@ fn content(seed: u64, len: usize) -> Bytes {
         .into()
 }
 
-fn client(secret: ClusterSecret) -> TcpClient {
-    TcpClient::new(
+fn client(secret: ClusterSecret) -> PeerClient {
+    PeerClient::new(
         TransportConfig {
             request_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_millis(500),
@@ -149,7 +149,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         .expect("write stripe");
         assert!(placed.iter().all(Option::is_some));
     }
-    let read_all = |c: TcpClient, addrs: Vec<SocketAddr>, health: Arc<Health>| async move {
+    let read_all = |c: PeerClient, addrs: Vec<SocketAddr>, health: Arc<Health>| async move {
         let mut degraded = 0;
         let addrs: Vec<Option<SocketAddr>> = addrs.into_iter().map(Some).collect();
         for (s, len) in lens.iter().enumerate() {
@@ -303,7 +303,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
 }
 
 /// Waits until the client reaches `addr` again (its reconnect backoff has passed).
-async fn reachable(c: &TcpClient, addr: SocketAddr) {
+async fn reachable(c: &PeerClient, addr: SocketAddr) {
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while c.ping(addr).await.is_err() {
         assert!(std::time::Instant::now() < deadline, "{addr} unreachable after restart");

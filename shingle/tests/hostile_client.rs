@@ -101,7 +101,7 @@ struct Tally {
 }
 
 /// Sends `payload` as `kind`; a panicking handler fails the test with the request.
-async fn send(tcp: &shingle_transport::TcpClient, to: SocketAddr, kind: MsgKind, payload: Vec<u8>, t: &mut Tally) {
+async fn send(tcp: &shingle_transport::PeerClient, to: SocketAddr, kind: MsgKind, payload: Vec<u8>, t: &mut Tally) {
     t.sent += 1;
     let opts = CallOptions {
         timeout: Some(Duration::from_secs(3)),

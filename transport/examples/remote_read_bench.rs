@@ -17,7 +17,7 @@ use bytes::{Bytes, BytesMut};
 use shingle_transport::conformance::{Echo, EchoMsg, Rdma, echo_router, secret};
 use shingle_transport::rdma::{Device, RdmaExport, RdmaReader};
 use shingle_transport::{
-    CallOptions, RegionKey, RegionTable, RemoteRead, RpcChannel, Server, TcpClient, TransportConfig,
+    CallOptions, PeerClient, RegionKey, RegionTable, RemoteRead, RpcChannel, Server, TransportConfig,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,7 +66,7 @@ fn byte_at(i: usize) -> u8 {
     (i as u8).wrapping_mul(29) ^ (i >> 10) as u8
 }
 
-async fn throughput(c: &TcpClient, addr: SocketAddr, key: RegionKey, size: u32, depth: usize, secs: f64) -> f64 {
+async fn throughput(c: &PeerClient, addr: SocketAddr, key: RegionKey, size: u32, depth: usize, secs: f64) -> f64 {
     let region = key.len as usize;
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let start = Instant::now();
@@ -99,7 +99,7 @@ async fn throughput(c: &TcpClient, addr: SocketAddr, key: RegionKey, size: u32, 
     total as f64 * 8.0 / start.elapsed().as_secs_f64() / 1e9
 }
 
-async fn latency(c: &TcpClient, addr: SocketAddr, key: RegionKey, reads: usize) -> (f64, f64) {
+async fn latency(c: &PeerClient, addr: SocketAddr, key: RegionKey, reads: usize) -> (f64, f64) {
     let mut lat = Vec::with_capacity(reads);
     let mut buf = BytesMut::new();
     for i in 0..reads {
@@ -115,7 +115,7 @@ async fn latency(c: &TcpClient, addr: SocketAddr, key: RegionKey, reads: usize) 
     (lat[lat.len() / 2], lat[lat.len() * 99 / 100])
 }
 
-async fn rpc_latency(c: &TcpClient, addr: SocketAddr, calls: usize) -> (f64, f64) {
+async fn rpc_latency(c: &PeerClient, addr: SocketAddr, calls: usize) -> (f64, f64) {
     let mut lat = Vec::with_capacity(calls);
     let data = Bytes::from(vec![7u8; 64]);
     for _ in 0..calls {
@@ -153,10 +153,10 @@ async fn main() {
     .await
     .expect("bind");
     let addr = server.local_addr();
-    let rdma = TcpClient::new(TransportConfig::default(), secret());
+    let rdma = PeerClient::new(TransportConfig::default(), secret());
     let reader = RdmaReader::new(Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client RDMA device"));
     rdma.attach_rdma(reader.clone());
-    let tcp = TcpClient::new(TransportConfig::default(), secret());
+    let tcp = PeerClient::new(TransportConfig::default(), secret());
     let mut out: Vec<(String, f64)> = Vec::new();
     // Warm up both paths (queue pair, key resolution, TCP connections).
     rdma.read(addr, key, 0, 4096, BytesMut::new())

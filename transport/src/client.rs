@@ -27,9 +27,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span};
 
-/// A cloneable handle to the client side of the transport.
+/// A cloneable handle to the client side of the transport: calls to any peer, over
+/// pooled TCP connections or, with the `rdma` feature and a peer that has it, over RDMA
+/// (SENDs for calls, one-sided READs for remote reads), falling back to TCP per peer.
 #[derive(Clone)]
-pub struct TcpClient {
+pub struct PeerClient {
     inner: Arc<ClientInner>,
 }
 
@@ -142,10 +144,10 @@ impl Drop for PendingGuard<'_> {
     }
 }
 
-impl TcpClient {
+impl PeerClient {
     /// A client that authenticates with `secret`. Connections are made on first use.
     pub fn new(config: TransportConfig, secret: ClusterSecret) -> Self {
-        TcpClient {
+        PeerClient {
             inner: Arc::new(ClientInner {
                 config,
                 secret,
@@ -555,7 +557,7 @@ async fn reader_loop(conn: &Conn, rd: tokio::net::tcp::OwnedReadHalf, max_frame:
     }
 }
 
-impl RpcChannel for TcpClient {
+impl RpcChannel for PeerClient {
     async fn call_raw(
         &self,
         peer: SocketAddr,
@@ -580,7 +582,7 @@ impl RpcChannel for TcpClient {
     }
 }
 
-impl TcpClient {
+impl PeerClient {
     /// A call over RDMA or TCP, and which it went over.
     async fn call_any(
         &self,
@@ -619,7 +621,7 @@ impl TcpClient {
     }
 }
 
-impl RemoteRead for TcpClient {
+impl RemoteRead for PeerClient {
     async fn read(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
         // The checks the NIC would make on our side: the key bounds the range.
         let in_bounds = offset.checked_add(u64::from(len)).is_some_and(|end| end <= key.len);
@@ -659,7 +661,7 @@ fn read_bytes(fabric: &'static str, len: u32) {
         .inc_by(u64::from(len));
 }
 
-impl TcpClient {
+impl PeerClient {
     async fn read_tcp(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
         let max = self.inner.config.max_frame_bytes;
         if len > max {

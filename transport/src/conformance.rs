@@ -627,7 +627,7 @@ macro_rules! conformance_tests {
 pub struct Tcp;
 
 impl TransportUnderTest for Tcp {
-    type Client = crate::client::TcpClient;
+    type Client = crate::client::PeerClient;
     type Server = crate::server::Server;
 
     async fn serve_at(
@@ -647,7 +647,7 @@ impl TransportUnderTest for Tcp {
     }
 
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
-        crate::client::TcpClient::new(config, secret)
+        crate::client::PeerClient::new(config, secret)
     }
 }
 
@@ -676,7 +676,7 @@ impl Rdma {
 
 #[cfg(feature = "rdma")]
 impl TransportUnderTest for Rdma {
-    type Client = crate::client::TcpClient;
+    type Client = crate::client::PeerClient;
     type Server = crate::server::Server;
 
     async fn serve_at(
@@ -699,7 +699,7 @@ impl TransportUnderTest for Rdma {
     }
 
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
-        let c = crate::client::TcpClient::new(config, secret);
+        let c = crate::client::PeerClient::new(config, secret);
         match crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV1")) {
             Ok(dev) => {
                 c.attach_rdma(crate::rdma::RdmaReader::new(dev));

@@ -4,7 +4,7 @@
 //!
 //! - [`frame`]: the versioned, checksummed, bounded frame format and its pure decoder.
 //! - [`auth`]: the mutual HMAC challenge-response every connection starts with.
-//! - [`client::TcpClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
+//! - [`client::PeerClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
 //!   with per-request deadlines, a connection pool per peer, reconnect backoff,
 //!   bounded in-flight requests and bytes, and graceful shutdown.
 //! - [`region`] and [`rpc::RemoteRead`]: the remote-read verb. A server registers
@@ -35,7 +35,7 @@ mod trace;
 mod wire;
 
 pub use auth::ClusterSecret;
-pub use client::TcpClient;
+pub use client::PeerClient;
 pub use config::TransportConfig;
 pub use error::TransportError;
 pub use frame::MsgKind;

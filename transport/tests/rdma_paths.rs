@@ -8,7 +8,7 @@
 use bytes::{Bytes, BytesMut};
 use shingle_transport::conformance::{Rdma, TransportUnderTest, secret};
 use shingle_transport::rdma::{Device, RdmaError, RdmaReader};
-use shingle_transport::{AccessError, RegionTable, RemoteRead, Router, TcpClient, TransportConfig, TransportError};
+use shingle_transport::{AccessError, PeerClient, RegionTable, RemoteRead, Router, TransportConfig, TransportError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +35,7 @@ async fn queue_pair_errors_are_typed_fall_back_to_tcp_and_reconnect() {
     let (server, addr) = Rdma::serve(Router::new(), regions.clone(), TransportConfig::default(), secret())
         .await
         .expect("serve");
-    let c = TcpClient::new(TransportConfig::default(), secret());
+    let c = PeerClient::new(TransportConfig::default(), secret());
     let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
     let reader = RdmaReader::with_fallback(dev, Duration::from_millis(300));
     assert!(c.attach_rdma(reader.clone()));
@@ -141,7 +141,7 @@ async fn rpcs_go_over_rdma_and_an_unpinnable_region_is_read_over_tcp() {
     let (server, addr) = Rdma::serve(router, regions.clone(), TransportConfig::default(), secret())
         .await
         .expect("serve");
-    let c = TcpClient::new(TransportConfig::default(), secret());
+    let c = PeerClient::new(TransportConfig::default(), secret());
     let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
     let reader = RdmaReader::new(dev);
     assert!(c.attach_rdma(reader.clone()));

@@ -6,7 +6,7 @@
 use bytes::Bytes;
 use shingle_transport::frame::MsgKind;
 use shingle_transport::{
-    CallContext, ClusterSecret, Code, RegionTable, Router, RpcChannel, Server, Status, TcpClient, TransportConfig,
+    CallContext, ClusterSecret, Code, PeerClient, RegionTable, Router, RpcChannel, Server, Status, TransportConfig,
     TransportError,
 };
 use std::sync::Arc;
@@ -67,7 +67,7 @@ async fn requests_beyond_the_server_budget_wait_and_big_replies_are_refused_in_t
     // budget lets two be read and handled at once; the others wait unread.
     let mut calls = Vec::new();
     for _ in 0..4 {
-        let c = TcpClient::new(config(), secret());
+        let c = PeerClient::new(config(), secret());
         calls.push(tokio::spawn(async move {
             c.call_raw(addr, HOLD, Bytes::from(vec![1u8; 900 << 10]), Default::default())
                 .await
@@ -78,7 +78,7 @@ async fn requests_beyond_the_server_budget_wait_and_big_replies_are_refused_in_t
 
     // While two hold the budget, a request for a 1 MiB reply cannot get budget for it
     // and is answered Overloaded within the wait, not left hanging.
-    let c = TcpClient::new(config(), secret());
+    let c = PeerClient::new(config(), secret());
     let started = std::time::Instant::now();
     match c.call_raw(addr, BIG_REPLY, Bytes::new(), Default::default()).await {
         Err(TransportError::Remote { status, .. }) => assert_eq!(status.code, Code::Overloaded, "{status}"),

@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use shingle_transport::conformance::{Echo, EchoMsg, Rig, Tcp, secret};
-use shingle_transport::{CallOptions, RpcChannel, TcpClient, TransportConfig, auth};
+use shingle_transport::{CallOptions, PeerClient, RpcChannel, TransportConfig, auth};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -22,8 +22,8 @@ async fn expect_closed(mut s: TcpStream) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_after_auth_closes_only_that_connection() {
     let mut rig = Rig::<Tcp>::start(TransportConfig::default()).await;
-    let good = TcpClient::new(TransportConfig::default(), secret());
-    let echo = |c: TcpClient, addr| async move {
+    let good = PeerClient::new(TransportConfig::default(), secret());
+    let echo = |c: PeerClient, addr| async move {
         c.call::<Echo>(
             addr,
             &EchoMsg {
@@ -111,7 +111,7 @@ async fn unreachable_peer_backs_off() {
     let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let addr = l.local_addr().expect("addr");
     drop(l);
-    let c = TcpClient::new(
+    let c = PeerClient::new(
         TransportConfig {
             backoff_initial: Duration::from_secs(2),
             ..TransportConfig::default()

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::trace::{InMemorySpanExporter, SdkTracerProvider};
 use shingle_transport::conformance::{Echo, EchoMsg, Rig, Tcp, secret};
-use shingle_transport::{CallOptions, RemoteRead, RpcChannel, TcpClient, TransportConfig};
+use shingle_transport::{CallOptions, PeerClient, RemoteRead, RpcChannel, TransportConfig};
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -20,7 +20,7 @@ async fn server_span_is_child_of_client_span() {
     tracing::subscriber::set_global_default(subscriber).expect("install subscriber");
 
     let mut rig = Rig::<Tcp>::start(TransportConfig::default()).await;
-    let c = TcpClient::new(TransportConfig::default(), secret());
+    let c = PeerClient::new(TransportConfig::default(), secret());
     let key = rig.regions.register(Bytes::from_static(b"traced region bytes"));
     async {
         c.call::<Echo>(

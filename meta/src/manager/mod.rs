@@ -30,7 +30,7 @@
 //! configuration, [`Manager::start`] followed by [`Manager::router`] is simpler.
 //!
 //! ```no_run
-//! # async fn demo(client: shingle_transport::TcpClient, secret: shingle_transport::ClusterSecret,
+//! # async fn demo(client: shingle_transport::PeerClient, secret: shingle_transport::ClusterSecret,
 //! #               map: shingle_meta::map::ClusterMap) -> Result<(), Box<dyn std::error::Error>> {
 //! use shingle_meta::manager::{Manager, ManagerConfig, ManagerSlot};
 //! use shingle_transport::{RegionTable, Server, TransportConfig};
@@ -68,7 +68,7 @@ use openraft::{Config, Raft, ServerState, SnapshotPolicy};
 use rpc::{GetMapRequest, GetMapResponse, ProposeRequest, ProposeResponse, app_code, kinds};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use shingle_transport::{CallContext, CallOptions, Code, Router, RpcChannel, Status, TcpClient, TransportError};
+use shingle_transport::{CallContext, CallOptions, Code, PeerClient, Router, RpcChannel, Status, TransportError};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -536,7 +536,7 @@ struct Inner {
     id: u64,
     addr: SocketAddr,
     raft: Raft<TypeConfig>,
-    client: TcpClient,
+    client: PeerClient,
     map_rx: watch::Receiver<ClusterMap>,
     propose_timeout: Duration,
     retry_pause: Duration,
@@ -671,7 +671,7 @@ impl Manager {
     /// directory belongs to this cluster.
     pub async fn start(
         config: ManagerConfig,
-        client: TcpClient,
+        client: PeerClient,
         initial_map: ClusterMap,
     ) -> Result<Manager, ManagerError> {
         Self::start_in(&ManagerSlot::new(), config, client, initial_map).await
@@ -681,7 +681,7 @@ impl Manager {
     pub async fn start_in(
         slot: &ManagerSlot,
         config: ManagerConfig,
-        client: TcpClient,
+        client: PeerClient,
         initial_map: ClusterMap,
     ) -> Result<Manager, ManagerError> {
         config.validate()?;

@@ -21,29 +21,29 @@ use openraft::raft::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use shingle_transport::{CallOptions, Code, MsgKind, RpcChannel, TcpClient, TransportError};
+use shingle_transport::{CallOptions, Code, MsgKind, PeerClient, RpcChannel, TransportError};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Creates one [`PeerClient`] per replication target; all share the node's [`TcpClient`]
+/// Creates one [`RaftPeer`] per replication target; all share the node's [`PeerClient`]
 /// (and so its authenticated, pooled connections).
 pub(crate) struct Network {
-    client: TcpClient,
+    client: PeerClient,
     backoff: Duration,
 }
 
 impl Network {
     /// A factory on `client`; `backoff` is the pause after a peer turned out unreachable.
-    pub fn new(client: TcpClient, backoff: Duration) -> Self {
+    pub fn new(client: PeerClient, backoff: Duration) -> Self {
         Network { client, backoff }
     }
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
-    type Network = PeerClient;
+    type Network = RaftPeer;
 
-    async fn new_client(&mut self, target: u64, node: &ManagerNode) -> PeerClient {
-        PeerClient {
+    async fn new_client(&mut self, target: u64, node: &ManagerNode) -> RaftPeer {
+        RaftPeer {
             client: self.client.clone(),
             target,
             addr: node.addr,
@@ -53,8 +53,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
 }
 
 /// Sends Raft RPCs to one peer manager.
-pub(crate) struct PeerClient {
-    client: TcpClient,
+pub(crate) struct RaftPeer {
+    client: PeerClient,
     target: u64,
     addr: SocketAddr,
     backoff: Duration,
@@ -67,7 +67,7 @@ pub(crate) fn unreachable(e: &TransportError) -> bool {
         || e.status().is_some_and(|s| s.code == Code::ShuttingDown)
 }
 
-impl PeerClient {
+impl RaftPeer {
     async fn call<Req, Resp, E>(
         &self,
         kind: MsgKind,
@@ -109,7 +109,7 @@ impl PeerClient {
     }
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetwork<TypeConfig> for RaftPeer {
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,

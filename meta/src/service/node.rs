@@ -36,7 +36,7 @@ use crate::namespace::types::now_ns;
 use crate::namespace::{Creds, DirEntry, Errno, Intent, Namespace, Need, Plan};
 use crate::namespace::{DentryVal, InodeRec};
 use bytes::Bytes;
-use shingle_transport::{CallContext, Code, Router, Status, TcpClient};
+use shingle_transport::{CallContext, Code, PeerClient, Router, Status};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -115,7 +115,7 @@ impl Slot {
 
 struct Inner {
     cfg: MetaConfig,
-    client: TcpClient,
+    client: PeerClient,
     store: MetaStore,
     view: RwLock<Arc<MapView>>,
     slots: RwLock<BTreeMap<PartitionId, Arc<Slot>>>,
@@ -171,7 +171,7 @@ impl MetaNode {
     /// says so). `maps` delivers the cluster maps the node learns (from its agent).
     pub async fn open(
         cfg: MetaConfig,
-        client: TcpClient,
+        client: PeerClient,
         maps: watch::Receiver<Arc<ClusterMap>>,
     ) -> Result<MetaNode, super::store::StoreError> {
         let dir = cfg.dir.clone();

@@ -7,7 +7,7 @@ use bytes::{Bytes, BytesMut};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use shingle_transport::{
-    CallOptions, ClusterSecret, MsgKind, RegionTable, RemoteRead, Router, RpcChannel, Server, TcpClient,
+    CallOptions, ClusterSecret, MsgKind, PeerClient, RegionTable, RemoteRead, Router, RpcChannel, Server,
     TransportConfig,
 };
 use std::net::SocketAddr;
@@ -112,7 +112,7 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
         for &streams in &args.streams {
             let size = size_kib as usize * 1024;
             let conns = args.conns.unwrap_or(cfg.conns_per_peer).clamp(1, 64);
-            let client = TcpClient::new(
+            let client = PeerClient::new(
                 TransportConfig {
                     conns_per_peer: conns,
                     ..cfg.clone()
@@ -158,7 +158,7 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
         "callers", "ops/s", "p50 µs", "p99 µs", "p999 µs"
     );
     let mut latency = Vec::new();
-    let client = TcpClient::new(cfg.clone(), secret.clone());
+    let client = PeerClient::new(cfg.clone(), secret.clone());
     for &callers in &args.callers {
         let row = rpc_latency(&client, addr, callers, dur).await?;
         println!(
@@ -185,7 +185,7 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
 }
 
 async fn remote_read_rate(
-    client: &TcpClient,
+    client: &PeerClient,
     addr: SocketAddr,
     key: shingle_transport::RegionKey,
     size: usize,
@@ -284,7 +284,7 @@ async fn plain_rate(addr: SocketAddr, size: usize, streams: usize, dur: Duration
     bytes_per_second(dur, &stop, &total, tasks).await
 }
 
-async fn rpc_latency(client: &TcpClient, addr: SocketAddr, callers: usize, dur: Duration) -> Result<LatencyRow> {
+async fn rpc_latency(client: &PeerClient, addr: SocketAddr, callers: usize, dur: Duration) -> Result<LatencyRow> {
     let payload = Bytes::from(vec![0x5a; 64]);
     // Warm the pool so connects are not measured.
     for _ in 0..client.config().conns_per_peer {

@@ -14,7 +14,7 @@ use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::{Layout, StripeRec};
 use shingle_meta::placement::stripe_pg;
-use shingle_transport::{CallOptions, RpcChannel, TcpClient};
+use shingle_transport::{CallOptions, PeerClient, RpcChannel};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +27,7 @@ pub async fn heal_loop(
     scrub: impl Fn() -> Vec<(ChunkKey, u64)> + Send + Sync + 'static,
     addr: SocketAddr,
     meta: MetaClient,
-    tcp: TcpClient,
+    tcp: PeerClient,
     interval: Duration,
 ) {
     let scrub = Arc::new(scrub);
@@ -56,7 +56,7 @@ pub async fn heal_loop(
 /// did.
 pub async fn heal(
     meta: &MetaClient,
-    tcp: &TcpClient,
+    tcp: &PeerClient,
     addr: SocketAddr,
     key: ChunkKey,
     version: u64,

@@ -28,7 +28,7 @@ use shingle_meta::client::MetaClient;
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::types::now_ns;
 use shingle_meta::service::MetaNode;
-use shingle_transport::{CallOptions, RpcChannel, TcpClient};
+use shingle_transport::{CallOptions, PeerClient, RpcChannel};
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -61,7 +61,7 @@ impl Default for ReclaimConfig {
 
 /// Purges removed files whose data no client holds any more, in the partitions `node`
 /// is primary of. Runs until aborted.
-pub async fn purge_loop(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: ReclaimConfig) {
+pub async fn purge_loop(node: MetaNode, meta: MetaClient, tcp: PeerClient, cfg: ReclaimConfig) {
     loop {
         tokio::time::sleep(cfg.purge_interval).await;
         for ino in node.primary_purges(now_ns(), 256) {
@@ -79,7 +79,7 @@ pub async fn purge_loop(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: R
 
 /// Deletes every shard of removed file `ino` on every data node that is up, then
 /// forgets its purge. Returns the shard versions deleted.
-pub async fn purge(meta: &MetaClient, tcp: &TcpClient, ino: Ino) -> Result<u64, String> {
+pub async fn purge(meta: &MetaClient, tcp: &PeerClient, ino: Ino) -> Result<u64, String> {
     let v = meta.view();
     let mut deleted = 0;
     for n in v.map.nodes.values().filter(|n| n.roles.data && v.map.is_up(n.id)) {
@@ -145,7 +145,7 @@ pub async fn sweep_loop(
     inos: impl Fn() -> Vec<u64> + Send + 'static,
     addr: SocketAddr,
     meta: MetaClient,
-    tcp: TcpClient,
+    tcp: PeerClient,
     cfg: ReclaimConfig,
 ) {
     let mut sweep = Sweep::new();

@@ -30,7 +30,7 @@ use shingle_meta::namespace::{Layout, StripeRec};
 use shingle_meta::placement::stripe_pg;
 use shingle_meta::service::MetaNode;
 use shingle_meta::service::wire::RepairStats;
-use shingle_transport::{CallOptions, RpcChannel, TcpClient};
+use shingle_transport::{CallOptions, PeerClient, RpcChannel};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
@@ -181,7 +181,7 @@ fn plan_moves(map: &ClusterMap, group: &[NodeId], loc: &[Option<NodeId>]) -> Str
 }
 
 /// Runs the repair scan of one meta node until the process ends.
-pub async fn run(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: RepairConfig) {
+pub async fn run(node: MetaNode, meta: MetaClient, tcp: PeerClient, cfg: RepairConfig) {
     let mut stats = RepairStats::default();
     let mut maps = meta.maps().subscribe();
     // A first pass soon after start, so `shingle status` knows the state early.
@@ -205,7 +205,7 @@ pub async fn run(node: MetaNode, meta: MetaClient, tcp: TcpClient, cfg: RepairCo
 /// Files are walked this many at a time.
 const PAGE: usize = 256;
 
-async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &TcpClient, cfg: &RepairConfig, stats: &mut RepairStats) {
+async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &RepairConfig, stats: &mut RepairStats) {
     // Count first (in memory, cheap), so progress has a denominator.
     let v = meta.view();
     let (mut todo, mut moves, mut unreadable) = (0u64, 0u64, 0u64);
@@ -348,7 +348,7 @@ fn account(done: Result<JobResult, tokio::task::JoinError>, stats: &mut RepairSt
 #[allow(clippy::too_many_arguments)]
 async fn repair_one(
     meta: &MetaClient,
-    tcp: &TcpClient,
+    tcp: &PeerClient,
     map: &ClusterMap,
     ino: Ino,
     s: u64,

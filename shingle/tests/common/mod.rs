@@ -3,7 +3,7 @@
 
 use shingle_meta::agent::{MapWatch, WatchConfig};
 use shingle_meta::client::MetaClient;
-use shingle_transport::{ClusterSecret, TcpClient, TransportConfig};
+use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -196,7 +196,7 @@ impl Cluster {
     }
 
     pub async fn client(&self) -> MetaClient {
-        let tcp = TcpClient::new(TransportConfig::default(), self.secret.clone());
+        let tcp = PeerClient::new(TransportConfig::default(), self.secret.clone());
         let wc = WatchConfig {
             managers: self.managers.clone(),
             node: None,

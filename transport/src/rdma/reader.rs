@@ -6,7 +6,7 @@ use super::{
     ACCESS_FALLBACK_FOR, Device, FALLBACK_FOR, MAX_RESOLVED, NewQp, QpInfo, RDMA_CONNECT, RDMA_RESOLVE, RdmaError,
     ResolveRequest, Resolved, random_u64,
 };
-use crate::client::TcpClient;
+use crate::client::PeerClient;
 use crate::error::TransportError;
 use crate::frame::{Frame, FrameHeader, MsgKind, decode_frame};
 use crate::region::RegionKey;
@@ -156,7 +156,7 @@ impl RdmaReader {
     /// request in flight, it is not resent) and the peer falls back to TCP.
     pub(crate) async fn call(
         &self,
-        tcp: &TcpClient,
+        tcp: &PeerClient,
         peer: SocketAddr,
         kind: MsgKind,
         payload: &Bytes,
@@ -263,7 +263,7 @@ impl RdmaReader {
     /// this read failed on RDMA and was not done): the caller reads over TCP.
     pub(crate) async fn read(
         &self,
-        tcp: &TcpClient,
+        tcp: &PeerClient,
         peer: SocketAddr,
         key: RegionKey,
         offset: u64,
@@ -291,7 +291,7 @@ impl RdmaReader {
     /// errors of the RDMA path, for tests and diagnostics.
     pub async fn read_rdma(
         &self,
-        tcp: &TcpClient,
+        tcp: &PeerClient,
         peer: SocketAddr,
         key: RegionKey,
         offset: u64,
@@ -354,7 +354,7 @@ impl RdmaReader {
 
     async fn try_read(
         &self,
-        tcp: &TcpClient,
+        tcp: &PeerClient,
         peer: SocketAddr,
         key: RegionKey,
         offset: u64,
@@ -438,7 +438,7 @@ impl RdmaReader {
 
     async fn resolve(
         &self,
-        tcp: &TcpClient,
+        tcp: &PeerClient,
         peer: SocketAddr,
         key: RegionKey,
     ) -> Result<Result<Resolved, TransportError>, RdmaError> {
@@ -485,7 +485,7 @@ impl RdmaReader {
         cache.insert(id, target);
     }
 
-    async fn conn(&self, tcp: &TcpClient, peer: SocketAddr) -> Result<Arc<Peer>, Failure> {
+    async fn conn(&self, tcp: &PeerClient, peer: SocketAddr) -> Result<Arc<Peer>, Failure> {
         if let Some(p) = self.ready(peer) {
             return Ok(p);
         }
