@@ -14,18 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 
 const SB: u64 = 64;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-}
+use shingle_testkit::Rng;
 
 /// Stripes per window of a lazily loaded layout.
 const WINDOW: u64 = 2;
@@ -220,7 +209,7 @@ fn truncate(w: &mut World, c: &mut Content, size: u64) {
 }
 
 fn run(seed: u64) {
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     let mut w = World {
         lazy: seed % 2 == 1,
         ..World::default()

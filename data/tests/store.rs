@@ -320,23 +320,12 @@ fn model_based_with_crashes_and_faults() {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
+use shingle_testkit::Rng;
 
 fn run_model(seed: u64) {
     let dir = tempfile::tempdir().expect("tempdir");
     let faults = Faults::none();
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     // Every stored version of each key, with its length.
     let mut model: HashMap<ChunkKey, std::collections::BTreeMap<u64, usize>> = HashMap::new();
     let mut s = Some(faulty(dir.path(), faults.clone()));

@@ -367,21 +367,7 @@ fn engine_tree(ns: &Namespace) -> BTreeMap<Vec<Vec<u8>>, Shape> {
 
 // ---------------------------------------------------------------- random operations
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-    fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
-        &v[self.below(v.len() as u64) as usize]
-    }
-}
+use shingle_testkit::Rng;
 
 #[derive(Clone, Debug)]
 enum Op {
@@ -546,7 +532,7 @@ fn random_op(rng: &mut Rng, m: &Model) -> Op {
 /// Runs one seed; returns how many crashed operations recovery had to redo.
 fn check_seed(seed: u64, partitions: u32, steps: usize) -> usize {
     let mut redone = 0;
-    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut rng = Rng::seeded(seed);
     let mut ns = Namespace::format(partitions, 1);
     let mut model = Model::new();
     // Let the users work in the root directory.

@@ -64,15 +64,7 @@ async fn create(c: &Client, name: &str) -> Ino {
         .ino
 }
 
-struct Rng(u64);
-impl Rng {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
+use shingle_testkit::Rng;
 
 async fn read_all(f: &shingle_client::OpenFile, len: u64) -> Vec<u8> {
     let mut out = Vec::new();
@@ -99,7 +91,7 @@ async fn file_data_matches_a_byte_vector_and_two_clients_agree() {
     for seed in 1..=4u64 {
         let ino = create(&a, &format!("model{seed}")).await;
         let mut f = a.open(&root, ino).await.expect("open");
-        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+        let mut rng = Rng::seeded(seed);
         let mut r: Vec<u8> = Vec::new();
         for step in 0..150 {
             match rng.below(10) {

@@ -274,15 +274,7 @@ impl Drop for Dev {
 }
 
 fn pattern(len: usize) -> Vec<u8> {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    shingle_testkit::bytes(1, len)
 }
 
 /// The spans of one trace by id, and helpers over them.

@@ -260,18 +260,10 @@ pub fn corrupt_first_record(zones: &Path) {
     panic!("no record to corrupt in {}", zones.display());
 }
 
-/// `len` pseudo-random bytes determined by `seed` (xorshift): file contents a test can
-/// write and check again without keeping them.
+/// `len` pseudo-random bytes determined by `seed`: file contents a test can write and
+/// check again without keeping them.
 pub fn pattern(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
+    shingle_testkit::bytes(seed, len)
 }
 
 /// Runs a `shingle` tool command (`put`, `fsck`, `status`, ...) against the cluster made
