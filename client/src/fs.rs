@@ -182,6 +182,16 @@ struct FileState {
     unlinked: bool,
     /// Stripe stores in flight.
     storing: usize,
+    /// The version of the file (see [`version_of`]) whose layout `content` holds: a
+    /// window loaded later must come from the same one, so a read never mixes stripes
+    /// of two versions.
+    layout_of: (i64, i64, u64),
+}
+
+/// What tells two versions of a file's layout apart: every commit and truncate changes
+/// its mtime and ctime (and maybe its size).
+fn version_of(a: &Attr) -> (i64, i64, u64) {
+    (a.mtime, a.ctime, a.size)
 }
 
 /// An open file handle.
@@ -364,8 +374,7 @@ impl Client {
     async fn load_whole_layout(&self, ino: Ino) {
         let Some(sh) = self.shared(ino) else { return };
         let mut st = sh.state.lock().await;
-        let unknown = st.content.unknown_windows(0, u64::MAX);
-        if let Err(e) = self.load_windows(ino, &mut st, unknown).await {
+        if let Err(e) = self.load_range(ino, &mut st, 0, u64::MAX).await {
             warn!(ino = ino.0, error = %e, "cannot load the layout of an open file being removed; reads past its first window may fail");
         }
     }
@@ -438,6 +447,7 @@ impl Client {
             if !st.unlinked {
                 st.content
                     .set_head(self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size);
+                st.layout_of = version_of(&rec.attr);
                 if !st.content.has_local() {
                     st.policy = layout.policy();
                 }
@@ -456,6 +466,7 @@ impl Client {
             attr: Mutex::new(rec.attr.clone()),
             state: tokio::sync::Mutex::new(FileState {
                 policy: layout.policy(),
+                layout_of: version_of(&rec.attr),
                 content: Content::with_head(sb, self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size),
                 cache: VecDeque::new(),
                 reserve_next: RESERVE_MIN,
@@ -543,8 +554,7 @@ impl Client {
         // The stripes the cut removes (their versions become garbage) and the one it
         // lands in must be known.
         let cut_from = size / st.content.stripe_bytes();
-        let unknown = st.content.unknown_windows(cut_from, u64::MAX);
-        if let Err(e) = self.load_windows(sh.ino, &mut st, unknown).await {
+        if let Err(e) = self.load_range(sh.ino, &mut st, cut_from, u64::MAX).await {
             return (st, Err(e));
         }
         if let Err(e) = self.apply(sh.ino, &mut st, |c| c.truncate(size)).await {
@@ -747,14 +757,34 @@ impl Client {
 
     /// Runs `op` on the content, fetching (and filling in) each stripe it says it needs
     /// first, until it applies or is refused.
-    /// Loads the committed stripe records of `windows` of file `ino` (a window of
-    /// [`Content::window`] stripes per request), so the content core knows them.
-    async fn load_windows(&self, ino: Ino, st: &mut FileState, windows: Vec<u64>) -> Result<(), Errno> {
-        let w = st.content.window();
-        for win in windows {
-            let from = win.saturating_mul(w);
-            let recs = self.inner.meta.stripes(ino, from, from.saturating_add(w)).await?;
-            st.content.load(win, recs);
+    /// Loads the committed stripe records of stripes `from..to` of file `ino` that the
+    /// content does not know yet, a window per request. Every window must come from the
+    /// version of the file the content's layout was read at; when the file changed
+    /// since, its layout is read again from the start (as after a lost read race), so
+    /// a read never mixes stripes of two versions. A file that keeps changing under
+    /// the loads is taken as it is found on the last try.
+    async fn load_range(&self, ino: Ino, st: &mut FileState, from: u64, to: u64) -> Result<(), Errno> {
+        const TRIES: usize = 8;
+        for attempt in 1..=TRIES {
+            let unknown = st.content.unknown_windows(from, to);
+            if unknown.is_empty() {
+                return Ok(());
+            }
+            let w = st.content.window();
+            let mut stale = false;
+            for win in unknown {
+                let lo = win.saturating_mul(w);
+                let (recs, attr) = self.inner.meta.stripes(ino, lo, lo.saturating_add(w)).await?;
+                if attempt < TRIES && attr.as_ref().map(version_of) != Some(st.layout_of) {
+                    stale = true;
+                    break;
+                }
+                st.content.load(win, recs);
+            }
+            if stale {
+                let head = self.inner.meta.head(ino).await?;
+                st.adopt(head, self.inner.cfg.window());
+            }
         }
         Ok(())
     }
@@ -1093,8 +1123,9 @@ impl OpenFile {
         // Plan under the lock; fetch without it (versions are immutable).
         let (plan, policy, cells) = {
             let mut st = self.shared.state.lock().await;
-            let unknown = st.content.unknown_for(offset, u64::from(len));
-            c.load_windows(self.ino, &mut st, unknown).await?;
+            let sb = st.content.stripe_bytes();
+            let end = offset.saturating_add(u64::from(len));
+            c.load_range(self.ino, &mut st, offset / sb, end.div_ceil(sb)).await?;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
             // A reader that goes on where it stopped, or whose large reads stay in (or
@@ -1185,8 +1216,9 @@ impl OpenFile {
         let c = self.client()?;
         let sh = &self.shared;
         let mut st = sh.state.lock().await;
-        let unknown = st.content.unknown_for(offset, data.len() as u64);
-        c.load_windows(self.ino, &mut st, unknown).await?;
+        let sb = st.content.stripe_bytes();
+        let end = offset.saturating_add(data.len() as u64);
+        c.load_range(self.ino, &mut st, offset / sb, end.div_ceil(sb)).await?;
         c.apply(self.ino, &mut st, |content| content.write(offset, data))
             .await?;
         // The read cache holds immutable versions: nothing in it goes stale here.
@@ -1266,6 +1298,7 @@ impl FileState {
     /// another client's commit); local writes stay.
     fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec, window: u64) {
         let layout = rec.layout.unwrap_or_else(|| self.policy.clone());
+        self.layout_of = version_of(&rec.attr);
         self.content.set_head(window, layout.stripes, rec.attr.size);
         self.cache.clear();
     }

@@ -31,6 +31,10 @@ use std::time::{Duration, Instant};
 use tracing::field::Empty;
 use tracing::{Instrument, Span, debug, info_span};
 
+/// Stripe records read from a file, and its attributes when every record came from
+/// one version of it.
+pub type StripesRead = (Vec<(u64, StripeRec)>, Option<Attr>);
+
 /// A namespace client. Clones share connections and the map.
 #[derive(Clone)]
 pub struct MetaClient {
@@ -329,19 +333,27 @@ impl MetaClient {
     }
 
     /// The committed stripe records of file `ino` in `from..to`, in order (as many
-    /// requests as it takes).
-    pub async fn stripes(&self, ino: Ino, from: u64, to: u64) -> Result<Vec<(u64, StripeRec)>, Errno> {
+    /// requests as it takes), and the file's attributes as the first request found
+    /// them. `None` instead of attributes when the pages came from different versions
+    /// of the file (a commit or truncate between two requests).
+    pub async fn stripes(&self, ino: Ino, from: u64, to: u64) -> Result<StripesRead, Errno> {
         let mut out = Vec::new();
+        let mut attr: Option<Attr> = None;
+        let mut same = true;
         let mut at = from;
         while at < to {
             let limit = (to - at).min(u64::from(MAX_STRIPES_READ)) as u32;
-            let (recs, more) = match self
+            let (recs, more, a) = match self
                 .read(ino.partition(), ReadOp::Stripes { ino, from: at, limit })
                 .await?
             {
-                ReadReply::Stripes(recs, more) => (recs, more),
+                ReadReply::Stripes(recs, more, a) => (recs, more, *a),
                 _ => return Err(Errno::EIO),
             };
+            match &attr {
+                Some(first) => same &= first == &a,
+                None => attr = Some(a),
+            }
             let Some(last) = recs.last().map(|(s, _)| *s) else {
                 break;
             };
@@ -354,7 +366,7 @@ impl MetaClient {
             }
             at = last.saturating_add(1);
         }
-        Ok(out)
+        Ok((out, attr.filter(|_| same)))
     }
 
     /// The whole inode: attributes, symlink target and every stripe of its layout (for
@@ -364,7 +376,7 @@ impl MetaClient {
         if let Some(l) = rec.layout.as_mut()
             && rec.attr.size.div_ceil(l.stripe_bytes().max(1)) > HEAD_STRIPES
         {
-            l.stripes.extend(self.stripes(ino, HEAD_STRIPES, u64::MAX).await?);
+            l.stripes.extend(self.stripes(ino, HEAD_STRIPES, u64::MAX).await?.0);
         }
         Ok(rec)
     }

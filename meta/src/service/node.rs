@@ -1089,9 +1089,12 @@ impl MetaNode {
             ReadOp::Stripes { ino, from, limit } => {
                 let s = self.serving(ino.partition())?;
                 let st = s.read();
-                if !st.part.inodes.contains_key(ino) {
-                    return Err(errno_status(Errno::ENOENT));
-                }
+                let attr = st
+                    .part
+                    .inodes
+                    .get(ino)
+                    .map(|r| r.attr.clone())
+                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
                 let limit = (*limit).clamp(1, super::wire::MAX_STRIPES_READ) as usize;
                 let mut recs: Vec<(u64, crate::namespace::StripeRec)> = st
                     .part
@@ -1101,7 +1104,7 @@ impl MetaNode {
                     .collect();
                 let more = recs.len() > limit;
                 recs.truncate(limit);
-                Ok(ReadReply::Stripes(recs, more))
+                Ok(ReadReply::Stripes(recs, more, Box::new(attr)))
             }
             ReadOp::GetXattr { creds, ino, name } => {
                 sparse_read(*ino, &|ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))

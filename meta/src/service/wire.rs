@@ -167,8 +167,10 @@ pub enum ReadReply {
     Attr(Attr),
     /// GetInode.
     Inode(Box<InodeRec>),
-    /// Stripes: (index, record) in order, and whether more follow.
-    Stripes(Vec<(u64, StripeRec)>, bool),
+    /// Stripes: (index, record) in order, whether more follow, and the file's
+    /// attributes as of the same moment (a reader that loads a layout in windows
+    /// checks they all come from one version of the file).
+    Stripes(Vec<(u64, StripeRec)>, bool, Box<Attr>),
     /// GetXattr.
     Value(Vec<u8>),
     /// ListXattr.
