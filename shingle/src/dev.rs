@@ -378,20 +378,12 @@ pub async fn dev(a: DevArgs) -> Result<()> {
     }
     preflight(&a.mount)?;
     let spec = LocalSpec {
-        dir: a.data.clone(),
-        nodes: a.nodes,
         managers: a.managers,
-        data: true,
-        partitions: 64,
-        replication: a.nodes.min(3) as u8,
         ec,
         zones: (a.zones, "64MiB"),
         log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-        cpu_cap: None,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
         metrics_port: a.metrics_port,
+        ..LocalSpec::new(a.data.clone(), a.nodes)
     };
     println!("shingle: starting {} nodes in {}", a.nodes, a.data.display());
     let mut cluster = LocalCluster::start_or_resume(&spec)?;

@@ -48,6 +48,29 @@ pub struct LocalSpec {
 }
 
 impl LocalSpec {
+    /// `nodes` nodes in `dir` as `shingle dev` makes them: one manager, every node a
+    /// meta and a data node, 64 partitions, R = min(3, nodes), EC 4+2, 64 zones of
+    /// 64 MiB, quiet logs, no CPU cap, no extra settings, on 127.0.0.1, no metrics.
+    /// Callers change what they need with `..LocalSpec::new(dir, nodes)`.
+    pub fn new(dir: PathBuf, nodes: usize) -> LocalSpec {
+        LocalSpec {
+            dir,
+            nodes,
+            managers: 1,
+            data: true,
+            partitions: 64,
+            replication: nodes.min(3) as u8,
+            ec: (4, 2),
+            zones: (64, "64MiB"),
+            log: "warn,openraft=error".into(),
+            cpu_cap: None,
+            manager_toml: String::new(),
+            meta_toml: String::new(),
+            netns: None,
+            metrics_port: None,
+        }
+    }
+
     /// Where node `id` listens: its rig host, or a free port on 127.0.0.1.
     fn addr_of(&self, id: u64, free: u16) -> SocketAddr {
         match &self.netns {
@@ -482,4 +505,21 @@ impl LocalCluster {
             n.stop();
         }
     }
+}
+
+/// Starts the cluster `spec` describes, waits until it serves, and mounts it at `mnt`
+/// in this process with the default client and mount settings (what the benchmarks
+/// measure through). Dropping the session unmounts.
+pub async fn start_mounted(spec: &LocalSpec, mnt: &Path) -> Result<(LocalCluster, shingle_client::BackgroundSession)> {
+    let cluster = LocalCluster::start(spec)?;
+    let meta = cluster.meta_client().await?;
+    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
+    let client = shingle_client::Client::new(meta, shingle_client::ClientConfig::default());
+    let rt = tokio::runtime::Handle::current();
+    let m = mnt.to_path_buf();
+    let session = tokio::task::spawn_blocking(move || {
+        shingle_client::mount(client, rt, &m, &shingle_client::MountConfig::default())
+    })
+    .await??;
+    Ok((cluster, session))
 }

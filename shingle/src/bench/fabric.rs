@@ -84,20 +84,10 @@ pub async fn run(a: FabricBenchArgs) -> Result<()> {
     };
     let len = a.file_kib << 10;
     let spec = LocalSpec {
-        dir: dir.join("cluster"),
-        nodes: 6,
-        managers: 1,
-        data: true,
         partitions: 8,
-        replication: 3,
-        ec: (4, 2),
         zones: (24, "16MiB"),
         log: std::env::var("SHINGLE_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-        cpu_cap: None,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
-        metrics_port: None,
+        ..LocalSpec::new(dir.join("cluster"), 6)
     };
     eprintln!("# starting 6 nodes in {}", spec.dir.display());
     let mut cluster = LocalCluster::start(&spec)?;

@@ -513,20 +513,14 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         eprintln!("# keeping {}", tmp.path().display());
     }
     let spec = LocalSpec {
-        dir: tmp.path().join("cluster"),
-        nodes: 8,
         managers: 3,
-        data: true,
         partitions: 32,
-        replication: 3,
-        ec: (4, 2),
         zones: (32, "32MiB"),
         log: std::env::var("SHINGLE_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-        cpu_cap: None,
         manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
         meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
         netns: a.netns.clone(),
-        metrics_port: None,
+        ..LocalSpec::new(tmp.path().join("cluster"), 8)
     };
     eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
     let mut cluster = LocalCluster::start(&spec)?;

@@ -84,20 +84,9 @@ pub async fn run(a: LayoutBenchArgs) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     let spec = LocalSpec {
-        dir,
-        nodes: a.nodes,
-        managers: 1,
         data: false,
-        partitions: 64,
-        replication: a.nodes.min(3) as u8,
-        ec: (4, 2),
         zones: (8, "16MiB"),
-        log: "warn,openraft=error".into(),
-        cpu_cap: None,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
-        metrics_port: None,
+        ..LocalSpec::new(dir, a.nodes)
     };
     let cluster = LocalCluster::start(&spec)?;
     let client = cluster.meta_client().await?;

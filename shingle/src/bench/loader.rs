@@ -11,10 +11,9 @@
 //! processes as it would with a PyTorch DataLoader.
 
 use super::transport::machine;
-use crate::local::{LocalCluster, LocalSpec};
+use crate::local::{LocalSpec, start_mounted};
 use anyhow::{Context, Result, bail};
 use serde::{Deserialize, Serialize};
-use shingle_client::{Client, ClientConfig, MountConfig};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -242,30 +241,8 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
     let local = a.local.clone().unwrap_or_else(|| tmp.path().join("local"));
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt)?;
-    let spec = LocalSpec {
-        dir: tmp.path().join("cluster"),
-        nodes: 6,
-        managers: 1,
-        data: true,
-        partitions: 64,
-        replication: 3,
-        ec: (4, 2),
-        zones: (64, "64MiB"),
-        log: "warn,openraft=error".into(),
-        cpu_cap: None,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
-        metrics_port: None,
-    };
-    let mut cluster = LocalCluster::start(&spec)?;
-    let meta = cluster.meta_client().await?;
-    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
-    let client = Client::new(meta, ClientConfig::default());
-    let rt = tokio::runtime::Handle::current();
-    let m2 = mnt.clone();
-    let session =
-        tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &m2, &MountConfig::default())).await??;
+    let spec = LocalSpec::new(tmp.path().join("cluster"), 6);
+    let (mut cluster, session) = start_mounted(&spec, &mnt).await?;
     let a2 = a.clone();
     let (l2, m3) = (local.clone(), mnt.clone());
     let result = tokio::task::spawn_blocking(move || -> Result<(Side, Side)> {

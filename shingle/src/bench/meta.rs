@@ -141,20 +141,11 @@ async fn setup(a: &MetaBenchArgs, nodes: usize, cap: Option<f64>) -> Result<Setu
     };
     let _ = std::fs::remove_dir_all(&dir);
     let spec = LocalSpec {
-        dir,
-        nodes,
-        managers: 1,
         data: false,
         partitions: a.partitions,
-        replication: nodes.min(3) as u8,
-        ec: (4, 2),
         zones: (8, "16MiB"),
-        log: "warn,openraft=error".into(),
         cpu_cap: cap,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
-        metrics_port: None,
+        ..LocalSpec::new(dir, nodes)
     };
     let cluster = LocalCluster::start(&spec)?;
     let client = cluster.meta_client().await?;

@@ -14,9 +14,8 @@
 //!   printed: how many of each, and their mean time.
 
 use super::transport::machine;
-use crate::local::{LocalCluster, LocalSpec};
+use crate::local::{LocalSpec, start_mounted};
 use anyhow::{Context, Result, bail};
-use shingle_client::{Client, ClientConfig, MountConfig};
 use std::collections::BTreeMap;
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
@@ -228,29 +227,10 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     // Node i serves its metrics on base + i (base out of the way of other runs).
     let metrics_base = 20_000 + (std::process::id() % 2_000) as u16 * 10;
     let spec = LocalSpec {
-        dir: tmp.path().join("cluster"),
-        nodes: 6,
-        managers: 1,
-        data: true,
-        partitions: 64,
-        replication: 3,
-        ec: (4, 2),
-        zones: (64, "64MiB"),
-        log: "warn,openraft=error".into(),
-        cpu_cap: None,
-        manager_toml: String::new(),
-        meta_toml: String::new(),
-        netns: None,
         metrics_port: Some(metrics_base),
+        ..LocalSpec::new(tmp.path().join("cluster"), 6)
     };
-    let mut cluster = LocalCluster::start(&spec)?;
-    let meta = cluster.meta_client().await?;
-    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
-    let client = Client::new(meta, ClientConfig::default());
-    let rt = tokio::runtime::Handle::current();
-    let m2 = mnt.clone();
-    let session =
-        tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &m2, &MountConfig::default())).await??;
+    let (mut cluster, session) = start_mounted(&spec, &mnt).await?;
     let a2 = a.clone();
     let (l2, m3, s2) = (local.clone(), mnt.clone(), src.clone());
     let nodes: Vec<u16> = (1..=spec.nodes as u16 + 1).map(|i| metrics_base + i).collect();
