@@ -194,10 +194,15 @@ impl Content {
             .collect()
     }
 
+    /// The stripes bytes `[offset, offset + len)` lie in: `from..to`.
+    pub fn stripe_span(&self, offset: u64, len: u64) -> (u64, u64) {
+        (offset / self.sb, offset.saturating_add(len).div_ceil(self.sb))
+    }
+
     /// The windows an operation on bytes `[offset, offset + len)` needs loaded.
     pub fn unknown_for(&self, offset: u64, len: u64) -> Vec<u64> {
-        let end = offset.saturating_add(len);
-        self.unknown_windows(offset / self.sb, end.div_ceil(self.sb))
+        let (from, to) = self.stripe_span(offset, len);
+        self.unknown_windows(from, to)
     }
 
     /// The committed records of window `w` as the metadata service has them now.

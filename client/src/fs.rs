@@ -1123,9 +1123,8 @@ impl OpenFile {
         // Plan under the lock; fetch without it (versions are immutable).
         let (plan, policy, cells) = {
             let mut st = self.shared.state.lock().await;
-            let sb = st.content.stripe_bytes();
-            let end = offset.saturating_add(u64::from(len));
-            c.load_range(self.ino, &mut st, offset / sb, end.div_ceil(sb)).await?;
+            let (from, to) = st.content.stripe_span(offset, u64::from(len));
+            c.load_range(self.ino, &mut st, from, to).await?;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
             // A reader that goes on where it stopped, or whose large reads stay in (or
@@ -1216,9 +1215,8 @@ impl OpenFile {
         let c = self.client()?;
         let sh = &self.shared;
         let mut st = sh.state.lock().await;
-        let sb = st.content.stripe_bytes();
-        let end = offset.saturating_add(data.len() as u64);
-        c.load_range(self.ino, &mut st, offset / sb, end.div_ceil(sb)).await?;
+        let (from, to) = st.content.stripe_span(offset, data.len() as u64);
+        c.load_range(self.ino, &mut st, from, to).await?;
         c.apply(self.ino, &mut st, |content| content.write(offset, data))
             .await?;
         // The read cache holds immutable versions: nothing in it goes stale here.

@@ -1062,7 +1062,7 @@ impl Namespace {
         self.rec(ino)?;
         Ok(self
             .part(ino.partition())?
-            .inode_with_stripes(ino)
+            .inode_with_stripes(ino, u64::MAX)
             .and_then(|r| r.layout))
     }
 

@@ -206,12 +206,13 @@ impl Partition {
             .map(|((_, s), r)| (*s, r))
     }
 
-    /// The inode record of `ino` with its layout's stripes filled in (what a client
-    /// that opens the file is given).
-    pub fn inode_with_stripes(&self, ino: Ino) -> Option<InodeRec> {
+    /// The inode record of `ino` with its layout's stripes below index `below` filled
+    /// in (`u64::MAX`: all of them; an open is given the first window).
+    pub fn inode_with_stripes(&self, ino: Ino, below: u64) -> Option<InodeRec> {
         let mut rec = self.inodes.get(&ino)?.clone();
         if let Some(l) = rec.layout.as_mut() {
-            l.stripes.extend(self.stripes_of(ino, 0).map(|(s, r)| (s, r.clone())));
+            let recs = self.stripes_of(ino, 0).take_while(|(s, _)| *s < below);
+            l.stripes.extend(recs.map(|(s, r)| (s, r.clone())));
         }
         Some(rec)
     }

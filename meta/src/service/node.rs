@@ -276,7 +276,7 @@ impl MetaNode {
                 .range((std::ops::Bound::Excluded(after), std::ops::Bound::Unbounded))
             {
                 if rec.layout.is_some() && st.part.stripes_of(*ino, 0).next().is_some() {
-                    let Some(l) = st.part.inode_with_stripes(*ino).and_then(|r| r.layout) else {
+                    let Some(l) = st.part.inode_with_stripes(*ino, u64::MAX).and_then(|r| r.layout) else {
                         continue;
                     };
                     out.push((*ino, l));
@@ -1070,20 +1070,11 @@ impl MetaNode {
             }
             ReadOp::GetInode(ino) => {
                 let s = self.serving(ino.partition())?;
-                let st = s.read();
-                let mut r = st
+                let r = s
+                    .read()
                     .part
-                    .inodes
-                    .get(ino)
-                    .cloned()
+                    .inode_with_stripes(*ino, super::wire::HEAD_STRIPES)
                     .ok_or_else(|| errno_status(Errno::ENOENT))?;
-                if let Some(l) = r.layout.as_mut() {
-                    let head = st
-                        .part
-                        .stripes_of(*ino, 0)
-                        .take_while(|(s, _)| *s < super::wire::HEAD_STRIPES);
-                    l.stripes.extend(head.map(|(s, r)| (s, r.clone())));
-                }
                 Ok(ReadReply::Inode(Box::new(r)))
             }
             ReadOp::Stripes { ino, from, limit } => {

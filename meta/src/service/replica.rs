@@ -522,7 +522,11 @@ mod tests {
         assert!(l.stripes.is_empty());
         assert_eq!(l.next_version, 1_700_000_001);
         assert_eq!(r.part.stripes.len(), 2);
-        let whole = r.part.inode_with_stripes(f).and_then(|r| r.layout).expect("layout");
+        let whole = r
+            .part
+            .inode_with_stripes(f, u64::MAX)
+            .and_then(|r| r.layout)
+            .expect("layout");
         assert_eq!(whole.stripes.keys().copied().collect::<Vec<_>>(), vec![0, 3]);
         // What an install then writes reloads to the same copy.
         let mut back = Replica::initial(PartitionId(0), 4, 1);
