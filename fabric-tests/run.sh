@@ -33,7 +33,8 @@ netns() {
   # Everything the rig creates goes away, also when the scenario fails.
   trap 'bash fabric-tests/netns/rig.sh down >/dev/null 2>&1 || true; rm -rf "$out"' RETURN
   bash fabric-tests/netns/rig.sh up 9
-  if ! bash fabric-tests/netns/rig.sh exec c "$bin" bench failover --netns shn- \
+  # Without backtraces the failure's own message is what the tail below shows.
+  if ! RUST_BACKTRACE=0 RUST_LIB_BACKTRACE=0 bash fabric-tests/netns/rig.sh exec c "$bin" bench failover --netns shn- \
       --files 16 --file-kib 1024 --phase-secs "${NETNS_PHASE_SECS:-6}" --json "$out/report.json" \
       >"$out/stdout" 2>"$out/stderr"; then
     cat "$out/stdout"; tail -40 "$out/stderr"

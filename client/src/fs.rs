@@ -755,8 +755,6 @@ impl Client {
         Ok(StripeRec { version, len, nodes })
     }
 
-    /// Runs `op` on the content, fetching (and filling in) each stripe it says it needs
-    /// first, until it applies or is refused.
     /// Loads the committed stripe records of stripes `from..to` of file `ino` that the
     /// content does not know yet, a window per request. Every window must come from the
     /// version of the file the content's layout was read at; when the file changed
@@ -789,6 +787,8 @@ impl Client {
         Ok(())
     }
 
+    /// Runs `op` on the content, fetching (and filling in) each stripe it says it needs
+    /// first, until it applies or is refused.
     async fn apply(
         &self,
         ino: Ino,

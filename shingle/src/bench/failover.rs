@@ -1006,6 +1006,9 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         println!("  bad: {b}");
     }
     let errors = log.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for e in &errors {
+        println!("  error: {e}");
+    }
     let report = serde_json::json!({
         "bench": "failover", "machine": machine, "files": a.files, "file_kib": a.file_kib,
         "unit_kib": a.unit_kib, "phase_secs": a.phase_secs, "readers": a.readers,
