@@ -158,7 +158,7 @@ fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<
     BufReader::new(stdout)
         .read_line(&mut line)
         .context("read node startup line")?;
-    let Some(addr) = line.trim().strip_prefix("shingle: node listening on ") else {
+    let Some(addr) = line.trim().strip_prefix(shingle::banner::LISTENING) else {
         let _ = child.kill();
         let _ = child.wait();
         let log = std::fs::read_to_string(stderr).unwrap_or_default();

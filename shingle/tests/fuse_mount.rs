@@ -3,87 +3,17 @@
 
 mod common;
 
-use common::pattern;
-use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use common::{DevMount, pattern};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Dev {
-    child: Option<Child>,
-    mount: PathBuf,
-}
-
-impl Dev {
-    fn start(data: &Path, mount: &Path) -> Dev {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_shingle"))
-            .args(["dev", "--data"])
-            .arg(data)
-            .arg("--mount")
-            .arg(mount)
-            .args(["--zones", "48"])
-            .env("SHINGLE_LOG", "warn,openraft=error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn shingle dev");
-        let out = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(out).lines();
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            let line = lines.next().expect("dev exited before mounting").expect("read");
-            if line.contains("mounted at") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no mount in time");
-        }
-        // Keep draining stdout so the process never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Dev {
-            child: Some(child),
-            mount: mount.to_path_buf(),
-        }
-    }
-
-    fn path(&self, p: &str) -> PathBuf {
-        self.mount.join(p)
-    }
-
-    /// Ctrl-C: unmounts and stops the cluster.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                if let Ok(Some(st)) = c.try_wait() {
-                    assert!(st.success(), "shingle dev exited with {st}");
-                    break;
-                }
-                assert!(Instant::now() < deadline, "shingle dev did not stop");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-        assert!(
-            !mounts.contains(self.mount.to_str().unwrap_or("?")),
-            "mount left behind after Ctrl-C"
-        );
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
-            std::thread::sleep(Duration::from_secs(2));
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("fusermount3").arg("-u").arg(&self.mount).status();
-            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        }
-    }
+/// The dev cluster these tests mount: 48 zones per node.
+fn start_dev(data: &Path, mount: &Path) -> DevMount {
+    DevMount::start(data, mount, &["--zones", "48"], |_| {})
 }
 
 fn crc_file(p: &Path) -> (u64, u32) {
@@ -104,7 +34,7 @@ fn crc_file(p: &Path) -> (u64, u32) {
 fn tree_permissions_concurrency_big_files_and_remount() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
-    let mut dev = Dev::start(&data, &mnt);
+    let mut dev = start_dev(&data, &mnt);
 
     // A tree of directories and files of many sizes (holes, partial and full stripes).
     let sizes = [0usize, 1, 4095, 4096, 65_537, 1 << 20, (4 << 20) + 3, 9 << 20];
@@ -281,8 +211,8 @@ fn tree_permissions_concurrency_big_files_and_remount() {
 
     // Unmount (Ctrl-C) and mount again: the same data.
     let before: Vec<(PathBuf, (u64, u32))> = expect.iter().map(|(p, _)| (p.clone(), crc_file(p))).collect();
-    dev.stop();
-    let dev = Dev::start(&data, &mnt);
+    dev.stop(Duration::from_secs(60));
+    let dev = start_dev(&data, &mnt);
     for (p, sum) in &before {
         assert_eq!(&crc_file(p), sum, "{} changed across remount", p.display());
     }
@@ -370,7 +300,7 @@ impl Drop for SecondMount {
 fn two_mounts_see_each_others_closes_and_readers_never_fail() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
-    let dev = Dev::start(&data, &mnt);
+    let dev = start_dev(&data, &mnt);
     let second = SecondMount::start(&data, &tmp.path().join("mnt2"));
     let (a, b) = (dev.path("shared.bin"), second.mount.join("shared.bin"));
     for round in 0..6u64 {

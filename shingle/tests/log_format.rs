@@ -47,10 +47,7 @@ fn serve_and_stop(mut cmd: Command, config: &Path) -> String {
     BufReader::new(child.stdout.take().expect("stdout"))
         .read_line(&mut line)
         .expect("read startup line");
-    assert!(
-        line.starts_with("shingle: node listening on "),
-        "startup line: {line:?}"
-    );
+    assert!(line.starts_with(shingle::banner::LISTENING), "startup line: {line:?}");
     let term = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()

@@ -7,16 +7,19 @@
 //! (coordinator and replicas). The batch delay is ten minutes, so every span here
 //! arrives through the flush at exit (serve's SIGTERM path, the mount's unmount path).
 
+mod common;
+
+use common::DevMount;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_shingle");
 
@@ -209,68 +212,9 @@ fn otel_env(cmd: &mut Command, rx: &Receiver) {
         .env("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "65536");
 }
 
-struct Dev {
-    child: Option<Child>,
-    mount: PathBuf,
-}
-
-impl Dev {
-    fn start(data: &Path, mount: &Path, rx: &Receiver) -> Dev {
-        let mut cmd = Command::new(BIN);
-        cmd.args(["dev", "--data"])
-            .arg(data)
-            .arg("--mount")
-            .arg(mount)
-            .args(["--zones", "16"])
-            .env("SHINGLE_LOG", "warn,openraft=error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        otel_env(&mut cmd, rx);
-        let mut child = cmd.spawn().expect("spawn shingle dev");
-        let out = child.stdout.take().expect("stdout");
-        let mut lines = BufReader::new(out).lines();
-        let deadline = Instant::now() + Duration::from_secs(180);
-        loop {
-            let line = lines.next().expect("dev exited before mounting").expect("read");
-            if line.contains("mounted at") {
-                break;
-            }
-            assert!(Instant::now() < deadline, "no mount in time");
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Dev {
-            child: Some(child),
-            mount: mount.to_path_buf(),
-        }
-    }
-
-    /// Ctrl-C: unmounts, stops the nodes (SIGTERM) and exits.
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
-            let deadline = Instant::now() + Duration::from_secs(90);
-            loop {
-                if let Ok(Some(st)) = c.try_wait() {
-                    assert!(st.success(), "shingle dev exited with {st}");
-                    break;
-                }
-                assert!(Instant::now() < deadline, "shingle dev did not stop");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-    }
-}
-
-impl Drop for Dev {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
-            std::thread::sleep(Duration::from_secs(2));
-            let _ = c.kill();
-            let _ = c.wait();
-            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-        }
-    }
+/// The dev cluster of this test: 16 zones per node, spans sent to `rx`.
+fn start_dev(data: &Path, mount: &Path, rx: &Receiver) -> DevMount {
+    DevMount::start(data, mount, &["--zones", "16"], |cmd| otel_env(cmd, rx))
 }
 
 fn pattern(len: usize) -> Vec<u8> {
@@ -333,7 +277,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
     let rx = Receiver::start();
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
-    let mut dev = Dev::start(&data, &mnt, &rx);
+    let mut dev = start_dev(&data, &mnt, &rx);
 
     // A file stored by the tool (so the mount has never seen it: its read reaches FUSE,
     // not the page cache), one stripe of ec(4,2) with 1 MiB units.
@@ -366,7 +310,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
         !rx.spans().iter().any(|s| s.name.starts_with("fs.")),
         "the mount exported before its exit (batch delay is 10 minutes)"
     );
-    dev.stop();
+    dev.stop(Duration::from_secs(90));
 
     let t = Traces::new(rx.spans());
     let services: std::collections::BTreeSet<&str> = t.spans.iter().map(|s| s.service.as_str()).collect();

@@ -9,7 +9,10 @@
 //! Needs root and /dev/fuse (as the other mount tests) and the `prometheus` binary
 //! (`apt install prometheus`; scripts/setup.sh installs it). Without it the test fails.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use common::DevMount;
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -151,29 +154,19 @@ fn prometheus_scrapes_every_process_of_a_dev_cluster() {
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     let base = free_run(NODES + 1);
     let err_log = tmp.path().join("dev.stderr");
-    let mut child = Command::new(BIN)
-        .args(["dev", "--data"])
-        .arg(&data)
-        .arg("--mount")
-        .arg(&mnt)
-        .args(["--zones", "16", "--metrics-port", &base.to_string()])
-        .env("SHINGLE_LOG", "warn,openraft=error")
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&err_log).expect("stderr file"))
-        .spawn()
-        .expect("spawn shingle dev");
-    let out = child.stdout.take().expect("stdout");
-    let dev = Killed(Some(child), "shingle dev");
-    let mut lines = BufReader::new(out).lines();
-    let mut saw_metrics = false;
-    loop {
-        let line = lines.next().expect("dev exited before mounting").expect("read");
-        saw_metrics |= line.contains(&format!("metrics at http://127.0.0.1:{base}/metrics"));
-        if line.contains("mounted at") {
-            break;
-        }
-    }
-    std::thread::spawn(move || for _ in lines {});
+    let metrics_port = base.to_string();
+    let mut dev = DevMount::start(
+        &data,
+        &mnt,
+        &["--zones", "16", "--metrics-port", &metrics_port],
+        |cmd| {
+            cmd.stderr(std::fs::File::create(&err_log).expect("stderr file"));
+        },
+    );
+    let saw_metrics = dev
+        .banner
+        .iter()
+        .any(|l| l.starts_with(shingle::banner::METRICS) && l.contains(&format!("http://127.0.0.1:{base}/metrics")));
     assert!(saw_metrics, "dev did not say where the mount's metrics are");
 
     // A workload through the mount: a 5 MiB file (two stripes) written, and one the
@@ -286,7 +279,7 @@ fn prometheus_scrapes_every_process_of_a_dev_cluster() {
         |r| r.first().is_some_and(|(_, v)| v.is_finite() && *v > 0.0),
     );
     drop(prom_proc);
-    drop(dev);
+    dev.stop(Duration::from_secs(60));
 
     // A healthy run logs nothing at WARN or above, in any process.
     let mut logs = vec![err_log];

@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
+use std::time::Instant;
 
 /// One node process.
 pub struct Proc {
@@ -62,7 +63,7 @@ pub fn spawn(config: &Path) -> (Child, SocketAddr) {
     BufReader::new(stdout).read_line(&mut line).expect("read startup line");
     let addr = line
         .trim()
-        .strip_prefix("shingle: node listening on ")
+        .strip_prefix(shingle::banner::LISTENING)
         .unwrap_or_else(|| panic!("unexpected startup line: {line:?}"))
         .parse()
         .expect("address");
@@ -289,4 +290,98 @@ pub fn json(o: &Output) -> serde_json::Value {
             String::from_utf8_lossy(&o.stderr)
         )
     })
+}
+
+/// A `shingle dev` process (a local cluster and its FUSE mount), started and stopped
+/// the way a user does: it is ready when it prints [`shingle::banner::MOUNTED`], and
+/// Ctrl-C (SIGINT) unmounts and stops it.
+pub struct DevMount {
+    child: Option<Child>,
+    /// The mount point.
+    pub mount: PathBuf,
+    /// What it printed on stdout up to and including the "mounted" line.
+    pub banner: Vec<String>,
+}
+
+impl DevMount {
+    /// Starts `shingle dev --data DATA --mount MOUNT ARGS..` with quiet logs on stderr;
+    /// `configure` may add to the command (environment, stderr). Waits up to 180 s for
+    /// the mount; stdout is drained afterwards so the process never blocks on it.
+    pub fn start(data: &Path, mount: &Path, args: &[&str], configure: impl FnOnce(&mut Command)) -> DevMount {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_shingle"));
+        cmd.args(["dev", "--data"])
+            .arg(data)
+            .arg("--mount")
+            .arg(mount)
+            .args(args)
+            .env("SHINGLE_LOG", "warn,openraft=error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        configure(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn shingle dev");
+        let out = child.stdout.take().expect("stdout");
+        let mut lines = BufReader::new(out).lines();
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut banner = Vec::new();
+        loop {
+            let line = lines.next().expect("shingle dev exited before mounting").expect("read");
+            let mounted = line.starts_with(shingle::banner::MOUNTED);
+            banner.push(line);
+            if mounted {
+                break;
+            }
+            assert!(Instant::now() < deadline, "shingle dev did not mount within 180 s");
+        }
+        std::thread::spawn(move || for _ in lines {});
+        DevMount {
+            child: Some(child),
+            mount: mount.to_path_buf(),
+            banner,
+        }
+    }
+
+    /// A path inside the mount.
+    pub fn path(&self, p: &str) -> PathBuf {
+        self.mount.join(p)
+    }
+
+    /// Ctrl-C, as a user stops it: asserts that it exits with success within `limit`
+    /// and leaves no mount behind.
+    pub fn stop(&mut self, limit: Duration) {
+        let Some(mut c) = self.child.take() else {
+            return;
+        };
+        let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(st)) = c.try_wait() {
+                assert!(st.success(), "shingle dev exited with {st}");
+                break;
+            }
+            assert!(Instant::now() < deadline, "shingle dev did not stop within {limit:?}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        assert!(
+            !mounts.contains(self.mount.to_str().unwrap_or("?")),
+            "mount left behind after Ctrl-C"
+        );
+    }
+}
+
+impl Drop for DevMount {
+    /// A test that failed half-way: Ctrl-C, a moment to unmount, then kill and unmount.
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = Command::new("fusermount3").arg("-u").arg(&self.mount).status();
+            let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
+        }
+    }
 }
