@@ -150,7 +150,7 @@ async fn serve_mount(
             let e = shingle_metrics::http::Endpoint::bind(a, expose)
                 .await
                 .with_context(|| format!("metrics endpoint on {a}"))?;
-            println!("{}http://{}/metrics", shingle::banner::METRICS, e.local_addr());
+            println!("{}http://{}/metrics", crate::banner::METRICS, e.local_addr());
             Some(e)
         }
         None => None,
@@ -166,7 +166,7 @@ async fn serve_mount(
     let session = tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &mp, &mc))
         .await?
         .with_context(|| format!("mount at {}", mountpoint.display()))?;
-    println!("{}{}", shingle::banner::MOUNTED, mountpoint.display());
+    println!("{}{}", crate::banner::MOUNTED, mountpoint.display());
     tokio::select! {
         r = crate::serve::wait_for_signal() => r?,
         _ = unmounted_elsewhere(mountpoint) => {

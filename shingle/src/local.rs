@@ -1,6 +1,7 @@
-//! A cluster of real `shingle serve` processes on 127.0.0.1, for `shingle dev` and the
-//! benchmarks: formats a cluster, writes one config per node, starts managers first (in
-//! parallel, so a 3-manager group can elect), then the rest, and stops them all on drop.
+//! A cluster of real `shingle serve` processes on 127.0.0.1, for `shingle dev`, the
+//! benchmarks and the multi-process tests: formats a cluster, writes one config per
+//! node, starts managers first (in parallel, so a 3-manager group can elect), then the
+//! rest, and stops them all on drop.
 
 use anyhow::{Context, Result, bail};
 use shingle_meta::agent::{MapWatch, WatchConfig};
@@ -45,6 +46,17 @@ pub struct LocalSpec {
     pub netns: Option<String>,
     /// Serve each node's `/metrics` on port `base + id` of its address.
     pub metrics_port: Option<u16>,
+    /// The `shingle` binary to run (`None`: this executable; tests name the binary).
+    pub bin: Option<PathBuf>,
+    /// Placement groups of the new cluster (`None`: `shingle format`'s default).
+    pub pgs: Option<u32>,
+    /// Extra TOML lines for the `[node]` sections (frame limits).
+    pub node_toml: String,
+    /// Extra TOML lines for the `[data]` sections (scrub settings).
+    pub data_toml: String,
+    /// Nodes log to this process's stderr (tests: the test runner shows them with a
+    /// failure) instead of to `node{id}.log` in `dir`.
+    pub logs_to_stderr: bool,
 }
 
 impl LocalSpec {
@@ -68,7 +80,30 @@ impl LocalSpec {
             meta_toml: String::new(),
             netns: None,
             metrics_port: None,
+            bin: None,
+            pgs: None,
+            node_toml: String::new(),
+            data_toml: String::new(),
+            logs_to_stderr: false,
         }
+    }
+
+    /// The binary the nodes run.
+    fn exe(&self) -> Result<PathBuf> {
+        match &self.bin {
+            Some(b) => Ok(b.clone()),
+            None => std::env::current_exe().context("locate the shingle binary"),
+        }
+    }
+
+    /// How node `id` is started.
+    fn launch(&self, id: u64) -> Result<Launch> {
+        Ok(Launch {
+            exe: self.exe()?,
+            log: self.log.clone(),
+            stderr: (!self.logs_to_stderr).then(|| self.dir.join(format!("node{id}.log"))),
+            ns: self.namespace(id),
+        })
     }
 
     /// Where node `id` listens: its rig host, or a free port on 127.0.0.1.
@@ -119,15 +154,29 @@ fn free_ports(n: usize) -> Result<Vec<u16>> {
     ls.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
-fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<(Child, SocketAddr)> {
-    let exe = std::env::current_exe().context("locate the shingle binary")?;
+/// What starting one node takes: the binary, its log filter, where its stderr goes
+/// (`None`: this process's), and its network namespace.
+struct Launch {
+    exe: PathBuf,
+    log: String,
+    stderr: Option<PathBuf>,
+    ns: Option<String>,
+}
+
+fn spawn(config: &Path, launch: Launch) -> Result<(Child, SocketAddr)> {
+    let Launch { exe, log, stderr, ns } = launch;
     // Appended: a node restarted (by `shingle dev` again, or a benchmark) keeps the log
     // of its earlier runs.
-    let err = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(stderr)
-        .with_context(|| format!("open {}", stderr.display()))?;
+    let err = match &stderr {
+        Some(path) => Stdio::from(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .with_context(|| format!("open {}", path.display()))?,
+        ),
+        None => Stdio::inherit(),
+    };
     let mut cmd = match ns {
         Some(ns) => {
             let mut c = Command::new("ip");
@@ -144,7 +193,7 @@ fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<
     let mut child = cmd
         .args(["serve", "--config"])
         .arg(config)
-        .env("SHINGLE_LOG", log)
+        .env("SHINGLE_LOG", &log)
         // Each node's metrics address is in its config (`--metrics-port`): one address
         // inherited by all of them would make all but the first fail to start.
         .env_remove("SHINGLE_METRICS_LISTEN")
@@ -158,10 +207,13 @@ fn spawn(config: &Path, log: &str, stderr: &Path, ns: Option<String>) -> Result<
     BufReader::new(stdout)
         .read_line(&mut line)
         .context("read node startup line")?;
-    let Some(addr) = line.trim().strip_prefix(shingle::banner::LISTENING) else {
+    let Some(addr) = line.trim().strip_prefix(crate::banner::LISTENING) else {
         let _ = child.kill();
         let _ = child.wait();
-        let log = std::fs::read_to_string(stderr).unwrap_or_default();
+        let Some(stderr) = stderr else {
+            bail!("node with config {} did not start (its log is above)", config.display());
+        };
+        let log = std::fs::read_to_string(&stderr).unwrap_or_default();
         bail!(
             "node with config {} did not start; its log ({}):\n{}",
             config.display(),
@@ -213,14 +265,20 @@ impl LocalNode {
     /// Starts it again with the same config (after [`LocalNode::kill`] or `stop`).
     pub fn restart(&mut self, spec: &LocalSpec) -> Result<()> {
         self.kill();
-        let (child, _) = spawn(
-            &self.config,
-            &spec.log,
-            &spec.dir.join(format!("node{}.log", self.id)),
-            spec.namespace(self.id),
-        )?;
+        let (child, _) = spawn(&self.config, spec.launch(self.id)?)?;
         self.child = Some(child);
         Ok(())
+    }
+
+    /// Whether its process was started and has not been stopped or killed (a process
+    /// that exited by itself still counts until [`LocalNode::exited`] says so).
+    pub fn alive(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Whether its process has exited by itself (a crash).
+    pub fn exited(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))))
     }
 }
 
@@ -255,9 +313,10 @@ fn write_node_config(
     let ndir = spec.dir.join(format!("node{id}"));
     std::fs::create_dir_all(&ndir)?;
     let mut cfg = format!(
-        "[node]\nid = {id}\nlisten = \"{listen}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n\n[meta]\ndir = \"{}\"\n{}",
+        "[node]\nid = {id}\nlisten = \"{listen}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n{}\n[meta]\ndir = \"{}\"\n{}",
         secret_file.display(),
         cluster_file.display(),
+        spec.node_toml,
         ndir.join("meta").display(),
         spec.meta_toml
     );
@@ -270,10 +329,11 @@ fn write_node_config(
     }
     if spec.data {
         cfg += &format!(
-            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"256MiB\"\n",
+            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"256MiB\"\n{}",
             ndir.join("data").display(),
             spec.zones.0,
-            spec.zones.1
+            spec.zones.1,
+            spec.data_toml
         );
     }
     if let Some(base) = spec.metrics_port {
@@ -294,12 +354,7 @@ impl LocalCluster {
         let id = self.nodes.iter().map(|n| n.id).max().unwrap_or(0) + 1;
         let listen = spec.addr_of(id, free_ports(1)?[0]);
         let config = write_node_config(spec, &self.secret_file, &self.cluster_file, id, listen, false)?;
-        let (child, addr) = spawn(
-            &config,
-            &spec.log,
-            &spec.dir.join(format!("node{id}.log")),
-            spec.namespace(id),
-        )?;
+        let (child, addr) = spawn(&config, spec.launch(id)?)?;
         self.nodes.push(LocalNode {
             id,
             addr,
@@ -350,30 +405,17 @@ impl LocalCluster {
     }
 
     fn spawn_all(&mut self, spec: &LocalSpec, managers: usize) -> Result<()> {
-        let dir = &spec.dir;
-        let starts: Vec<_> = self.nodes[..managers]
-            .iter()
-            .map(|n| {
-                let (cfg, log, err, ns) = (
-                    n.config.clone(),
-                    spec.log.clone(),
-                    dir.join(format!("node{}.log", n.id)),
-                    spec.namespace(n.id),
-                );
-                std::thread::spawn(move || spawn(&cfg, &log, &err, ns))
-            })
-            .collect();
+        let mut starts = Vec::new();
+        for n in &self.nodes[..managers] {
+            let (cfg, launch) = (n.config.clone(), spec.launch(n.id)?);
+            starts.push(std::thread::spawn(move || spawn(&cfg, launch)));
+        }
         for (i, h) in starts.into_iter().enumerate() {
             let (child, _) = h.join().map_err(|_| anyhow::anyhow!("start thread panicked"))??;
             self.nodes[i].child = Some(child);
         }
         for n in self.nodes.iter_mut().skip(managers) {
-            let (child, _) = spawn(
-                &n.config,
-                &spec.log,
-                &dir.join(format!("node{}.log", n.id)),
-                spec.namespace(n.id),
-            )?;
+            let (child, _) = spawn(&n.config, spec.launch(n.id)?)?;
             n.child = Some(child);
         }
         if let Some(share) = spec.cpu_cap {
@@ -421,16 +463,18 @@ impl LocalCluster {
             .enumerate()
             .map(|(i, a)| format!("{}={a}", i + 1))
             .collect();
-        let exe = std::env::current_exe()?;
-        let out = Command::new(&exe)
+        let mut format = Command::new(spec.exe()?);
+        format
             .args(["format", "--cluster-file"])
             .arg(&cluster_file)
             .args(["--managers", &mspec.join(",")])
             .args(["--partitions", &spec.partitions.to_string()])
             .args(["--replication", &spec.replication.to_string()])
-            .args(["--ec", &format!("{},{}", spec.ec.0, spec.ec.1)])
-            .output()
-            .context("run shingle format")?;
+            .args(["--ec", &format!("{},{}", spec.ec.0, spec.ec.1)]);
+        if let Some(pgs) = spec.pgs {
+            format.args(["--pgs", &pgs.to_string()]);
+        }
+        let out = format.output().context("run shingle format")?;
         if !out.status.success() {
             bail!("shingle format failed: {}", String::from_utf8_lossy(&out.stderr));
         }
@@ -497,6 +541,16 @@ impl LocalCluster {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// Kills every node (SIGKILL) and starts them all again with the same configs,
+    /// managers first: a whole-cluster crash and restart.
+    pub fn restart_all(&mut self, spec: &LocalSpec) -> Result<()> {
+        for n in &mut self.nodes {
+            n.kill();
+        }
+        let managers = self.managers.len();
+        self.spawn_all(spec, managers)
     }
 
     /// Stops every node (SIGTERM).

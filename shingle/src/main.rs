@@ -1,25 +1,13 @@
 //! # shingle
 //!
 //! The one Shingle binary: servers, the FUSE mount, the local dev cluster, and the
-//! command-line tools. This crate only parses arguments and wires the library crates
-//! together; the logic lives in `shingle-transport`, `shingle-meta`, `shingle-data`
-//! and `shingle-client`.
-
-mod bench;
-mod check;
-mod cli;
-mod config;
-mod daemons;
-mod dev;
-mod fabric;
-mod local;
-mod logging;
-mod progress;
-mod serve;
-mod telemetry;
+//! command-line tools. This file only parses arguments and calls the library part of
+//! this crate (`src/lib.rs`), which wires the library crates together; the logic
+//! lives in `shingle-transport`, `shingle-meta`, `shingle-data` and `shingle-client`.
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use shingle::{bench, cli, config, dev, logging, serve, telemetry};
 
 /// Shingle: an RDMA-accelerated, erasure-coded cluster filesystem for GPU training clusters.
 #[derive(Debug, Parser)]

@@ -314,7 +314,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     // Handlers first: whoever reads the line below may send SIGTERM at once.
     let shutdown = Shutdown::install()?;
     // Scripts and tests read this line to learn the port when listening on :0.
-    println!("{}{}", shingle::banner::LISTENING, server.local_addr());
+    println!("{}{}", crate::banner::LISTENING, server.local_addr());
     info!(addr = %server.local_addr(), id = node_id.0, data = cfg.data.is_some(), meta = meta.is_some(),
         manager = manager.is_some(), "node started");
     shutdown.wait().await;

@@ -39,11 +39,12 @@ async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
             partitions: 8,
             down_after_ms: 2000,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
     let a = Client::new(cluster.client().await, config());
-    cluster.wait_ready(a.meta(), 6).await;
+    cluster.wait_ready(a.meta()).await;
     let b = Client::new(cluster.client().await, config());
     (cluster, a, b)
 }
@@ -212,8 +213,8 @@ async fn a_stripe_that_cannot_be_stored_is_reported_once_and_changes_nothing() {
     f.write(0, &vec![7u8; SB as usize]).await.expect("write");
     f.flush().await.expect("commit");
 
-    cluster.nodes[4].kill();
-    cluster.nodes[5].kill();
+    cluster.local.nodes[4].kill();
+    cluster.local.nodes[5].kill();
     // Stores run in the background: the write may or may not see the failure itself.
     let _ = f.write(0, &vec![9u8; 2 * SB as usize]).await;
     assert_eq!(f.flush().await, Err(Errno::EIO), "the lost stripes must fail fsync");
@@ -227,9 +228,9 @@ async fn a_stripe_that_cannot_be_stored_is_reported_once_and_changes_nothing() {
         "committed content changed"
     );
 
-    cluster.nodes[4].restart();
-    cluster.nodes[5].restart();
-    cluster.wait_ready(a.meta(), 6).await;
+    cluster.restart(4);
+    cluster.restart(5);
+    cluster.wait_ready(a.meta()).await;
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
         f.write(0, &vec![5u8; SB as usize]).await.ok();

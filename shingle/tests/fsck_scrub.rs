@@ -22,6 +22,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
             partitions: 16,
             down_after_ms: 2000,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
@@ -70,7 +71,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
 
     // A shard corrupted on node 3's disk: scrub names it and fails; fsck still reads
     // every file whole.
-    corrupt_first_record(&root.join("n3").join("data").join("zones"));
+    corrupt_first_record(&root.join("node3").join("data").join("zones"));
     let s = tool(root, &["scrub", "--json"]);
     assert!(!s.status.success(), "scrub passed over a corrupt shard");
     let r = json(&s);
@@ -94,7 +95,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
 
     // Three data nodes down under 4+2: a prompt, clear failure.
     for i in [3, 4, 5] {
-        cluster.nodes[i].kill();
+        cluster.local.nodes[i].kill();
     }
     let t = Instant::now();
     let f = tool(root, &["fsck", "--json"]);
@@ -131,7 +132,8 @@ fn a_corrupt_shard_is_rebuilt_by_the_node_that_holds_it() {
             data: true,
             partitions: 8,
             down_after_ms: 2000,
-            data_toml: "zones = 16\nzone_size = \"16MiB\"\nscrub_interval_ms = 2000\n",
+            data_toml: "scrub_interval_ms = 2000\n",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
@@ -145,7 +147,7 @@ fn a_corrupt_shard_is_rebuilt_by_the_node_that_holds_it() {
     let out = tool(root, &["put", local.to_str().expect("utf-8"), "/a.bin"]);
     assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
 
-    corrupt_first_record(&root.join("n3").join("data").join("zones"));
+    corrupt_first_record(&root.join("node3").join("data").join("zones"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     loop {
         let s = tool(root, &["scrub", "--json"]);

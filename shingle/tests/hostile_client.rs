@@ -186,7 +186,7 @@ fn meta_enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
 
 /// Every node answers Stats (it is up and its handlers run).
 async fn all_answer(c: &MetaClient, cluster: &mut Cluster) {
-    for n in &mut cluster.nodes {
+    for n in &mut cluster.local.nodes {
         assert!(n.alive(), "node {} exited", n.id);
     }
     for (node, s) in c.stats().await {
@@ -222,6 +222,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             partitions: 16,
             down_after_ms: 2000,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
@@ -238,7 +239,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     }
 
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 6).await;
+    cluster.wait_ready(&c).await;
     let tcp = c.transport().clone();
     let v = c.view();
     let epoch = v.map.epoch;
@@ -467,7 +468,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     }
     println!("targeted: {t:?}");
     // A snapshot chunk far past any map: refused before openraft fills the gap.
-    let manager = cluster.managers[0];
+    let manager = cluster.local.managers[0];
     match tcp
         .call_raw(
             manager,

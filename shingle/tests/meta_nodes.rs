@@ -25,11 +25,12 @@ async fn namespace_operations_across_processes_and_partitions() {
             partitions: 16,
             down_after_ms: 3000,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 4).await;
+    cluster.wait_ready(&c).await;
     let r = root();
     let d = c
         .mknod(&r, Ino::ROOT, b"dir", FileKind::Dir, 0o755, 0, None)
@@ -114,22 +115,9 @@ async fn namespace_operations_across_processes_and_partitions() {
     );
     // Everything survives restarting every process.
     let mut cluster = cluster;
-    for n in &mut cluster.nodes {
-        n.kill();
-    }
-    for n in &mut cluster.nodes {
-        n.child = None;
-    }
-    let mut handles = Vec::new();
-    for n in &cluster.nodes {
-        let cfg = n.config.clone();
-        handles.push(std::thread::spawn(move || common::spawn(&cfg)));
-    }
-    for (n, h) in cluster.nodes.iter_mut().zip(handles) {
-        n.child = Some(h.join().expect("join").0);
-    }
+    cluster.local.restart_all(&cluster.spec).expect("restart every node");
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 4).await;
+    cluster.wait_ready(&c).await;
     assert_eq!(
         c.lookup(e.ino, b"moved").await.expect("lookup after restart").ino,
         inos["f00"]
@@ -163,11 +151,12 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
             partitions: 16,
             down_after_ms: 1500,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 5).await;
+    cluster.wait_ready(&c).await;
     let r = root();
     let a = c
         .mknod(&r, Ino::ROOT, b"a", FileKind::Dir, 0o755, 0, None)
@@ -222,12 +211,12 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         }));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    cluster.nodes[4].kill(); // a meta node
+    cluster.local.nodes[4].kill(); // a meta node
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    cluster.nodes[1].kill(); // a manager and meta node
+    cluster.local.nodes[1].kill(); // a manager and meta node
     tokio::time::sleep(Duration::from_millis(2500)).await;
-    cluster.nodes[4].restart();
-    cluster.nodes[1].restart();
+    cluster.restart(4);
+    cluster.restart(1);
     tokio::time::sleep(Duration::from_millis(2000)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let mut acked = 0;
@@ -239,7 +228,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         acked > 10,
         "the workload made progress through the failures: {acked} creates"
     );
-    cluster.wait_ready(&c, 5).await;
+    cluster.wait_ready(&c).await;
     // Operations whose coordinator was killed are finished by the partition's primary
     // from their intents (after two sweeps, a few seconds): wait until the directory
     // counts agree with the entries, i.e. recovery has converged.
@@ -318,11 +307,12 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
             // Long enough that the restart below goes unnoticed: the map stays.
             down_after_ms: 30_000,
             data_toml: "",
+            zones: (16, "16MiB"),
             node_toml: "",
         },
     );
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 3).await;
+    cluster.wait_ready(&c).await;
     let r = root();
     let d = c
         .mknod(&r, Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None)
@@ -340,8 +330,8 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
         .view()
         .primary(shingle_meta::ids::PartitionId(1))
         .expect("partition 1 has a primary");
-    cluster.nodes[victim.0 as usize - 1].restart();
-    cluster.wait_ready(&c, 3).await;
+    cluster.restart(victim.0 as usize - 1);
+    cluster.wait_ready(&c).await;
     let mut names = Vec::new();
     for i in 0..60 {
         let name = format!("after-{i}");
@@ -439,12 +429,12 @@ async fn miss_a_change(
     id: shingle_meta::ids::NodeId,
     name: &str,
 ) -> Duration {
-    cluster.nodes[id.0 as usize - 1].kill();
+    cluster.local.nodes[id.0 as usize - 1].kill();
     wait_map(c, id, false).await;
     c.mknod(&root(), Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
         .await
         .unwrap_or_else(|e| panic!("create {name} while node {} is down: {e}", id.0));
-    cluster.nodes[id.0 as usize - 1].restart();
+    cluster.restart(id.0 as usize - 1);
     wait_map(c, id, true).await;
     let t = std::time::Instant::now();
     let addr = c.view().addr(id).expect("addr");
@@ -473,6 +463,7 @@ async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
             partitions: 1,
             down_after_ms: 1500,
             data_toml: "",
+            zones: (16, "16MiB"),
             // Frames of 1 MiB (the cluster's setting): the partition below is several
             // times that, so it moves in pieces as a multi-GiB one would in 64 MiB frames.
             // SHINGLE_BIG_PARTITION_FILES=N keeps the default 64 MiB frames and makes
@@ -485,7 +476,7 @@ async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
         },
     );
     let c = cluster.client().await;
-    cluster.wait_ready(&c, 3).await;
+    cluster.wait_ready(&c).await;
     // 80 files with a 64 KiB extended attribute each: about 5 MiB in partition 0.
     let files = big.unwrap_or(80);
     let mut workers = Vec::new();

@@ -27,7 +27,8 @@ async fn start(root: &std::path::Path) -> (Cluster, Client) {
             data: true,
             partitions: 8,
             down_after_ms: 3000,
-            data_toml: "zones = 10\nzone_size = \"8MiB\"\n",
+            data_toml: "",
+            zones: (10, "8MiB"),
             node_toml: "",
         },
     );
@@ -37,7 +38,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client) {
         ..ClientConfig::default()
     };
     let c = Client::new(cluster.client().await, cfg);
-    cluster.wait_ready(c.meta(), 6).await;
+    cluster.wait_ready(c.meta()).await;
     (cluster, c)
 }
 

@@ -1,49 +1,14 @@
 //! A local cluster of real `shingle serve` processes for integration tests.
 #![allow(dead_code)]
 
-use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle::local::{LocalCluster, LocalSpec};
 use shingle_meta::client::MetaClient;
-use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 use std::time::Instant;
-
-/// One node process.
-pub struct Proc {
-    pub id: u64,
-    pub child: Option<Child>,
-    pub config: PathBuf,
-    pub addr: SocketAddr,
-}
-
-impl Proc {
-    pub fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    pub fn restart(&mut self) {
-        self.kill();
-        let (child, addr) = spawn(&self.config);
-        assert_eq!(addr, self.addr);
-        self.child = Some(child);
-    }
-
-    pub fn alive(&self) -> bool {
-        self.child.is_some()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// Starts `shingle serve` and waits for its "listening" line.
 pub fn spawn(config: &Path) -> (Child, SocketAddr) {
@@ -78,163 +43,69 @@ pub fn free_ports(n: usize) -> Vec<u16> {
     ls.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
-/// A cluster: `managers` nodes with the manager role (ids 1..), every node meta,
-/// `data` of them also data nodes.
-pub struct Cluster {
-    pub root: PathBuf,
-    pub secret: ClusterSecret,
-    pub nodes: Vec<Proc>,
-    pub managers: Vec<SocketAddr>,
-}
-
+/// What a test's cluster is: node processes on 127.0.0.1 started through
+/// `shingle::local` (the starter `shingle dev` and the benchmarks use), with the
+/// binary under test, logs on the test's stderr and 32 placement groups.
 pub struct Spec {
     pub nodes: usize,
     pub managers: usize,
     pub data: bool,
     pub partitions: u32,
     pub down_after_ms: u64,
-    /// Lines of each node's `[data]` section (zones); empty: 16 zones of 16 MiB.
+    /// Lines of each node's `[data]` section besides the zones.
     pub data_toml: &'static str,
     /// Extra lines of each node's `[node]` section.
     pub node_toml: &'static str,
+    /// Zones per data node and their size.
+    pub zones: (u32, &'static str),
+}
+
+/// A running test cluster and the spec it was started from.
+pub struct Cluster {
+    pub local: LocalCluster,
+    pub spec: LocalSpec,
 }
 
 impl Cluster {
-    pub fn start(root: &Path, spec: Spec) -> Cluster {
-        let bin = env!("CARGO_BIN_EXE_shingle");
-        let secret_path = root.join("secret");
-        let out = Command::new(bin)
-            .arg("keygen")
-            .arg(&secret_path)
-            .output()
-            .expect("keygen");
-        assert!(out.status.success(), "keygen: {out:?}");
-        let secret = ClusterSecret::from_file(&secret_path).expect("secret");
-        let ports = free_ports(spec.nodes);
-        let managers: Vec<SocketAddr> = ports[..spec.managers]
-            .iter()
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], *p)))
-            .collect();
-        let cluster_file = root.join("cluster.toml");
-        let mspec: Vec<String> = managers
-            .iter()
-            .enumerate()
-            .map(|(i, a)| format!("{}={a}", i + 1))
-            .collect();
-        let out = Command::new(bin)
-            .args(["format", "--cluster-file"])
-            .arg(&cluster_file)
-            .args([
-                "--managers",
-                &mspec.join(","),
-                "--partitions",
-                &spec.partitions.to_string(),
-                "--pgs",
-                "32",
-            ])
-            .output()
-            .expect("format");
-        assert!(out.status.success(), "format: {out:?}");
-        let mut nodes = Vec::new();
-        for (i, port) in ports.iter().enumerate() {
-            let id = i as u64 + 1;
-            let dir = root.join(format!("n{id}"));
-            std::fs::create_dir_all(&dir).expect("dir");
-            let mut cfg = format!(
-                "[node]\nid = {id}\nlisten = \"127.0.0.1:{}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n{}\n[meta]\ndir = \"{}\"\n",
-                port,
-                secret_path.display(),
-                cluster_file.display(),
-                spec.node_toml,
-                dir.join("meta").display()
-            );
-            if i < spec.managers {
-                cfg += &format!(
-                    "\n[manager]\ndir = \"{}\"\ndown_after_ms = {}\n",
-                    dir.join("manager").display(),
-                    spec.down_after_ms
-                );
-            }
-            if spec.data {
-                let zones = if spec.data_toml.is_empty() {
-                    "zones = 16\nzone_size = \"16MiB\"\n"
-                } else {
-                    spec.data_toml
-                };
-                cfg += &format!("\n[data]\ndir = \"{}\"\n{zones}", dir.join("data").display());
-            }
-            let config = dir.join("node.toml");
-            std::fs::write(&config, cfg).expect("config");
-            nodes.push(Proc {
-                id,
-                child: None,
-                config,
-                addr: SocketAddr::from(([127, 0, 0, 1], *port)),
-            });
-        }
-        // Managers first (in parallel: a 3-manager group needs a majority to elect).
-        let mut handles = Vec::new();
-        for n in nodes.iter().take(spec.managers) {
-            let c = n.config.clone();
-            handles.push(std::thread::spawn(move || spawn(&c)));
-        }
-        for (n, h) in nodes.iter_mut().zip(handles) {
-            let (child, addr) = h.join().expect("spawn thread");
-            assert_eq!(addr, n.addr);
-            n.child = Some(child);
-        }
-        for n in nodes.iter_mut().skip(spec.managers) {
-            let (child, addr) = spawn(&n.config);
-            assert_eq!(addr, n.addr);
-            n.child = Some(child);
-        }
-        Cluster {
-            root: root.to_path_buf(),
-            secret,
-            nodes,
-            managers,
-        }
+    pub fn start(root: &Path, s: Spec) -> Cluster {
+        let spec = LocalSpec {
+            managers: s.managers,
+            data: s.data,
+            partitions: s.partitions,
+            zones: s.zones,
+            manager_toml: format!("down_after_ms = {}\n", s.down_after_ms),
+            bin: Some(env!("CARGO_BIN_EXE_shingle").into()),
+            pgs: Some(32),
+            node_toml: s.node_toml.into(),
+            data_toml: s.data_toml.into(),
+            logs_to_stderr: true,
+            log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+            ..LocalSpec::new(root.to_path_buf(), s.nodes)
+        };
+        let local = LocalCluster::start(&spec).expect("start the cluster");
+        Cluster { local, spec }
+    }
+
+    /// Where the cluster file, the secret and each node's folder (`node{id}`) are.
+    pub fn root(&self) -> &Path {
+        &self.spec.dir
     }
 
     pub async fn client(&self) -> MetaClient {
-        let tcp = PeerClient::new(TransportConfig::default(), self.secret.clone());
-        let wc = WatchConfig {
-            managers: self.managers.clone(),
-            node: None,
-            interval: Duration::from_millis(300),
-            touch_timeout: Duration::from_secs(5),
-        };
-        let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(30), |_| {})
-            .await
-            .expect("map watch");
-        MetaClient::new(tcp, maps)
+        self.local.meta_client().await.expect("a client of the cluster")
     }
 
-    /// Waits until every partition has a serving primary and `n` nodes are Up.
-    pub async fn wait_ready(&self, c: &MetaClient, up: usize) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            let v = c.view();
-            let ups = v
-                .map
-                .nodes
-                .values()
-                .filter(|n| n.state == shingle_meta::map::NodeState::Up)
-                .count();
-            if ups >= up {
-                let stats = c.stats().await;
-                let serving: u32 = stats
-                    .iter()
-                    .filter_map(|(_, s)| s.as_ref().ok())
-                    .map(|s| s.primary)
-                    .sum();
-                if serving >= v.map.partitions {
-                    return;
-                }
-            }
-            assert!(std::time::Instant::now() < deadline, "cluster not ready: {} up", ups);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    /// Waits until every node is Up and every partition has a serving primary.
+    pub async fn wait_ready(&self, c: &MetaClient) {
+        self.local
+            .wait_ready(c, Duration::from_secs(60))
+            .await
+            .expect("cluster ready");
+    }
+
+    /// Node `i` (0-based) started again after a kill.
+    pub fn restart(&mut self, i: usize) {
+        self.local.nodes[i].restart(&self.spec).expect("restart the node");
     }
 }
 
