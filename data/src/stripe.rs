@@ -6,8 +6,9 @@
 //! client's [`Health`] (phi-accrual suspicion, hedge delays):
 //! - a **read** skips shards on suspected or known-missing nodes and reads parity in
 //!   their place; a shard not answered within the hedge delay gets a parity read raced
-//!   against it, and the first k shards to arrive decode the stripe. Slow requests run
-//!   to their end in the background so a hung peer becomes suspected.
+//!   against it, and the first k shards to arrive decode the stripe (the scheduling is
+//!   [`shingle_transport::hedge`], shared with metadata reads). Slow requests run to
+//!   their end in the background so a hung peer becomes suspected.
 //! - a **write** sends shard i to node i of its group, or to a spare node when that one
 //!   is suspected or fails; a shard that finds no node is left out, and the stripe is
 //!   durable once `min_shards` shards are (the repair scanner fills the gap later).
@@ -22,6 +23,7 @@ use crate::ec::{EcError, EcPolicy};
 use crate::shard::{ShardReadError, read_shard, write_shard};
 use crate::wire::ShardId;
 use bytes::Bytes;
+use shingle_transport::hedge::{self, Attempt};
 use shingle_transport::{Health, RemoteRead, RpcChannel};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -340,32 +342,30 @@ where
     for s in shards.iter_mut().take(k).skip(used) {
         *s = Some(Bytes::new());
     }
-    let mut have = k - used;
     let addrs: Vec<SocketAddr> = nodes
         .iter()
         .map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))))
         .collect();
     let suspects = health.suspects(&addrs);
     // Candidates, best first: healthy data shards, healthy parity, then suspected ones.
-    let mut order: std::collections::VecDeque<usize> = std::collections::VecDeque::new();
+    let mut order = Vec::new();
     for pass in 0..2 {
         for i in (0..used).chain(k..n) {
             match nodes[i] {
                 None if pass == 0 => failed.push((i, "no node holds this shard".to_string())),
-                Some(_) if suspects[i] == (pass == 1) => order.push_back(i),
+                Some(_) if suspects[i] == (pass == 1) => order.push(i),
                 _ => {}
             }
         }
     }
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut pending = 0usize;
-    let mut hedge = Duration::ZERO;
-    let launch =
-        |order: &mut std::collections::VecDeque<usize>, pending: &mut usize, hedge: &mut Duration, hedging: bool| {
-            let Some(i) = order.pop_front() else { return false };
-            let Some(node) = nodes[i] else { return false };
-            *hedge = (*hedge).max(health.hedge_delay(node));
-            let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
+    // The data shards the stripe uses are wanted (k of them, counting the empty ones).
+    let race = hedge::race(
+        order,
+        used,
+        |i| nodes[*i].map_or(Duration::ZERO, |n| health.hedge_delay(n)),
+        |i, hedging| {
+            let node = nodes[i].unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+            let (c, h) = (client.clone(), health.clone());
             let id = ShardId {
                 ino,
                 stripe,
@@ -381,63 +381,36 @@ where
                 fabric = Empty,
                 otel.status_code = Empty,
             );
-            tokio::spawn(
-                async move {
-                    let ticket = h.start(node);
-                    let r = read_shard(&c, node, id, version).await;
-                    ticket.finish(answered(&r));
-                    // After the read: a failed RDMA read was redone over TCP, and says so.
-                    let fabric = c.fabric(node);
-                    let span = Span::current();
-                    span.record("fabric", fabric);
-                    match &r {
-                        Ok(b) => span.record("bytes", b.len()),
-                        Err(_) => span.record("otel.status_code", "error"),
-                    };
-                    let _ = tx.send((i, r, fabric));
-                }
-                .instrument(span),
-            );
-            *pending += 1;
-            true
-        };
-    for _ in have..k {
-        if !launch(&mut order, &mut pending, &mut hedge, false) {
-            break;
-        }
-    }
-    let mut fabric: Option<&'static str> = None;
-    let mut hedged = 0;
-    let mut hedge_at = tokio::time::Instant::now() + hedge;
-    while have < k && pending > 0 {
-        match tokio::time::timeout_at(hedge_at, rx.recv()).await {
-            Ok(Some((i, r, f))) => {
-                pending -= 1;
+            async move {
+                let ticket = h.start(node);
+                let r = read_shard(&c, node, id, version).await;
+                ticket.finish(answered(&r));
+                // After the read: a failed RDMA read was redone over TCP, and says so.
+                let fabric = c.fabric(node);
+                let span = Span::current();
+                span.record("fabric", fabric);
                 match r {
                     Ok(b) => {
-                        shards[i] = Some(b);
-                        have += 1;
-                        fabric = Some(combine(fabric, f));
+                        span.record("bytes", b.len());
+                        Attempt::Ok((b, fabric))
                     }
                     Err(e) => {
-                        failed.push((i, e.to_string()));
-                        launch(&mut order, &mut pending, &mut hedge, false);
+                        span.record("otel.status_code", "error");
+                        Attempt::Retry(e.to_string())
                     }
                 }
             }
-            Ok(None) => break,
-            Err(_) => {
-                // Hedge: race one more shard per request still out, then wait twice as long.
-                for _ in 0..pending.min(k - have) {
-                    if launch(&mut order, &mut pending, &mut hedge, true) {
-                        hedged += 1;
-                    }
-                }
-                hedge *= 2;
-                hedge_at = tokio::time::Instant::now() + hedge;
-            }
-        }
+            .instrument(span)
+        },
+    )
+    .await;
+    let mut fabric: Option<&'static str> = None;
+    for (i, (b, f)) in race.ok {
+        shards[i] = Some(b);
+        fabric = Some(combine(fabric, f));
     }
+    failed.extend(race.failed);
+    let hedged = race.hedged as usize;
     let span = Span::current();
     // Degraded: parity is part of the decode (a data shard failed, was missing, was on
     // a suspected node, or lost a hedge race).

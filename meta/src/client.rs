@@ -4,8 +4,9 @@
 //! over members to spread load and avoiding suspected ones (phi-accrual, see
 //! [`shingle_transport::health`]); a member that fails, or is still catching up, is
 //! skipped for the next, and one that does not answer within its hedge delay has the
-//! next raced against it — no read waits for the manager to declare a node down. Readdir asks every partition's members in parallel, one request
-//! per node, and merges pages by name (a stable cursor). Mutations go to the primary of
+//! next raced against it ([`shingle_transport::hedge`], as stripe reads) — no read
+//! waits for the manager to declare a node down. Readdir asks every partition's members
+//! in parallel, one request per node, and merges pages by name (a stable cursor). Mutations go to the primary of
 //! their anchor partition, which coordinates them; "stale map" answers trigger a map
 //! refresh. Everything is retried until `timeout`, then fails with the last errno
 //! (EIO when no server answered).
@@ -22,6 +23,7 @@ use crate::namespace::{
     Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
 };
 use crate::service::wire::*;
+use shingle_transport::hedge::{self, Attempt};
 use shingle_transport::{Health, PeerClient};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -131,8 +133,9 @@ impl MetaClient {
 
     /// Reads from a member of `p`: the least-loaded healthy member first; a member that
     /// fails hands over to the next at once, one that has not answered within its hedge
-    /// delay gets the next raced against it. The first answer wins; slower requests run
-    /// to their end in the background, so a member that hangs becomes suspected.
+    /// delay gets the next raced against it (the next hedge waits twice as long). The
+    /// first answer wins; slower requests run to their end in the background, so a
+    /// member that hangs becomes suspected.
     async fn read(&self, p: PartitionId, op: ReadOp) -> Result<ReadReply, Errno> {
         let span = info_span!(
             "ns.read",
@@ -165,17 +168,16 @@ impl MetaClient {
                 let mut idx: Vec<usize> = (0..members.len()).collect();
                 idx.sort_by_key(|i| suspects[*i]);
                 members = idx.into_iter().map(|i| members[i]).collect();
-                let mut next = members.into_iter();
-                let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-                let launch = |next: &mut std::vec::IntoIter<(NodeId, SocketAddr)>| -> Option<Duration> {
-                    let (n, addr) = next.next()?;
-                    let (me, tx) = (self.clone(), tx.clone());
-                    let req = Read {
-                        epoch: v.map.epoch,
-                        op: op.clone(),
-                    };
-                    let delay = self.health.hedge_delay(addr);
-                    tokio::spawn(
+                let req = Read {
+                    epoch: v.map.epoch,
+                    op: op.clone(),
+                };
+                let race = hedge::race(
+                    members,
+                    1,
+                    |(_, addr)| self.health.hedge_delay(*addr),
+                    |(n, addr), _| {
+                        let (me, req) = (self.clone(), req.clone());
                         async move {
                             let ticket = me.health.start(addr);
                             let r = {
@@ -183,57 +185,31 @@ impl MetaClient {
                                 call(&me.client, addr, &req, me.rpc_timeout).await
                             };
                             ticket.finish(!matches!(r, Err(CallError::Transport(ref e)) if e.status().is_none()));
-                            let _ = tx.send((n, r));
-                        }
-                        .in_current_span(),
-                    );
-                    Some(delay)
-                };
-                let mut last = Errno::EIO;
-                let mut pending = 0;
-                let mut hedged = 0u32;
-                let mut hedge_at = None;
-                if let Some(d) = launch(&mut next) {
-                    pending += 1;
-                    hedge_at = Some(tokio::time::Instant::now() + d);
-                }
-                while pending > 0 {
-                    let got = match hedge_at {
-                        Some(t) => tokio::time::timeout_at(t, rx.recv()).await.ok(),
-                        None => Some(rx.recv().await),
-                    };
-                    let Some(got) = got else {
-                        // No answer within the hedge delay: race the next member.
-                        hedge_at = launch(&mut next).map(|d| {
-                            pending += 1;
-                            hedged += 1;
-                            Span::current().record("hedged", hedged);
-                            tokio::time::Instant::now() + d
-                        });
-                        continue;
-                    };
-                    let Some((n, r)) = got else { break };
-                    pending -= 1;
-                    match r {
-                        Ok(r) => {
-                            Span::current().record("node", n.0);
-                            return Ok(Ok(r));
-                        }
-                        Err(CallError::Errno(e)) if e != Errno::EAGAIN => {
-                            Span::current().record("node", n.0);
-                            return Ok(Err(e));
-                        }
-                        Err(e) => {
-                            debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
-                            last = e.errno();
-                            if let Some(d) = launch(&mut next) {
-                                pending += 1;
-                                hedge_at = Some(tokio::time::Instant::now() + d);
+                            match r {
+                                Ok(r) => Attempt::Ok(r),
+                                Err(CallError::Errno(e)) if e != Errno::EAGAIN => Attempt::Final(CallError::Errno(e)),
+                                Err(e) => Attempt::Retry(e),
                             }
                         }
-                    }
+                        .in_current_span()
+                    },
+                )
+                .await;
+                if race.hedged > 0 {
+                    Span::current().record("hedged", race.hedged);
                 }
-                Err(last)
+                for ((n, _), e) in &race.failed {
+                    debug!(node = n.0, partition = p.0, error = %e, "read failed; trying another member");
+                }
+                if let Some(((n, _), r)) = race.ok.into_iter().next() {
+                    Span::current().record("node", n.0);
+                    return Ok(Ok(r));
+                }
+                if let Some(((n, _), e)) = race.fatal {
+                    Span::current().record("node", n.0);
+                    return Ok(Err(e.errno()));
+                }
+                Err(race.failed.last().map_or(Errno::EIO, |(_, e)| e.errno()))
             }
         })
         .await

@@ -11,6 +11,8 @@
 //!   memory or mmap'd files and hands out keys; a client reads (key, offset, len) into
 //!   a buffer it owns. Over TCP the server checks every read as an RDMA NIC would.
 //! - [`health`]: phi-accrual failure detection and hedge delays per peer.
+//! - [`hedge`]: hedged requests over a list of candidates (one answer from any replica,
+//!   k answers from any k shards), tested in virtual time.
 //! - [`conformance`]: the suite every transport implementation must pass.
 //!
 //! Layering rule: this crate knows frames, peers and regions. It must never learn about
@@ -25,6 +27,7 @@ pub mod error;
 pub mod fragment;
 pub mod frame;
 pub mod health;
+pub mod hedge;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod region;
