@@ -7,7 +7,7 @@
 //! - [`map`]: the cluster map state machine (nodes, roles, failure domains, states,
 //!   epoch) and the [`map::Placement`] derived from it.
 //! - [`placement`]: rendezvous hashing with failure domains; the dentry → partition hash.
-//! - [`format`]: on-disk format versions of the metadata stores and the rule for them.
+//! - [`mod@format`]: on-disk format versions of the metadata stores and the rule for them.
 //! - [`join`]: running futures concurrently without spawning them.
 //! - [`manager`]: the manager role: the cluster map replicated by Raft (openraft), stored
 //!   in redb, spoken over the transport; `GetMap`/`Propose` for everyone else.

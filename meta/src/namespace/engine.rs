@@ -7,9 +7,10 @@
 //! mutations directly. A multi-partition one first records an [`Intent`] holding every
 //! step in the partition of its first entry (the coordinator), applies the steps in
 //! order, and then drops the intent. After a crash, [`Namespace::recover`] redoes every
-//! pending intent: absolute steps are idempotent and relative steps are applied at most
-//! once, so an operation is either fully applied or (if its intent was never recorded)
-//! not at all — a rename is never half done.
+//! pending intent: every step of an intent is applied at most once (a marker per step,
+//! so a redone absolute step cannot undo what later operations wrote, nor a relative
+//! one count twice), so an operation is either fully applied or (if its intent was never
+//! recorded) not at all — a rename is never half done.
 //!
 //! This is the pure core: partitions live in memory here, with no clock (callers pass
 //! `now`) and no I/O. The service persists each partition's mutations and replicates

@@ -9,10 +9,11 @@
 //! | `0x0404` | [`Alloc`]   | coordinator → primary         | a fresh counter of a partition         |
 //! | `0x0405` | [`Lock`]    | coordinator → lock host       | take or release inode locks            |
 //! | `0x0406` | [`Replicate`] | primary → replica           | one numbered batch                     |
-//! | `0x0407` | [`Install`] | primary → replica             | a whole partition (catch-up)           |
-//! | `0x0408` | [`SyncMe`]  | replica → primary             | "send me an Install"                   |
-//! | `0x0409` | [`Pull`]    | new primary → old members     | their copy's position, or the copy     |
+//! | `0x0408` | [`SyncMe`]  | replica → primary             | "send me my copy" (catch-up)           |
+//! | `0x0409` | [`Pull`]    | new primary → old members     | the position of their copy             |
 //! | `0x040A` | [`Stats`]   | tools → node                  | counts for statfs and status           |
+//! | `0x040B` | [`InstallPiece`] | primary → replica        | a piece of a partition's copy          |
+//! | `0x040C` | [`PullPiece`] | new primary → best member   | a piece of that member's copy          |
 //!
 //! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
 //! (decision 0007): the namespace types are already serde, and a compact, schema-checked
