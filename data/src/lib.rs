@@ -10,7 +10,7 @@
 //!   group commit, GC by garbage ratio, scrub.
 //! - [`ec`]: Reed-Solomon stripes (k data + m parity shards, reed-solomon-simd).
 //! - [`wire`]: the chunk service's messages and RPC kinds.
-//! - [`service`]: the chunk service on the transport (the server): write, resolve +
+//! - [`service`]: the chunk service on the transport (the server): write, stage +
 //!   remote read, delete, scrub, repair.
 //! - [`shard`]: the calls a client makes to it (read a shard or a range, write one).
 //!

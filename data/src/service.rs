@@ -1,7 +1,7 @@
 //! The chunk service of a data node, on the transport.
 //!
 //! - `WriteShard`: append a shard durably (acknowledged only after group commit).
-//! - `Resolve`: find a shard version, verify it, and stage its payload in a registered
+//! - `StageShard`: find a shard version, verify it, and stage its payload in a registered
 //!   region; the reply carries the region key, so the client reads the bytes (all of
 //!   them, or just the byte range it asked for) with the remote-read verb (one-sided
 //!   RDMA READ where there is RDMA) and verifies the crc32c of what it read end to end.
@@ -17,7 +17,7 @@
 //! Store I/O is blocking and runs on tokio's blocking pool.
 //!
 //! Traces: each request runs in a `data.<request>` span (ino, stripe, shard, bytes;
-//! `staged` for a resolve answered from the stage cache), a child of the transport's
+//! `staged` for a stage answered from the stage cache), a child of the transport's
 //! `rpc.server` span and so of the caller's operation.
 
 use crate::chunk::ChunkKey;
@@ -180,12 +180,12 @@ where
         })
     }
 
-    async fn resolve(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
-        let span = shard_span!("data.resolve", req.id, bytes = Empty, staged = Empty);
-        self.resolve_inner(req).instrument(span).await
+    async fn stage_shard(&self, req: StageShardRequest) -> Result<StageShardResponse, Status> {
+        let span = shard_span!("data.stage", req.id, bytes = Empty, staged = Empty);
+        self.stage_inner(req).instrument(span).await
     }
 
-    async fn resolve_inner(&self, req: ResolveRequest) -> Result<ResolveResponse, Status> {
+    async fn stage_inner(&self, req: StageShardRequest) -> Result<StageShardResponse, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         let version = if req.version != 0 {
             req.version
@@ -230,7 +230,7 @@ where
             c
         };
         Span::current().record("bytes", r.len);
-        Ok(ResolveResponse {
+        Ok(StageShardResponse {
             region: r.region,
             generation: r.generation,
             region_len: r.len,
@@ -345,9 +345,9 @@ where
             async move { s.write(r).await }
         };
         let s = self.clone();
-        let rs = move |_: CallContext, r: ResolveRequest| {
+        let rs = move |_: CallContext, r: StageShardRequest| {
             let s = s.clone();
-            async move { s.resolve(r).await }
+            async move { s.stage_shard(r).await }
         };
         let s = self.clone();
         let d = move |_: CallContext, r: DeleteShardRequest| {
@@ -393,7 +393,7 @@ where
         };
         Router::new()
             .rpc::<WriteShard, _, _>(w)
-            .rpc::<Resolve, _, _>(rs)
+            .rpc::<StageShard, _, _>(rs)
             .rpc::<DeleteShard, _, _>(d)
             .rpc::<Scrub, _, _>(sc)
             .rpc::<RepairShard, _, _>(rp)

@@ -1,5 +1,5 @@
 //! The calls a client of a data node makes: read a shard (whole or a byte range, by
-//! `Resolve` and the remote-read verb, verified end to end) and write one.
+//! `StageShard` and the remote-read verb, verified end to end) and write one.
 
 use crate::wire::*;
 use bytes::{Bytes, BytesMut};
@@ -30,9 +30,9 @@ impl ShardReadError {
     }
 }
 
-/// Reads one shard from `node`: resolve, then remote-read the staged region, then
+/// Reads one shard from `node`: stage, then remote-read the staged region, then
 /// verify the crc32c end to end. A staged copy evicted between the two steps is
-/// resolved again (bounded).
+/// staged again (bounded).
 pub async fn read_shard<C: RpcChannel + RemoteRead>(
     client: &C,
     node: SocketAddr,
@@ -56,14 +56,14 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
     loop {
         attempt += 1;
         let inline = len > 0 && len <= INLINE_MAX;
-        let req = ResolveRequest {
+        let req = StageShardRequest {
             id: Some(id),
             version,
             range_offset: offset,
             range_len: len,
             inline,
         };
-        let r = client.call::<Resolve>(node, &req, Default::default()).await?;
+        let r = client.call::<StageShard>(node, &req, Default::default()).await?;
         if inline && r.data.len() as u64 == len {
             if crc32c::crc32c(&r.data) != r.range_crc {
                 return Err(ShardReadError::Checksum(id));

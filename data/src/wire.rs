@@ -73,7 +73,7 @@ pub struct WriteShardResponse {
 
 /// Find and stage a shard for remote read.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ResolveRequest {
+pub struct StageShardRequest {
     /// Which shard.
     #[prost(message, optional, tag = "1")]
     pub id: Option<ShardId>,
@@ -87,17 +87,17 @@ pub struct ResolveRequest {
     #[prost(uint64, tag = "4")]
     pub range_len: u64,
     /// Send the range in the reply (at most [`INLINE_MAX`] bytes): one round trip for
-    /// a small read instead of a resolve and a remote read.
+    /// a small read instead of a stage and a remote read.
     #[prost(bool, tag = "5")]
     pub inline: bool,
 }
 
-/// Largest byte range a resolve answers inline.
+/// Largest byte range a stage answers inline.
 pub const INLINE_MAX: u64 = 128 << 10;
 
 /// A staged shard: read `payload_len` bytes at offset 0 of the region.
 #[derive(Clone, PartialEq, prost::Message)]
-pub struct ResolveResponse {
+pub struct StageShardResponse {
     /// Region slot.
     #[prost(uint32, tag = "1")]
     pub region: u32,
@@ -121,7 +121,7 @@ pub struct ResolveResponse {
     pub data: Bytes,
 }
 
-impl ResolveResponse {
+impl StageShardResponse {
     /// The region key to read.
     pub fn key(&self) -> RegionKey {
         RegionKey {
@@ -263,7 +263,7 @@ pub struct StatResponse {
 
 use shingle_transport::rpc;
 rpc!(WriteShard, 0x0200, WriteShardRequest, WriteShardResponse);
-rpc!(Resolve, 0x0201, ResolveRequest, ResolveResponse);
+rpc!(StageShard, 0x0201, StageShardRequest, StageShardResponse);
 rpc!(DeleteShard, 0x0202, DeleteShardRequest, DeleteShardResponse);
 rpc!(Scrub, 0x0203, ScrubRequest, ScrubResponse);
 rpc!(RepairShard, 0x0204, RepairShardRequest, RepairShardResponse);

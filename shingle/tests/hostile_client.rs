@@ -18,7 +18,7 @@ mod common;
 use bytes::Bytes;
 use common::{Cluster, Spec, json, tool};
 use shingle_data::wire::{
-    DeleteShardRequest, RepairShardRequest, ResolveRequest, ScrubRequest, ShardId, ShardSource, StatRequest,
+    DeleteShardRequest, RepairShardRequest, ScrubRequest, ShardId, ShardSource, StageShardRequest, StatRequest,
     WriteShardRequest,
 };
 use shingle_meta::client::MetaClient;
@@ -443,8 +443,8 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         (
             true,
             nodes[0].1,
-            shingle_data::wire::Resolve::KIND,
-            pb(&ResolveRequest {
+            shingle_data::wire::StageShard::KIND,
+            pb(&StageShardRequest {
                 id: Some(ShardId {
                     ino: f.0,
                     stripe: 0,
@@ -613,9 +613,9 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         ),
         ("Stats", kind::<Stats>(), meta_enc(&Stats)),
         (
-            "Resolve",
-            shingle_data::wire::Resolve::KIND,
-            pb(&ResolveRequest {
+            "StageShard",
+            shingle_data::wire::StageShard::KIND,
+            pb(&StageShardRequest {
                 id: Some(ShardId {
                     ino: f.0,
                     stripe: 0,

@@ -2,7 +2,7 @@
 //! decoded with the opentelemetry-proto messages) gets the spans of `shingle dev` — six
 //! `shingle serve` processes and the FUSE mount — and of a `shingle put`, all pointed at
 //! it by `OTEL_EXPORTER_OTLP_ENDPOINT`. A read through the mount is one trace: the
-//! client's `fs.read` span is an ancestor of `rpc.server` and `data.resolve` spans in
+//! client's `fs.read` span is an ancestor of `rpc.server` and `data.stage` spans in
 //! the data node processes; a lookup's and a file close's traces reach the meta nodes
 //! (coordinator and replicas). The batch delay is ten minutes, so every span here
 //! arrives through the flush at exit (serve's SIGTERM path, the mount's unmount path).
@@ -324,7 +324,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
     assert!(pids.len() >= 7, "spans from {} processes: {pids:?}", pids.len());
 
     // The read: fs.read → stripe.read → shard.read → rpc.client ⇒ rpc.server →
-    // data.resolve in the data nodes' processes, one trace.
+    // data.stage in the data nodes' processes, one trace.
     let client_pid = t.named("fs.read").next().expect("an fs.read span").pid;
     let read = t
         .named("fs.read")
@@ -360,7 +360,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
             s.attrs
         );
     }
-    let resolves: Vec<&Span> = t.in_trace(read).filter(|s| s.name == "data.resolve").collect();
+    let resolves: Vec<&Span> = t.in_trace(read).filter(|s| s.name == "data.stage").collect();
     assert!(resolves.len() >= 4, "{} resolves in the read's trace", resolves.len());
     let data_pids: std::collections::BTreeSet<i64> = resolves.iter().map(|s| s.pid).collect();
     assert!(data_pids.len() >= 4, "resolves served by {data_pids:?}");
@@ -373,7 +373,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
         );
         let chain = t.chain(r);
         assert!(
-            chain.starts_with("data.resolve") && chain.contains("rpc.server") && chain.contains("rpc.client"),
+            chain.starts_with("data.stage") && chain.contains("rpc.server") && chain.contains("rpc.client"),
             "{chain}"
         );
         assert!(r.int("bytes").is_some_and(|b| b > 0), "{:?}", r.attrs);

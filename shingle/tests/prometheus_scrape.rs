@@ -261,7 +261,7 @@ fn prometheus_scrapes_every_process_of_a_dev_cluster() {
         "named RPCs served",
         |r| {
             let kinds: Vec<&str> = r.iter().filter_map(|(m, _)| m["kind"].as_str()).collect();
-            kinds.iter().any(|k| k.contains("Write")) && kinds.iter().any(|k| k.contains("Resolve"))
+            kinds.iter().any(|k| k.contains("Write")) && kinds.iter().any(|k| k.contains("StageShard"))
         },
     );
     eventually(prom, "shingle_zones{state=\"total\"}", "zones of six nodes", |r| {

@@ -4,7 +4,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use shingle_data::wire::{RepairShardRequest, ResolveRequest, WriteShardRequest};
+use shingle_data::wire::{RepairShardRequest, StageShardRequest, WriteShardRequest};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(w) = WriteShardRequest::decode(data) {
@@ -14,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    if let Ok(r) = ResolveRequest::decode(data) {
+    if let Ok(r) = StageShardRequest::decode(data) {
         let _ = r.id.map(|id| id.key());
     }
     if let Ok(r) = RepairShardRequest::decode(data) {
