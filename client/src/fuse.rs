@@ -4,7 +4,8 @@
 //! degraded read, a busy partition) never blocks the others. The kernel checks
 //! permissions with the attributes it caches (`default_permissions`); the metadata
 //! service checks them again for every change, with the caller's uid, gid and groups.
-//! Entries and attributes are cached by the kernel for `ttl`; files are opened without
+//! Entries and attributes are cached by the kernel for `ttl`, and a lookup that finds
+//! nothing is a negative entry kept for `negative_ttl`; files are opened without
 //! `keep_cache`, so an open sees what other clients closed (close-to-open).
 //!
 //! Traces: every request runs in an `fs.<op>` span (`fs.read`, `fs.lookup`, ...) with
@@ -59,6 +60,11 @@ tokio::task_local! {
 pub struct MountConfig {
     /// How long the kernel may cache entries and attributes.
     pub ttl: Duration,
+    /// How long the kernel may remember that a name does not exist (a negative entry;
+    /// zero: ask every time). A name created or renamed into place through this mount
+    /// is seen at once; one created through another client may stay hidden here for
+    /// this long, as an existing name removed elsewhere stays visible for `ttl`.
+    pub negative_ttl: Duration,
     /// Let every user use the mount (`allow_other`; needs root or user_allow_other).
     pub allow_other: bool,
     /// Threads reading requests from /dev/fuse.
@@ -68,10 +74,12 @@ pub struct MountConfig {
 }
 
 impl Default for MountConfig {
-    /// 1 s caches, open to all users, 2 threads, 4 MiB readahead.
+    /// 1 s caches (negative entries too), open to all users, 2 threads, 4 MiB
+    /// readahead.
     fn default() -> Self {
         MountConfig {
             ttl: Duration::from_secs(1),
+            negative_ttl: Duration::from_secs(1),
             allow_other: true,
             threads: 2,
             readahead_kb: 4096,
@@ -91,6 +99,7 @@ pub struct ShingleFs {
     client: Client,
     rt: Handle,
     ttl: Duration,
+    negative_ttl: Duration,
     files: Arc<Mutex<HashMap<u64, Arc<OpenFile>>>>,
     /// Handles opened for writing.
     writable: Arc<Mutex<std::collections::HashSet<u64>>>,
@@ -151,6 +160,27 @@ pub fn file_attr(a: &Attr) -> FileAttr {
     }
 }
 
+/// The attributes of a negative entry: node id 0, the rest unused.
+fn negative_entry() -> FileAttr {
+    FileAttr {
+        ino: INodeNo(0),
+        size: 0,
+        blocks: 0,
+        atime: SystemTime::UNIX_EPOCH,
+        mtime: SystemTime::UNIX_EPOCH,
+        ctime: SystemTime::UNIX_EPOCH,
+        crtime: SystemTime::UNIX_EPOCH,
+        kind: FileType::RegularFile,
+        perm: 0,
+        nlink: 0,
+        uid: 0,
+        gid: 0,
+        rdev: 0,
+        blksize: 1 << 20,
+        flags: 0,
+    }
+}
+
 /// The caller's credentials, with supplementary groups from /proc.
 fn creds(req: &Request) -> Creds {
     let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
@@ -186,6 +216,7 @@ impl ShingleFs {
             client,
             rt,
             ttl: cfg.ttl,
+            negative_ttl: cfg.negative_ttl,
             files: Arc::default(),
             writable: Arc::default(),
             dirs: Arc::default(),
@@ -260,10 +291,21 @@ impl Filesystem for ShingleFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let (c, name, ttl) = (self.client.clone(), name.as_bytes().to_vec(), self.ttl);
+        let (c, name, ttl, negative) = (
+            self.client.clone(),
+            name.as_bytes().to_vec(),
+            self.ttl,
+            self.negative_ttl,
+        );
         self.run(op_span!("fs.lookup", "lookup", parent.0), async move {
             match c.lookup(Ino(parent.0), &name).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
+                // Node id 0 is "no such name" that the kernel keeps for the entry TTL
+                // (Python's import path probes, a build's header search ask again and
+                // again); its attributes mean nothing.
+                Err(Errno::ENOENT) if !negative.is_zero() => {
+                    reply.entry_with_ttls(&Duration::ZERO, &negative, &negative_entry(), Generation(0))
+                }
                 Err(e) => reply.error(errno(e)),
             }
         });

@@ -58,6 +58,11 @@ pub struct MountArgs {
     /// Seconds the kernel caches entries and attributes.
     #[arg(long, default_value_t = 1.0)]
     pub ttl: f64,
+    /// Seconds the kernel remembers that a name does not exist (0: ask every time).
+    /// Names created through this mount are seen at once; through another client, after
+    /// at most this long.
+    #[arg(long, default_value_t = 1.0)]
+    pub negative_ttl: f64,
     /// Only the mounting user may use the mount (default: everyone, `allow_other`).
     #[arg(long)]
     pub private: bool,
@@ -207,7 +212,7 @@ async fn unmounted_elsewhere(mountpoint: &Path) {
 /// The `mount -t fuse.shingle` / `/etc/fstab` form, run by `mount.fuse3`:
 /// `shingle CLUSTER_FILE MOUNTPOINT -o opt,opt,...`. Starts `shingle mount` detached
 /// and returns once the mount is there. Options: `secret=PATH` (required), `ttl=SECS`,
-/// `private`, `log=PATH` (the mount's log; default none); the generic mount options
+/// `negative_ttl=SECS`, `private`, `log=PATH` (the mount's log; default none); the generic mount options
 /// (rw, _netdev, nofail, allow_other, ...) are accepted and ignored.
 pub fn fstab_helper(args: &[String]) -> Result<()> {
     let (cluster, mountpoint) = (&args[1], &args[2]);
@@ -224,11 +229,12 @@ pub fn fstab_helper(args: &[String]) -> Result<()> {
             _ => {}
         }
     }
-    let (mut secret, mut ttl, mut private, mut log) = (None, None, false, None);
+    let (mut secret, mut ttl, mut negative_ttl, mut private, mut log) = (None, None, None, false, None);
     for o in &opts {
         match o.split_once('=') {
             Some(("secret", v)) => secret = Some(v.to_string()),
             Some(("ttl", v)) => ttl = Some(v.to_string()),
+            Some(("negative_ttl", v)) => negative_ttl = Some(v.to_string()),
             Some(("log", v)) => log = Some(v.to_string()),
             None if o == "private" => private = true,
             _ => {}
@@ -239,6 +245,9 @@ pub fn fstab_helper(args: &[String]) -> Result<()> {
     cmd.args(["mount", "--cluster-file", cluster, "--secret-file", &secret]);
     if let Some(t) = ttl {
         cmd.args(["--ttl", &t]);
+    }
+    if let Some(t) = negative_ttl {
+        cmd.args(["--negative-ttl", &t]);
     }
     if private {
         cmd.arg("--private");
@@ -347,6 +356,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     let (meta, cf) = connect(&a.cluster_file, &a.secret_file, Duration::from_secs(30)).await?;
     let mc = MountConfig {
         ttl: Duration::from_secs_f64(a.ttl.max(0.0)),
+        negative_ttl: Duration::from_secs_f64(a.negative_ttl.max(0.0)),
         allow_other: !a.private,
         ..MountConfig::default()
     };

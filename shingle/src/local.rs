@@ -562,18 +562,19 @@ impl LocalCluster {
 }
 
 /// Starts the cluster `spec` describes, waits until it serves, and mounts it at `mnt`
-/// in this process with the default client and mount settings (what the benchmarks
+/// in this process with the default client settings and `mount` (what the benchmarks
 /// measure through). Dropping the session unmounts.
-pub async fn start_mounted(spec: &LocalSpec, mnt: &Path) -> Result<(LocalCluster, shingle_client::BackgroundSession)> {
+pub async fn start_mounted(
+    spec: &LocalSpec,
+    mnt: &Path,
+    mount: &shingle_client::MountConfig,
+) -> Result<(LocalCluster, shingle_client::BackgroundSession)> {
     let cluster = LocalCluster::start(spec)?;
     let meta = cluster.meta_client().await?;
     cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
     let client = shingle_client::Client::new(meta, shingle_client::ClientConfig::default());
     let rt = tokio::runtime::Handle::current();
-    let m = mnt.to_path_buf();
-    let session = tokio::task::spawn_blocking(move || {
-        shingle_client::mount(client, rt, &m, &shingle_client::MountConfig::default())
-    })
-    .await??;
+    let (m, mc) = (mnt.to_path_buf(), mount.clone());
+    let session = tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &m, &mc)).await??;
     Ok((cluster, session))
 }

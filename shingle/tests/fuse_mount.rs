@@ -248,9 +248,15 @@ struct SecondMount {
 
 impl SecondMount {
     fn start(data: &Path, mount: &Path) -> SecondMount {
+        SecondMount::with_args(data, mount, &[])
+    }
+
+    fn with_args(data: &Path, mount: &Path, args: &[&str]) -> SecondMount {
         std::fs::create_dir_all(mount).expect("mount dir");
         let child = Command::new(env!("CARGO_BIN_EXE_shingle"))
-            .args(["mount", "--cluster-file"])
+            .arg("mount")
+            .args(args)
+            .arg("--cluster-file")
             .arg(data.join("cluster.toml"))
             .arg("--secret-file")
             .arg(data.join("secret"))
@@ -348,4 +354,31 @@ fn two_mounts_see_each_others_closes_and_readers_never_fail() {
     writer.join().expect("writer");
     assert!(std::fs::read(&b).expect("final read").iter().all(|x| *x == 9));
     drop(second);
+}
+
+/// A lookup that finds nothing is remembered for the mount's negative TTL: a name
+/// created through another client stays hidden that long, one created (or renamed into
+/// place) through this mount is there at once, and a TTL of 0 asks every time.
+#[test]
+fn missing_names_are_remembered_for_the_negative_ttl_only() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    let dev = start_dev(&data, &mnt);
+    let remembering = SecondMount::with_args(&data, &tmp.path().join("mnt2"), &["--negative-ttl", "30"]);
+    let asking = SecondMount::with_args(&data, &tmp.path().join("mnt3"), &["--negative-ttl", "0"]);
+    let missing = |m: &Path, name: &str| matches!(std::fs::metadata(m.join(name)), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    std::fs::create_dir(dev.path("neg")).expect("mkdir");
+    let (r, q) = (remembering.mount.join("neg"), asking.mount.join("neg"));
+    assert!(missing(&r, "late") && missing(&q, "late"));
+    std::fs::write(dev.path("neg/late"), b"x").expect("create through the first mount");
+    assert!(missing(&r, "late"), "the negative entry is kept for its 30 s");
+    assert_eq!(std::fs::read(q.join("late")).expect("TTL 0 asks again"), b"x");
+    // Through the remembering mount itself: at once, by create and by rename.
+    assert!(missing(&r, "mine") && missing(&r, "moved"));
+    std::fs::write(r.join("mine"), b"y").expect("create where it was missing");
+    assert_eq!(std::fs::read(r.join("mine")).expect("read back"), b"y");
+    std::fs::rename(r.join("mine"), r.join("moved")).expect("rename into a missing name");
+    assert!(missing(&r, "mine"), "the old name is gone");
+    assert_eq!(std::fs::read(r.join("moved")).expect("the new name"), b"y");
+    drop((remembering, asking));
 }

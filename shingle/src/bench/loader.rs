@@ -242,7 +242,7 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
     let mnt = tmp.path().join("mnt");
     std::fs::create_dir_all(&mnt)?;
     let spec = LocalSpec::new(tmp.path().join("cluster"), 6);
-    let (mut cluster, session) = start_mounted(&spec, &mnt).await?;
+    let (mut cluster, session) = start_mounted(&spec, &mnt, &shingle_client::MountConfig::default()).await?;
     let a2 = a.clone();
     let (l2, m3) = (local.clone(), mnt.clone());
     let result = tokio::task::spawn_blocking(move || -> Result<(Side, Side)> {

@@ -3,7 +3,9 @@
 //!
 //! - **latency**: one thread, `ops` of each operation in turn — create (open with
 //!   `O_CREAT` + close), chmod, chown, utime, rename within one directory, unlink,
-//!   mkdir, rmdir, and stat for comparison. p50 and p99 per operation.
+//!   mkdir, rmdir, and stat for comparison, and stat of one missing name again and
+//!   again (lookups that find nothing, as Python's import probes). p50 and p99 per
+//!   operation.
 //! - **tree**: a source tree of `tree` entries (files of 4 KiB in directories of 100)
 //!   on the local disk, copied in with `cp -a`, then removed with `rm -rf`. Seconds.
 //! - **storm**: `threads` threads each create, then delete, `files` empty files in a
@@ -41,11 +43,24 @@ pub struct MutateBenchArgs {
     /// Local directory for the baseline (default: a temporary folder in /var/tmp).
     #[arg(long)]
     pub local: Option<PathBuf>,
+    /// The mount's negative-entry TTL in seconds (0: every lookup of a missing name
+    /// asks the cluster).
+    #[arg(long, default_value_t = 1.0)]
+    pub negative_ttl: f64,
 }
 
 /// Operations of the latency run, in the order they run.
-const OPS: [&str; 9] = [
-    "create", "chmod", "chown", "utime", "rename", "unlink", "mkdir", "rmdir", "stat",
+const OPS: [&str; 10] = [
+    "create",
+    "chmod",
+    "chown",
+    "utime",
+    "rename",
+    "unlink",
+    "mkdir",
+    "rmdir",
+    "stat",
+    "stat-missing",
 ];
 
 #[derive(Debug, Default, Clone)]
@@ -123,6 +138,16 @@ fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u6
         timed(&mut all[8], || fs::metadata(&dir).map(drop))?;
     }
     after(OPS[8]);
+    // The same missing name again and again, as Python's import path probes do.
+    let absent = dir.join("absent");
+    for _ in 0..n {
+        timed(&mut all[9], || match fs::metadata(&absent) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Ok(_) => Err(std::io::Error::other("a name never created exists")),
+            Err(e) => Err(e),
+        })?;
+    }
+    after(OPS[9]);
     fs::remove_dir(&dir)?;
     Ok(all.iter_mut().map(|v| (pct(v, 0.5), pct(v, 0.99))).collect())
 }
@@ -230,7 +255,15 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
         metrics_port: Some(metrics_base),
         ..LocalSpec::new(tmp.path().join("cluster"), 6)
     };
-    let (mut cluster, session) = start_mounted(&spec, &mnt).await?;
+    let (mut cluster, session) = start_mounted(
+        &spec,
+        &mnt,
+        &shingle_client::MountConfig {
+            negative_ttl: Duration::from_secs_f64(a.negative_ttl.max(0.0)),
+            ..shingle_client::MountConfig::default()
+        },
+    )
+    .await?;
     let a2 = a.clone();
     let (l2, m3, s2) = (local.clone(), mnt.clone(), src.clone());
     let nodes: Vec<u16> = (1..=spec.nodes as u16 + 1).map(|i| metrics_base + i).collect();
@@ -258,11 +291,12 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
         "# latency: {} of each, one thread; tree: {} entries (4 KiB files); storm: {} threads x {} files",
         a.ops, a.tree, a.threads, a.files
     );
-    println!("op          local p50/p99 us    shingle p50/p99 us    p50 ratio");
+    println!("# negative-entry TTL of the mount: {} s", a.negative_ttl);
+    println!("op            local p50/p99 us    shingle p50/p99 us    p50 ratio");
     for (i, op) in OPS.iter().enumerate() {
         let (l, s) = (local.latency[i], shingle.latency[i]);
         println!(
-            "{op:10} {:>8}/{:<8}     {:>8}/{:<8}   {:8.1}",
+            "{op:12} {:>8}/{:<8}     {:>8}/{:<8}   {:8.1}",
             l.0,
             l.1,
             s.0,
@@ -270,10 +304,10 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
             s.0 as f64 / (l.0.max(1)) as f64
         );
     }
-    println!("cp -a s     {:17.2}     {:17.2}", local.cp_s, shingle.cp_s);
-    println!("rm -rf s    {:17.2}     {:17.2}", local.rm_s, shingle.rm_s);
-    println!("creates/s   {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
-    println!("unlinks/s   {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
+    println!("cp -a s       {:17.2}     {:17.2}", local.cp_s, shingle.cp_s);
+    println!("rm -rf s      {:17.2}     {:17.2}", local.rm_s, shingle.rm_s);
+    println!("creates/s     {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
+    println!("unlinks/s     {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
     println!("# where the time goes, per operation on the mount: count x mean ms");
     for l in &lines {
         println!("{l}");
