@@ -4,7 +4,9 @@
 #   - random 8 KiB preads in a 1 GiB file, 16 jobs (how indexed training datasets are
 #     read): cold (page cache dropped) and warm (the file read once, then reopened: the
 #     kernel keeps its pages across opens of an unchanged file);
-#   - sequential write of a file with 1 MiB writes and an fsync at the end.
+#   - sequential write of a file with 1 MiB writes and an fsync at the end, and of a
+#     smaller one with 64 KiB writes (a buffered writer's size: the kernel asks the
+#     filesystem for security.capability before every write(2)).
 # Needs root (drop_caches, the mount) and fio (apt-get install fio).
 #
 #   bash scripts/bench-filedata.sh                 build the release binary, run, print
@@ -14,6 +16,7 @@ cd "$(dirname "$0")/.."
 
 SIZE_RR_MIB=${SIZE_RR_MIB:-1024}
 SIZE_WRITE_MIB=${SIZE_WRITE_MIB:-4096}
+SIZE_SMALL_WRITE_MIB=${SIZE_SMALL_WRITE_MIB:-1024}
 SECONDS_RR=${SECONDS_RR:-20}
 JOBS=${JOBS:-16}
 
@@ -49,10 +52,10 @@ randread() { # dir label mode: cold (page cache dropped first; it fills as the r
   iops "$OUT/rr-$label.json"
 }
 
-seqwrite() { # dir label
-  local file=$1/sw.dat
+seqwrite() { # dir label [bs size_mib]
+  local file=$1/sw.dat bs=${3:-1M} size=${4:-$SIZE_WRITE_MIB}
   drop
-  fio --name=sw --filename="$file" --rw=write --bs=1M --size=${SIZE_WRITE_MIB}M --numjobs=1 \
+  fio --name=sw --filename="$file" --rw=write --bs="$bs" --size="${size}M" --numjobs=1 \
     --ioengine=psync --end_fsync=1 --mem=mmap --output-format=json --output="$OUT/sw-$2.json" >/dev/null
   wbw "$OUT/sw-$2.json"
   rm -f "$file"
@@ -73,6 +76,8 @@ read -r s_warm s_warm50 s_warm99 <<<"$(randread "$SHINGLE_MNT" shingle-warm warm
 rm -f "$LOCAL/rr.dat" "$SHINGLE_MNT/rr.dat"
 l_sw=$(seqwrite "$LOCAL" local)
 s_sw=$(seqwrite "$SHINGLE_MNT" shingle)
+l_sw64=$(seqwrite "$LOCAL" local-64k 64k "$SIZE_SMALL_WRITE_MIB")
+s_sw64=$(seqwrite "$SHINGLE_MNT" shingle-64k 64k "$SIZE_SMALL_WRITE_MIB")
 
 ratio() { python3 -c "import sys; a,b=float(sys.argv[1]),float(sys.argv[2]); print(f'{a/b:.2f}' if b else '-')" "$1" "$2"; }
 printf '%-44s %12s %12s %7s\n' "" local shingle ratio
@@ -83,4 +88,5 @@ printf '%-44s %12s %12s\n' "  p50 / p99 latency (us)" "$l_cold50/$l_cold99" "$s_
 printf '%-44s %12s %12s %7s\n' "random 8 KiB pread, ${JOBS} jobs, warm: IOPS" "$l_warm" "$s_warm" "$(ratio "$s_warm" "$l_warm")"
 printf '%-44s %12s %12s\n' "  p50 / p99 latency (us)" "$l_warm50/$l_warm99" "$s_warm50/$s_warm99"
 printf '%-44s %12s %12s %7s\n' "sequential write ${SIZE_WRITE_MIB} MiB + fsync: MB/s" "$l_sw" "$s_sw" "$(ratio "$s_sw" "$l_sw")"
+printf '%-44s %12s %12s %7s\n' "  the same with 64 KiB writes, ${SIZE_SMALL_WRITE_MIB} MiB: MB/s" "$l_sw64" "$s_sw64" "$(ratio "$s_sw64" "$l_sw64")"
 echo "# fio JSON in $OUT"

@@ -13,6 +13,7 @@
 //! for reads: degraded, hedged, fabric, retries) — the root of one trace per kernel
 //! request, parent of the namespace, stripe and RPC spans below it.
 
+use crate::absent::AbsentXattrs;
 use crate::fs::{Client, OpenFile};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
@@ -105,6 +106,8 @@ pub struct ShingleFs {
     writable: Arc<Mutex<std::collections::HashSet<u64>>>,
     dirs: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>>,
     next_fh: AtomicU64,
+    /// Extended attributes found missing, kept for `ttl` (see [`crate::absent`]).
+    absent: Arc<Mutex<AbsentXattrs>>,
 }
 
 /// The kernel's errno for `e`, recorded on the request's span.
@@ -221,6 +224,7 @@ impl ShingleFs {
             writable: Arc::default(),
             dirs: Arc::default(),
             next_fh: AtomicU64::new(1),
+            absent: Arc::default(),
         }
     }
 
@@ -769,8 +773,12 @@ impl Filesystem for ShingleFs {
             name.as_bytes().to_vec(),
             value.to_vec(),
         );
+        let absent = self.absent.clone();
         self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
-            match c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await {
+            let r = c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await;
+            // Whatever the answer, the attribute may exist now.
+            absent.lock().unwrap_or_else(|p| p.into_inner()).forget(ino.0, &name);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -779,11 +787,30 @@ impl Filesystem for ShingleFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let (absent, ttl) = (self.absent.clone(), self.ttl);
         self.run(op_span!("fs.getxattr", "getxattr", ino.0), async move {
+            // The kernel checked the caller's permission before asking (VFS xattr
+            // rules): a remembered "missing" can be answered without the service.
+            let (known, asked) = {
+                let mut a = absent.lock().unwrap_or_else(|p| p.into_inner());
+                (a.known(ino.0, &name, std::time::Instant::now()), a.asking())
+            };
+            if known {
+                reply.error(errno(Errno::ENODATA));
+                return;
+            }
+            let at = std::time::Instant::now();
             match c.meta().getxattr(&cr, Ino(ino.0), &name).await {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
                 Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
                 Ok(v) => reply.data(&v),
+                Err(Errno::ENODATA) => {
+                    absent
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .note(ino.0, &name, asked, at, ttl);
+                    reply.error(errno(Errno::ENODATA));
+                }
                 Err(e) => reply.error(errno(e)),
             }
         });
@@ -814,8 +841,11 @@ impl Filesystem for ShingleFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let absent = self.absent.clone();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
-            match c.meta().removexattr(&cr, Ino(ino.0), &name).await {
+            let r = c.meta().removexattr(&cr, Ino(ino.0), &name).await;
+            absent.lock().unwrap_or_else(|p| p.into_inner()).forget(ino.0, &name);
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }

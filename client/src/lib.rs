@@ -9,11 +9,14 @@
 //! - [`fuse`]: the FUSE adapter (fuser): every request runs as its own task.
 //! - [`content`]: the content of one open file as a pure core (which stripe version
 //!   holds each byte, what to store and commit), checked against a reference model.
+//! - [`absent`]: extended attributes known to be missing for a while (the mount's
+//!   answer to the kernel's `security.capability` probe before every write).
 //!
 //! It talks to servers only through `shingle-transport` (via the meta and data
 //! client helpers); it knows nothing of zones or Raft. The nodes' own background work
 //! (repair, purge and sweep, scrub-and-heal) lives with the server (`shingle serve`).
 
+pub mod absent;
 pub mod content;
 pub mod fs;
 pub mod fuse;

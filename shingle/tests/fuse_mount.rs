@@ -358,9 +358,10 @@ fn two_mounts_see_each_others_closes_and_readers_never_fail() {
 
 /// A lookup that finds nothing is remembered for the mount's negative TTL: a name
 /// created through another client stays hidden that long, one created (or renamed into
-/// place) through this mount is there at once, and a TTL of 0 asks every time.
+/// place) through this mount is there at once, and a TTL of 0 asks every time. A
+/// missing extended attribute likewise, for the attribute TTL.
 #[test]
-fn missing_names_are_remembered_for_the_negative_ttl_only() {
+fn missing_names_and_xattrs_are_remembered_for_their_ttl_only() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
     let dev = start_dev(&data, &mnt);
@@ -380,5 +381,57 @@ fn missing_names_are_remembered_for_the_negative_ttl_only() {
     std::fs::rename(r.join("mine"), r.join("moved")).expect("rename into a missing name");
     assert!(missing(&r, "mine"), "the old name is gone");
     assert_eq!(std::fs::read(r.join("moved")).expect("the new name"), b"y");
+
+    // Extended attributes found missing are remembered the same way (the kernel asks
+    // for security.capability before every write): set or removed here, seen at once.
+    let f = dev.path("neg/late");
+    for _ in 0..3 {
+        assert_eq!(getxattr(&f, "user.k"), Err(libc::ENODATA));
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&f)
+            .and_then(|mut h| h.write_all(b"more"))
+            .expect("write");
+    }
+    setxattr(&f, "user.k", b"v1");
+    assert_eq!(getxattr(&f, "user.k"), Ok(b"v1".to_vec()));
+    removexattr(&f, "user.k");
+    assert_eq!(getxattr(&f, "user.k"), Err(libc::ENODATA));
+    setxattr(&f, "user.k", b"v2");
+    assert_eq!(getxattr(&f, "user.k"), Ok(b"v2".to_vec()));
     drop((remembering, asking));
+}
+
+fn c_path(p: &Path) -> std::ffi::CString {
+    std::ffi::CString::new(p.as_os_str().as_encoded_bytes()).expect("path without NUL")
+}
+
+/// An extended attribute's value, or the errno.
+fn getxattr(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (path, name) = (c_path(p), std::ffi::CString::new(name).expect("name"));
+    let mut buf = vec![0u8; 256];
+    // SAFETY: both strings are NUL-terminated and live; the buffer is writable for its length.
+    #[allow(unsafe_code)]
+    let n = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    buf.truncate(n as usize);
+    Ok(buf)
+}
+
+fn setxattr(p: &Path, name: &str, value: &[u8]) {
+    let (path, name) = (c_path(p), std::ffi::CString::new(name).expect("name"));
+    // SAFETY: both strings are NUL-terminated and live; the value is readable for its length.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+}
+
+fn removexattr(p: &Path, name: &str) {
+    let (path, name) = (c_path(p), std::ffi::CString::new(name).expect("name"));
+    // SAFETY: both strings are NUL-terminated and live.
+    #[allow(unsafe_code)]
+    let r = unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) };
+    assert_eq!(r, 0, "removexattr: {}", std::io::Error::last_os_error());
 }

@@ -6,6 +6,8 @@
 //!   p50/p99. Page caches are dropped before each scan when running as root.
 //! - **storm**: W worker processes for T seconds doing stat, listdir and open+close on
 //!   random paths. ops/s and p50/p99/p999 per operation.
+//! - **write**: the dataset itself is written first, by one thread, one `write(2)` per
+//!   file; MB/s.
 //!
 //! Workers are this binary (`shingle bench loader-worker`), so the kernel sees separate
 //! processes as it would with a PyTorch DataLoader.
@@ -188,6 +190,8 @@ fn drop_caches() {
 
 #[derive(Debug, Serialize)]
 struct Side {
+    /// Writing the dataset (one thread), filled in by the caller.
+    write_mb_s: f64,
     scan_mb_s: f64,
     file_p50_us: u64,
     file_p99_us: u64,
@@ -209,6 +213,7 @@ fn measure(root: &Path, a: &LoaderBenchArgs) -> Result<Side> {
     let ops = (st.len() + li.len() + op.len()) as f64 / a.seconds.max(0.001);
     let three = |v: &mut Vec<u64>| [pct(v, 0.5), pct(v, 0.99), pct(v, 0.999)];
     Ok(Side {
+        write_mb_s: 0.0,
         scan_mb_s: bytes as f64 / wall / 1e6,
         file_p50_us: pct(&mut files, 0.5),
         file_p99_us: pct(&mut files, 0.99),
@@ -246,10 +251,21 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
     let a2 = a.clone();
     let (l2, m3) = (local.clone(), mnt.clone());
     let result = tokio::task::spawn_blocking(move || -> Result<(Side, Side)> {
+        let bytes = (a2.files * (a2.file_mib << 20)) as f64;
+        let t = Instant::now();
         make_dataset(&l2, &a2)?;
+        let local_write = bytes / t.elapsed().as_secs_f64() / 1e6;
+        let t = Instant::now();
         make_dataset(&m3, &a2)?;
-        let local = measure(&l2, &a2)?;
-        let shingle = measure(&m3, &a2)?;
+        let shingle_write = bytes / t.elapsed().as_secs_f64() / 1e6;
+        let local = Side {
+            write_mb_s: local_write,
+            ..measure(&l2, &a2)?
+        };
+        let shingle = Side {
+            write_mb_s: shingle_write,
+            ..measure(&m3, &a2)?
+        };
         Ok((local, shingle))
     })
     .await?;
@@ -267,6 +283,12 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
         local.scan_mb_s,
         shingle.scan_mb_s,
         shingle.scan_mb_s / local.scan_mb_s.max(1e-9)
+    );
+    println!(
+        "write MB/s     {:10.0}   {:10.0}   {:8.2}",
+        local.write_mb_s,
+        shingle.write_mb_s,
+        shingle.write_mb_s / local.write_mb_s.max(1e-9)
     );
     println!(
         "file p50/p99 us {:>6}/{:<6}  {:>6}/{:<6}",
