@@ -308,6 +308,8 @@ impl Filesystem for ShingleFs {
                 // (Python's import path probes, a build's header search ask again and
                 // again); its attributes mean nothing.
                 Err(Errno::ENOENT) if !negative.is_zero() => {
+                    // Still an ENOENT for the caller: counted and traced as one.
+                    let _ = errno(Errno::ENOENT);
                     reply.entry_with_ttls(&Duration::ZERO, &negative, &negative_entry(), Generation(0))
                 }
                 Err(e) => reply.error(errno(e)),
