@@ -187,7 +187,7 @@ fn meta_enc<T: serde::Serialize>(v: &T) -> Vec<u8> {
 /// Every node answers Stats (it is up and its handlers run).
 async fn all_answer(c: &MetaClient, cluster: &mut Cluster) {
     for n in &mut cluster.local.nodes {
-        assert!(n.alive(), "node {} exited", n.id);
+        assert!(n.alive() && !n.exited(), "node {} exited", n.id);
     }
     for (node, s) in c.stats().await {
         assert!(s.is_ok(), "node {} does not answer: {:?}", node.0, s.err());

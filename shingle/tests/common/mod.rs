@@ -1,4 +1,7 @@
-//! A local cluster of real `shingle serve` processes for integration tests.
+//! What the integration tests share: a cluster of real `shingle serve` processes
+//! (`Cluster`, through `shingle::local`), a lone node (`spawn`), `shingle dev` with its
+//! mount (`DevMount`), the command-line tools (`tool`, `json`), test data (`pattern`)
+//! and on-disk corruption (`corrupt_first_record`).
 #![allow(dead_code)]
 
 use shingle::local::{LocalCluster, LocalSpec};
@@ -33,14 +36,6 @@ pub fn spawn(config: &Path) -> (Child, SocketAddr) {
         .parse()
         .expect("address");
     (child, addr)
-}
-
-/// Free loopback ports (bound and released; fine for tests).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    ls.iter().map(|l| l.local_addr().expect("addr").port()).collect()
 }
 
 /// What a test's cluster is: node processes on 127.0.0.1 started through
