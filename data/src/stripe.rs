@@ -353,7 +353,7 @@ where
         for i in (0..used).chain(k..n) {
             match nodes[i] {
                 None if pass == 0 => failed.push((i, "no node holds this shard".to_string())),
-                Some(_) if suspects[i] == (pass == 1) => order.push(i),
+                Some(node) if suspects[i] == (pass == 1) => order.push((i, node)),
                 _ => {}
             }
         }
@@ -362,9 +362,8 @@ where
     let race = hedge::race(
         order,
         used,
-        |i| nodes[*i].map_or(Duration::ZERO, |n| health.hedge_delay(n)),
-        |i, hedging| {
-            let node = nodes[i].unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0)));
+        |(_, node)| health.hedge_delay(*node),
+        |(i, node), hedging| {
             let (c, h) = (client.clone(), health.clone());
             let id = ShardId {
                 ino,
@@ -405,11 +404,11 @@ where
     )
     .await;
     let mut fabric: Option<&'static str> = None;
-    for (i, (b, f)) in race.ok {
+    for ((i, _), (b, f)) in race.ok {
         shards[i] = Some(b);
         fabric = Some(combine(fabric, f));
     }
-    failed.extend(race.failed);
+    failed.extend(race.failed.into_iter().map(|((i, _), e)| (i, e)));
     let hedged = race.hedged as usize;
     let span = Span::current();
     // Degraded: parity is part of the decode (a data shard failed, was missing, was on

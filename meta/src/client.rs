@@ -6,9 +6,9 @@
 //! skipped for the next, and one that does not answer within its hedge delay has the
 //! next raced against it ([`shingle_transport::hedge`], as stripe reads) — no read
 //! waits for the manager to declare a node down. Readdir asks every partition's members
-//! in parallel, one request per node, and merges pages by name (a stable cursor). Mutations go to the primary of
-//! their anchor partition, which coordinates them; "stale map" answers trigger a map
-//! refresh. Everything is retried until `timeout`, then fails with the last errno
+//! in parallel, one request per node, and merges pages by name (a stable cursor).
+//! Mutations go to the primary of their anchor partition, which coordinates them;
+//! "stale map" answers trigger a map refresh. Everything is retried until `timeout`, then fails with the last errno
 //! (EIO when no server answered).
 //!
 //! Traces: reads run in an `ns.read` span, mutations in `ns.op`, listings in
