@@ -25,3 +25,4 @@ pub mod map;
 pub mod namespace;
 pub mod placement;
 pub mod service;
+pub mod sim;

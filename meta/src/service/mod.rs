@@ -2,6 +2,8 @@
 //!
 //! - [`wire`]: the messages (postcard over the transport) and the call helper.
 //! - [`replica`]: one copy of a partition and how batches change it (pure).
+//! - [`protocol`]: the replication protocol's decisions (follow, install, takeover,
+//!   which copies keep serving across a map change), pure and shared with the simulator.
 //! - [`store`]: durable copies in redb with group commit.
 //! - [`copy`]: partition copies moved in resumable pieces (install, takeover pull).
 //! - [`locks`]: inode locks of coordinators, with leases.
@@ -12,6 +14,7 @@
 pub mod copy;
 pub mod locks;
 pub mod node;
+pub mod protocol;
 pub mod replica;
 pub mod store;
 pub mod wire;

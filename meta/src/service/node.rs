@@ -27,7 +27,8 @@
 
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
-use super::replica::{PartMeta, Replica};
+use super::protocol::{Follow, Takeover};
+use super::replica::Replica;
 use super::store::{MetaStore, Write};
 use super::wire::*;
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
@@ -186,6 +187,7 @@ impl MetaNode {
                 part: crate::namespace::Partition::new(p),
                 meta,
                 serving: false,
+                counter_shared: 0,
             };
             for (k, v) in recs {
                 r.restore(k, &v)
@@ -434,7 +436,10 @@ impl MetaNode {
     /// Installs a newer map: copies that stay members across consecutive epochs keep
     /// serving; others stop until they catch up.
     fn adopt(&self, map: Arc<ClusterMap>) {
-        let old = self.view();
+        // The view stays locked while copies stop serving, so a copy that becomes serving
+        // (`serve_in`) either sees the new view or is seen by this loop.
+        let mut view = self.inner.view.write().unwrap_or_else(|p| p.into_inner());
+        let old = view.clone();
         if map.epoch <= old.map.epoch && old.map.epoch.0 != 0 {
             return;
         }
@@ -445,19 +450,29 @@ impl MetaNode {
         for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
-            // A copy promoted to primary must start a reign of its own (take_over) before
-            // it writes: continuing its old primary's numbering could give two different
-            // batches the same (reign, lsn) — the old primary may have persisted one it
-            // never got acknowledged — and a later takeover would keep the wrong one.
             let promoted = new.primary(*p) == Some(me) && old.primary(*p) != Some(me);
             let mut st = s.write_state();
-            if st.serving && (!(was && is && consecutive) || promoted) {
+            if st.serving && !super::protocol::keeps_serving(was, is, consecutive, promoted) {
                 debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
                 st.serving = false;
             }
         }
-        *self.inner.view.write().unwrap_or_else(|p| p.into_inner()) = new;
+        *view = new;
         debug!(epoch = map.epoch.0, "map adopted");
+    }
+
+    /// Lets a copy serve once it caught up, unless the map changed since `epoch` (the
+    /// one its catch-up was checked against) or this node lost touch with the managers:
+    /// a takeover that finished after its epoch ended would serve a reign a newer
+    /// primary may already have superseded (found by the simulator: seed 2321 of
+    /// `meta/tests/sim.rs`).
+    fn serve_in(&self, slot: &Slot, epoch: Epoch) -> bool {
+        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        let ok = view.map.epoch == epoch && self.inner.in_touch.load(Ordering::Relaxed);
+        if ok {
+            slot.write_state().serving = true;
+        }
+        ok
     }
 
     /// Brings every copy this node should serve up to date.
@@ -491,86 +506,67 @@ impl MetaNode {
     /// the members that had one, then start a new reign.
     async fn take_over(&self, p: PartitionId, v: &MapView, members: &[NodeId], slot: &Arc<Slot>) -> Result<(), String> {
         let _w = slot.write.lock().await;
-        let mut best: Option<(Epoch, u64, NodeId)> = None;
-        let mut reigns = vec![slot.read().meta.state_epoch];
-        let mut reached = 0usize;
-        let mut any_serving = false;
-        for &n in &members[1..] {
-            let Some(addr) = v.addr(n) else { continue };
-            let req = Pull {
-                epoch: v.map.epoch,
-                partition: p,
-            };
-            match call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
-                Ok(pos) => {
-                    let id = super::copy::CopyId {
-                        state_epoch: pos.state_epoch,
-                        lsn: pos.lsn,
-                        counter_hwm: pos.counter_hwm,
-                        total: 0,
+        let placed: Vec<NodeId> = v
+            .placement
+            .partition(p)
+            .iter()
+            .copied()
+            .filter(|n| *n != self.me())
+            .collect();
+        let mut tally = Takeover::new(v.map.epoch, &slot.read(), placed.len());
+        // Members first; the Down placement nodes only when no member is complete (they
+        // may hold batches acknowledged while the others were Down).
+        let down: Vec<NodeId> = placed.iter().copied().filter(|n| !members.contains(n)).collect();
+        for round in [&members[1..], &down[..]] {
+            if round.is_empty() || tally.decide().is_ok() {
+                continue;
+            }
+            let asks = round
+                .iter()
+                .filter_map(|n| v.addr(*n).map(|a| (*n, a)))
+                .map(|(n, addr)| async move {
+                    let req = Pull {
+                        epoch: v.map.epoch,
+                        partition: p,
                     };
-                    if let Err(e) = id.check(v.map.epoch) {
-                        warn!(partition = p.0, node = n.0, error = %e, "ignoring an impossible position");
-                        continue;
+                    (n, call(&self.inner.client, addr, &req, Duration::from_secs(2)).await)
+                });
+            for (n, got) in crate::join::join_all(asks).await {
+                match got {
+                    Ok(pos) => {
+                        if let Err(e) = tally.answer(n, &pos) {
+                            warn!(partition = p.0, node = n.0, error = %e, "ignoring an impossible position");
+                        }
                     }
-                    reached += 1;
-                    any_serving |= pos.serving;
-                    reigns.push(pos.state_epoch);
-                    if best.is_none_or(|(e, l, _)| (pos.state_epoch, pos.lsn) > (e, l)) {
-                        best = Some((pos.state_epoch, pos.lsn, n));
-                    }
+                    Err(e) => debug!(partition = p.0, node = n.0, error = %e, "pull position failed"),
                 }
-                Err(e) => debug!(partition = p.0, node = n.0, error = %e, "pull position failed"),
             }
         }
-        let mine = {
-            let st = slot.read();
-            (st.meta.state_epoch, st.meta.lsn)
-        };
-        // Every acknowledged batch is on every member of its epoch. The best copy is
-        // known once a member that was complete answered, or once all members did.
-        if !any_serving && reached + 1 < members.len() {
-            return Err(format!(
-                "only {reached} of {} other members answered and none has a complete copy",
-                members.len() - 1
-            ));
-        }
-        if let Some((e, l, n)) = best
-            && (e, l) > mine
-        {
+        let plan = tally.decide()?;
+        if let Some(n) = plan.pull {
             let addr = v.addr(n).ok_or("member without address")?;
             let (copy, part) = self.pull_copy(addr, v.map.epoch, p).await?;
-            let mut st = slot.write_state();
-            st.part = part;
-            st.meta = PartMeta {
-                lsn: copy.lsn,
-                state_epoch: copy.state_epoch,
-                counter_hwm: copy.counter_hwm,
-            };
-            st.resume_counters();
+            slot.write_state().install(&copy, part)?;
             info!(partition = p.0, from = n.0, "took the newest copy from a member");
         }
-        // A reign of its own, distinct from every earlier one (this node's included: it
-        // may be taking over a second time in this epoch).
-        let reign = super::replica::next_reign(v.map.epoch, reigns)
-            .ok_or("a member has a reign of a later epoch, or this epoch has no reign left")?;
         let write = {
             let mut st = slot.write_state();
-            // Our own copy may be the best one, but its in-memory counter is the replica's,
-            // not the old primary's: resume above everything the old primary could hand
-            // out (its durable high-water mark), or inode numbers would be reused.
-            st.resume_counters();
-            st.meta.state_epoch = reign;
-            st.meta.lsn = 0;
-            st.meta.counter_hwm = st
-                .meta
-                .counter_hwm
-                .max(st.part.next_counter())
-                .saturating_add(super::replica::COUNTER_BLOCK);
+            st.begin_reign(plan.reign);
             Write::install(p, &st)
         };
+        if self.view().map.epoch != v.map.epoch {
+            return Err(format!(
+                "the map changed during the takeover of epoch {}",
+                v.map.epoch.0
+            ));
+        }
         self.inner.store.commit(vec![write]).await.map_err(|e| e.to_string())?;
-        slot.write_state().serving = true;
+        if !self.serve_in(slot, v.map.epoch) {
+            return Err(format!(
+                "the map changed during the takeover of epoch {}",
+                v.map.epoch.0
+            ));
+        }
         debug!(partition = p.0, epoch = v.map.epoch.0, "primary serving");
         Ok(())
     }
@@ -618,13 +614,12 @@ impl MetaNode {
         let v = self.view();
         let (write, req) = {
             let mut st = slot.write_state();
-            let keys = st.apply(&ops);
-            st.meta.lsn += 1;
+            let (keys, lsn) = st.lead(&ops);
             let req = Replicate {
                 epoch: v.map.epoch,
                 partition: p,
                 state_epoch: st.meta.state_epoch,
-                lsn: st.meta.lsn,
+                lsn,
                 ops,
             };
             (Write::batch(p, &st, &keys), req)
@@ -652,6 +647,7 @@ impl MetaNode {
             self.queue_forgets(p, forgets);
             return Err(e);
         }
+        slot.write_state().acknowledged(&req.ops);
         Ok(())
     }
 
@@ -800,27 +796,21 @@ impl MetaNode {
         let slot = self.slot_or_create(req.partition, v.map.partitions);
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
+        let epoch = self.view().map.epoch;
         let write = {
             let mut st = slot.write_state();
-            if st.meta.state_epoch == req.state_epoch && req.lsn <= st.meta.lsn {
-                return Ok(ReplicaAck::Done);
+            match st.follow(req.state_epoch, req.lsn, &req.ops) {
+                Follow::Already => return Ok(ReplicaAck::Done),
+                Follow::NeedInstall => return Ok(ReplicaAck::NeedInstall),
+                Follow::Applied(keys) => Write::batch(req.partition, &st, &keys),
             }
-            if st.meta.state_epoch != req.state_epoch || st.meta.lsn.checked_add(1) != Some(req.lsn) {
-                return Ok(ReplicaAck::NeedInstall);
-            }
-            let keys = st.apply(&req.ops);
-            st.meta.lsn = req.lsn;
-            // A replica may become primary without a takeover (its copy stays complete):
-            // keep its counter above everything the primary may have handed out.
-            st.resume_counters();
-            Write::batch(req.partition, &st, &keys)
         };
         if let Err(e) = self.inner.store.commit(vec![write]).await {
             slot.write_state().serving = false;
             return Err(store_failed(e));
         }
         // Following the primary's stream in order: complete for this reign.
-        slot.write_state().serving = true;
+        self.serve_in(&slot, epoch);
         Ok(ReplicaAck::Done)
     }
 
@@ -863,20 +853,14 @@ impl MetaNode {
         let slot = self.slot_or_create(p, v.map.partitions);
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
+        let epoch = self.view().map.epoch;
         let write = {
             let mut st = slot.write_state();
-            st.part = part;
-            st.meta = PartMeta {
-                lsn: req.copy.lsn,
-                state_epoch: req.copy.state_epoch,
-                counter_hwm: req.copy.counter_hwm,
-            };
-            st.resume_counters();
-            st.serving = false;
+            st.install(&req.copy, part).map_err(stale)?;
             Write::install(p, &st)
         };
         self.inner.store.commit(vec![write]).await.map_err(store_failed)?;
-        slot.write_state().serving = true;
+        self.serve_in(&slot, epoch);
         debug!(
             partition = p.0,
             lsn = req.copy.lsn,
@@ -916,13 +900,8 @@ impl MetaNode {
         let slot = self.member_slot(req.partition)?;
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
-        let st = slot.read();
-        Ok(Pulled {
-            serving: st.serving,
-            state_epoch: st.meta.state_epoch,
-            lsn: st.meta.lsn,
-            counter_hwm: st.meta.counter_hwm,
-        })
+        let pos = slot.read().position();
+        Ok(pos)
     }
 
     /// A new primary pulls this copy in pieces. The encoding is kept between pieces

@@ -145,6 +145,11 @@ pub struct Replica {
     pub meta: PartMeta,
     /// Caught up for the current epoch: may serve reads (and, as primary, writes).
     pub serving: bool,
+    /// The highest counter mark a batch acknowledged by every member carried (kept in
+    /// memory by a primary; 0 after a restart, an install or a new reign). Only numbers
+    /// below it are handed out without a batch: a mark persisted on this node alone is
+    /// unknown to a primary that takes over without hearing from it.
+    pub counter_shared: u64,
 }
 
 impl Replica {
@@ -165,6 +170,7 @@ impl Replica {
             },
             part,
             serving: false,
+            counter_shared: 0,
         }
     }
 
@@ -335,7 +341,7 @@ impl Replica {
     pub fn next_counter(&mut self) -> (u64, Option<u64>) {
         let c = self.part.next_counter().max(1);
         self.part.set_next_counter(c.saturating_add(1));
-        if c.saturating_add(1) > self.meta.counter_hwm {
+        if c.saturating_add(1) > self.meta.counter_hwm.min(self.counter_shared) {
             let hwm = c.saturating_add(COUNTER_BLOCK);
             (c, Some(hwm))
         } else {
@@ -545,8 +551,11 @@ mod tests {
         assert_eq!(c, 1);
         assert_eq!(hwm, Some(1 + COUNTER_BLOCK));
         r.meta.counter_hwm = hwm.unwrap_or(0);
+        let (c2, _) = r.next_counter();
+        assert_eq!(c2, 2, "the mark is not acknowledged yet: raise it again");
+        r.acknowledged(&[PartOp::Counter(r.meta.counter_hwm)]);
         let (c2, hwm2) = r.next_counter();
-        assert_eq!((c2, hwm2), (2, None));
+        assert_eq!((c2, hwm2), (3, None));
         // A restart resumes above the mark, never reusing a counter.
         let mut again = Replica::initial(PartitionId(3), 4, 1);
         again.meta.counter_hwm = r.meta.counter_hwm;

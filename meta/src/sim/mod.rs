@@ -1,0 +1,220 @@
+//! A deterministic simulator of metadata replication: many nodes, one thread, virtual
+//! time, one seed.
+//!
+//! Every node holds real partition copies ([`Replica`]) and takes every replication
+//! decision with the same pure functions the metadata service runs
+//! ([`crate::service::protocol`]): which copies keep serving when a map arrives, how a
+//! replica follows its primary's batches, how a copy is installed, how a new primary
+//! tallies its members and which reign it starts. Maps come from a real [`ClusterMap`]
+//! and its placement. Around them the simulator plays what `node.rs` does with the
+//! network and the disk — the same steps in the same order, each partition's steps
+//! serialised by its write lock — over a world that fails:
+//!
+//! - a network that drops, delays (so reorders) and duplicates messages, and cuts nodes
+//!   off and heals them;
+//! - nodes that crash (pending disk writes are lost: torn) and restart from what their
+//!   disk holds, disks whose writes fail;
+//! - a manager that marks silent nodes Down and returning nodes Up, its maps reaching
+//!   nodes at their next heartbeat (so a node can skip epochs);
+//! - clients that write names and allocate inode numbers, retrying through failures.
+//!
+//! Checked all along: every acknowledged mutation is in the copy of every primary that
+//! acknowledges later (and, once the world heals, in every member's copy, all copies
+//! equal); one node acknowledges per partition and map epoch, and per reign; no inode
+//! number is handed out twice. A violation stops the run with its seed, the virtual time
+//! and the tail of the event log; [`Config::replay`] prints the command that replays it.
+
+mod world;
+
+pub use world::run;
+
+use std::fmt;
+
+/// A protocol bug the simulator can put back on purpose, to show it finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Bug {
+    /// A copy promoted to primary keeps serving without starting a reign of its own
+    /// (the bug `keeps_serving`'s `promoted` rule fixed): it continues its old primary's
+    /// numbering, and a batch the old primary persisted but never got acknowledged is
+    /// taken for a different one.
+    PromotedKeepsServing,
+    /// A new primary decides from the members that answered, not waiting for all of
+    /// them when none was complete: it can start from a copy missing acknowledged
+    /// batches.
+    TakeoverWithoutAllMembers,
+}
+
+impl Bug {
+    /// The name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Bug::PromotedKeepsServing => "promoted-keeps-serving",
+            Bug::TakeoverWithoutAllMembers => "takeover-without-all-members",
+        }
+    }
+
+    /// Parses [`Bug::name`].
+    pub fn parse(s: &str) -> Option<Bug> {
+        [Bug::PromotedKeepsServing, Bug::TakeoverWithoutAllMembers]
+            .into_iter()
+            .find(|b| b.name() == s)
+    }
+}
+
+/// One simulation.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// The seed: the same seed and settings replay the same run.
+    pub seed: u64,
+    /// Metadata nodes at the start.
+    pub nodes: u32,
+    /// Metadata partitions.
+    pub partitions: u32,
+    /// Client operations to finish (acknowledged or given up).
+    pub ops: u64,
+    /// Clients, each with one operation in flight.
+    pub clients: u32,
+    /// Inject faults (crashes, cuts, failed writes, lossy network).
+    pub faults: bool,
+    /// At most this many nodes crashed or cut off at once.
+    pub max_down: usize,
+    /// Nodes that join during the run.
+    pub joins: u32,
+    /// Kill this fraction (percent) of the nodes at once after the first operations,
+    /// and measure the time until every partition is fully replicated again.
+    pub mass_failure_pct: u32,
+    /// A bug put back on purpose.
+    pub bug: Option<Bug>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            seed: 1,
+            nodes: 7,
+            partitions: 16,
+            ops: 400,
+            clients: 8,
+            faults: true,
+            max_down: 2,
+            joins: 1,
+            mass_failure_pct: 0,
+            bug: None,
+        }
+    }
+}
+
+impl Config {
+    /// The command that replays this run.
+    pub fn replay(&self) -> String {
+        let mut s = format!(
+            "shingle sim --seed {} --nodes {} --partitions {} --ops {} --clients {} --max-down {} --joins {}",
+            self.seed, self.nodes, self.partitions, self.ops, self.clients, self.max_down, self.joins
+        );
+        if !self.faults {
+            s.push_str(" --no-faults");
+        }
+        if self.mass_failure_pct > 0 {
+            s.push_str(&format!(" --mass-failure {}", self.mass_failure_pct));
+        }
+        if let Some(b) = self.bug {
+            s.push_str(&format!(" --bug {}", b.name()));
+        }
+        s
+    }
+}
+
+/// What a run did.
+#[derive(Clone, Debug, Default)]
+pub struct Report {
+    /// Operations acknowledged to clients.
+    pub acked: u64,
+    /// Operations a client gave up on (the partition had no serving primary for long).
+    pub gave_up: u64,
+    /// Messages sent, by kind.
+    pub messages: std::collections::BTreeMap<&'static str, u64>,
+    /// Messages lost by the network.
+    pub dropped: u64,
+    /// The longest time an operation took (virtual ms), retries included.
+    pub longest_op_ms: u64,
+    /// Virtual time the run took (ms).
+    pub virtual_ms: u64,
+    /// Events processed.
+    pub events: u64,
+    /// Crashes, cuts and joins injected.
+    pub faults: u64,
+    /// Partition copies installed (whole copies sent).
+    pub installs: u64,
+    /// Takeovers that began a reign.
+    pub takeovers: u64,
+    /// Partitions whose members changed when the joining nodes joined.
+    pub moved_by_joins: u64,
+    /// Copies held per node at the end: (max, mean).
+    pub balance: (u64, f64),
+    /// After the mass failure: virtual ms until every partition had all members serving.
+    pub repair_ms: Option<u64>,
+}
+
+impl Report {
+    /// Messages of every kind.
+    pub fn total_messages(&self) -> u64 {
+        self.messages.values().sum()
+    }
+}
+
+/// A broken invariant.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    /// The run.
+    pub config: Config,
+    /// Virtual time (ms).
+    pub at_ms: u64,
+    /// What broke.
+    pub what: String,
+    /// The last events before it.
+    pub log: Vec<String>,
+}
+
+impl fmt::Display for Failure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "seed {} at {} ms: {}", self.config.seed, self.at_ms, self.what)?;
+        writeln!(f, "replay: {}", self.config.replay())?;
+        writeln!(f, "last events:")?;
+        for l in &self.log {
+            writeln!(f, "  {l}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Failure {}
+
+/// A small deterministic generator (SplitMix64).
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded.
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x5368_696e_676c_6521)
+    }
+
+    /// The next 64 bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `0..n` (`n` > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// True with probability `per_mille`/1000.
+    pub fn chance(&mut self, per_mille: u64) -> bool {
+        self.below(1000) < per_mille
+    }
+}
