@@ -11,6 +11,9 @@
 //! - [`join`]: running futures concurrently without spawning them.
 //! - [`manager`]: the manager role: the cluster map replicated by Raft (openraft), stored
 //!   in redb, spoken over the transport; `GetMap`/`Propose` for everyone else.
+//! - [`service`]: the namespace service of meta nodes; its replication decisions are
+//!   pure ([`service::protocol`]).
+//! - [`sim`]: a deterministic simulator of replication over many nodes and faults.
 //!
 //! This crate knows nothing of FUSE or of chunk bytes. Its protocol cores are pure
 //! state machines; the I/O shells around them are thin.

@@ -19,6 +19,7 @@ pub mod local;
 pub mod logging;
 pub mod progress;
 pub mod serve;
+pub mod sim;
 pub mod telemetry;
 
 /// The lines the binary prints on standard output when it is ready, each followed by a

@@ -46,6 +46,9 @@ enum Command {
     /// Run a benchmark.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Simulate metadata replication: many nodes, virtual time, faults, one seed
+    /// (replays a failure a test printed; runs long batches; measures at scale).
+    Sim(shingle::sim::SimArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -135,6 +138,7 @@ fn main() -> Result<()> {
         match cli.command {
             Command::Serve { .. } => serve::run(anyhow::Context::context(node, "no node config")?).await,
             Command::Keygen { out } => keygen(&out),
+            Command::Sim(a) => shingle::sim::run(a),
             Command::Format(a) => format(a),
             Command::Dev(a) => dev::dev(a).await,
             Command::Mount(a) => dev::mount(a).await,

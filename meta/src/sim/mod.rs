@@ -80,8 +80,10 @@ pub struct Config {
     pub max_down: usize,
     /// Nodes that join during the run.
     pub joins: u32,
-    /// Kill this fraction (percent) of the nodes at once after the first operations,
-    /// and measure the time until every partition is fully replicated again.
+    /// Kill this fraction (percent) of the nodes at once after a quarter of the
+    /// operations (never all three copies of a partition), and measure the time until
+    /// every partition is fully replicated again (the dead are marked Down after 1 s,
+    /// Out after 8 s, and their partitions re-placed).
     pub mass_failure_pct: u32,
     /// A bug put back on purpose.
     pub bug: Option<Bug>,
@@ -131,7 +133,9 @@ pub struct Report {
     pub acked: u64,
     /// Operations a client gave up on (the partition had no serving primary for long).
     pub gave_up: u64,
-    /// Messages sent, by kind.
+    /// Messages sent while the cluster formed (first takeovers and installs).
+    pub bootstrap_messages: u64,
+    /// Messages sent after it formed, by kind.
     pub messages: std::collections::BTreeMap<&'static str, u64>,
     /// Messages lost by the network.
     pub dropped: u64,
@@ -147,7 +151,9 @@ pub struct Report {
     pub installs: u64,
     /// Takeovers that began a reign.
     pub takeovers: u64,
-    /// Partitions whose members changed when the joining nodes joined.
+    /// Nodes that joined.
+    pub joined: u64,
+    /// Partitions whose placement changed when those nodes joined.
     pub moved_by_joins: u64,
     /// Copies held per node at the end: (max, mean).
     pub balance: (u64, f64),

@@ -118,6 +118,7 @@ enum Ev {
     Fault,
     Restart(NodeId),
     Heal(NodeId),
+    Join,
     Client(usize),
 }
 
@@ -256,7 +257,6 @@ struct World {
     log: VecDeque<String>,
     failure: Option<String>,
     faults_on: bool,
-    joins_left: u32,
     next_node: u32,
     victims: BTreeSet<NodeId>,
     mass_at: Option<Ms>,
@@ -317,7 +317,6 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         log: VecDeque::new(),
         failure: None,
         faults_on: cfg.faults,
-        joins_left: cfg.joins,
         next_node: cfg.nodes + 1,
         victims: BTreeSet::new(),
         mass_at: None,
@@ -325,6 +324,12 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
     for i in 1..=cfg.nodes {
         w.add_node(NodeId(u64::from(i)));
     }
+    w.at(HEARTBEAT, Ev::Manager);
+    // The cluster forms (every partition's first primary takes over and installs its
+    // members) before clients and faults start; its messages are counted apart.
+    w.settle("the cluster to form")?;
+    w.report.bootstrap_messages = w.report.total_messages();
+    w.report.messages.clear();
     for c in 0..cfg.clients as usize {
         w.clients.push(Client {
             view: view.clone(),
@@ -334,10 +339,13 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         let at = w.rng.below(50);
         w.at(at, Ev::Client(c));
     }
-    w.at(HEARTBEAT, Ev::Manager);
     if cfg.faults {
         let at = 500 + w.rng.below(1500);
         w.at(at, Ev::Fault);
+    }
+    for i in 0..u64::from(cfg.joins) {
+        let at = 1000 + i * 2500 + w.rng.below(1000);
+        w.at(at, Ev::Join);
     }
     w.main_loop()?;
     w.heal()?;
@@ -402,6 +410,7 @@ impl World {
             Ev::Fault => self.fault(),
             Ev::Restart(n) => self.restart(n),
             Ev::Heal(n) => self.heal_cut(n),
+            Ev::Join => self.join(),
             Ev::Client(c) => self.client_go(c),
         }
         true
@@ -438,6 +447,12 @@ impl World {
                 self.restart(n);
             }
         }
+        self.settle("the world healed")
+    }
+
+    /// Runs until every partition has all members serving on the newest map (and the
+    /// repair after a mass failure is timed).
+    fn settle(&mut self, since: &str) -> Result<(), Failure> {
         let deadline = self.now + HEAL_LIMIT;
         let mut checked = None;
         loop {
@@ -450,7 +465,7 @@ impl World {
             }
             if self.now > deadline || !self.step() {
                 return Err(self.failed(format!(
-                    "not every partition had all members serving {} s after the world healed: {}",
+                    "not every partition had all members serving {} s after {since}: {}",
                     HEAL_LIMIT / 1000,
                     self.unconverged()
                 )));
@@ -1435,22 +1450,23 @@ impl World {
                 let back = 100 + self.rng.below(4000);
                 self.at(back, Ev::Heal(n));
             }
-        } else if roll < 80 && self.joins_left > 0 {
-            self.joins_left -= 1;
-            self.report.faults += 1;
-            let id = NodeId(u64::from(self.next_node));
-            self.next_node += 1;
-            let before = self.view.clone();
-            self.publish(MapCommand::Register(info(id)));
-            let moved = (0..self.cfg.partitions)
-                .filter(|p| {
-                    before.placement.partition(PartitionId(*p)) != self.view.placement.partition(PartitionId(*p))
-                })
-                .count();
-            self.report.moved_by_joins += moved as u64;
-            self.note(format!("node {} joins ({moved} partitions move)", id.0));
-            self.add_node(id);
         }
+    }
+
+    /// A new node registers: placement moves some partitions' copies to it.
+    fn join(&mut self) {
+        self.report.faults += 1;
+        let id = NodeId(u64::from(self.next_node));
+        self.next_node += 1;
+        let before = self.view.clone();
+        self.publish(MapCommand::Register(info(id)));
+        let moved = (0..self.cfg.partitions)
+            .filter(|p| before.placement.partition(PartitionId(*p)) != self.view.placement.partition(PartitionId(*p)))
+            .count();
+        self.report.moved_by_joins += moved as u64;
+        self.report.joined += 1;
+        self.note(format!("node {} joins ({moved} partitions move)", id.0));
+        self.add_node(id);
     }
 
     fn crash(&mut self, n: NodeId) {
@@ -1518,13 +1534,25 @@ impl World {
     fn mass_failure(&mut self) {
         self.mass_at = Some(self.now);
         let count = (self.nodes.len() as u64 * u64::from(self.cfg.mass_failure_pct)).div_ceil(100);
-        for _ in 0..count {
+        // Never every copy of a partition: three replicas survive two failures, not three.
+        let r = usize::from(self.view.map.replication);
+        let mut tries = 0;
+        while (self.victims.len() as u64) < count && tries < 100 * count {
+            tries += 1;
             let victims = self.victims.clone();
-            if let Some(n) = self.random_node(|x| x.alive && !victims.contains(&x.id)) {
+            let Some(n) = self.random_node(|x| x.alive && !victims.contains(&x.id)) else {
+                break;
+            };
+            let wipes = self.views.of(self.view.map.epoch, n).into_iter().any(|p| {
+                let placed = self.view.placement.partition(p);
+                placed.len() == r && placed.iter().all(|m| *m == n || victims.contains(m))
+            });
+            if !wipes {
                 self.victims.insert(n);
                 self.crash(n);
             }
         }
+        let count = self.victims.len();
         self.note(format!("{count} nodes die at once"));
     }
 
