@@ -28,6 +28,7 @@ fn small(seed: u64) -> Config {
         max_down: 2,
         joins: 0,
         mass_failure_pct: 0,
+        map_history: false,
         bug: None,
     }
 }

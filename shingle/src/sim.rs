@@ -41,6 +41,10 @@ pub struct SimArgs {
     /// Kill this percentage of the nodes at once and time the repair.
     #[arg(long, default_value_t = 0)]
     pub mass_failure: u32,
+    /// Nodes learn every map epoch in order (what a map history in the managers would
+    /// give; the metadata service does not have it yet).
+    #[arg(long)]
+    pub map_history: bool,
     /// Put a protocol bug back: promoted-keeps-serving, takeover-without-all-members.
     #[arg(long)]
     pub bug: Option<String>,
@@ -68,6 +72,7 @@ pub fn run(a: SimArgs) -> Result<()> {
             max_down: a.max_down,
             joins: a.joins,
             mass_failure_pct: a.mass_failure,
+            map_history: a.map_history,
             bug,
         };
         match sim::run(&cfg) {

@@ -188,6 +188,7 @@ impl MetaNode {
                 meta,
                 serving: false,
                 counter_shared: 0,
+                complete_at: None,
             };
             for (k, v) in recs {
                 r.restore(k, &v)
@@ -452,9 +453,8 @@ impl MetaNode {
             let is = new.members(*p).contains(&me);
             let promoted = new.primary(*p) == Some(me) && old.primary(*p) != Some(me);
             let mut st = s.write_state();
-            if st.serving && !super::protocol::keeps_serving(was, is, consecutive, promoted) {
+            if super::protocol::adopt_copy(&mut st, map.epoch, was, is, consecutive, promoted) {
                 debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
-                st.serving = false;
             }
         }
         *view = new;

@@ -40,6 +40,34 @@ pub fn keeps_serving(was_member: bool, is_member: bool, consecutive: bool, promo
     was_member && is_member && consecutive && !promoted
 }
 
+/// Applies a map change to a copy (see [`keeps_serving`]): a copy that stops serving
+/// only because it was promoted is remembered as complete in `epoch`
+/// ([`Replica::complete_at`]), so its takeover can begin at once.
+pub fn adopt_copy(
+    r: &mut Replica,
+    epoch: Epoch,
+    was_member: bool,
+    is_member: bool,
+    consecutive: bool,
+    promoted: bool,
+) -> bool {
+    let stays = keeps_serving(was_member, is_member, consecutive, false);
+    if !r.serving {
+        // Still complete one epoch later, if nothing could have happened without it.
+        r.complete_at = r
+            .complete_at
+            .filter(|e| stays && e.0.checked_add(1) == Some(epoch.0))
+            .map(|_| epoch);
+        return false;
+    }
+    if keeps_serving(was_member, is_member, consecutive, promoted) {
+        return false;
+    }
+    r.serving = false;
+    r.complete_at = stays.then_some(epoch);
+    true
+}
+
 /// What a replica does with a batch of its primary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Follow {
@@ -113,6 +141,7 @@ impl Replica {
         self.resume_counters();
         self.serving = false;
         self.counter_shared = 0;
+        self.complete_at = None;
         Ok(())
     }
 
@@ -191,7 +220,8 @@ impl Takeover {
             mine: (mine.meta.state_epoch, mine.meta.lsn),
             others,
             reached: 0,
-            any_serving: false,
+            // Our own copy followed its primary to the end of the last epoch.
+            any_serving: mine.complete_at == Some(epoch),
             best: None,
             reigns: vec![mine.meta.state_epoch],
         }
@@ -363,6 +393,25 @@ mod tests {
         let mut r = replica();
         r.serving = false;
         r.lead(&[put("a")]);
+    }
+
+    #[test]
+    fn a_promoted_copy_that_followed_to_the_end_takes_over_at_once() {
+        let mut r = replica();
+        assert!(adopt_copy(&mut r, Epoch(7), true, true, true, true));
+        assert_eq!(r.complete_at, Some(Epoch(7)));
+        let t = Takeover::new(Epoch(7), &r, 2);
+        assert_eq!(t.decide().expect("complete itself").pull, None);
+        // Carried over consecutive epochs it stays a member in; lost on a skipped one.
+        adopt_copy(&mut r, Epoch(8), true, true, true, false);
+        assert_eq!(r.complete_at, Some(Epoch(8)));
+        adopt_copy(&mut r, Epoch(10), true, true, false, false);
+        assert_eq!(r.complete_at, None);
+        assert!(Takeover::new(Epoch(10), &r, 2).decide().is_err());
+        // A copy that stops for any other reason is not complete.
+        let mut r = replica();
+        assert!(adopt_copy(&mut r, Epoch(7), true, true, false, true));
+        assert_eq!(r.complete_at, None);
     }
 
     #[test]

@@ -150,6 +150,11 @@ pub struct Replica {
     /// below it are handed out without a batch: a mark persisted on this node alone is
     /// unknown to a primary that takes over without hearing from it.
     pub counter_shared: u64,
+    /// This copy stopped serving only because its node was promoted to primary at the
+    /// start of this map epoch, after following its primary to the end of the previous
+    /// one: it holds every acknowledged batch, and its takeover need not wait for the
+    /// other placement nodes (in memory only).
+    pub complete_at: Option<Epoch>,
 }
 
 impl Replica {
@@ -171,6 +176,7 @@ impl Replica {
             part,
             serving: false,
             counter_shared: 0,
+            complete_at: None,
         }
     }
 

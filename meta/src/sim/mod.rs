@@ -85,6 +85,10 @@ pub struct Config {
     /// every partition is fully replicated again (the dead are marked Down after 1 s,
     /// Out after 8 s, and their partitions re-placed).
     pub mass_failure_pct: u32,
+    /// Nodes learn every map epoch in order, also those published while they were
+    /// not looking (the metadata service does not yet: a node that skips an epoch
+    /// stops serving its copies; this measures what a map history would change).
+    pub map_history: bool,
     /// A bug put back on purpose.
     pub bug: Option<Bug>,
 }
@@ -101,6 +105,7 @@ impl Default for Config {
             max_down: 2,
             joins: 1,
             mass_failure_pct: 0,
+            map_history: false,
             bug: None,
         }
     }
@@ -118,6 +123,9 @@ impl Config {
         }
         if self.mass_failure_pct > 0 {
             s.push_str(&format!(" --mass-failure {}", self.mass_failure_pct));
+        }
+        if self.map_history {
+            s.push_str(" --map-history");
         }
         if let Some(b) = self.bug {
             s.push_str(&format!(" --bug {}", b.name()));

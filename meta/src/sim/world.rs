@@ -5,7 +5,7 @@ use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::map::{ClusterMap, MapCommand, MapView, NodeInfo, NodeState, Roles};
 use crate::namespace::{DentryVal, FileKind, Mutation, Partition};
 use crate::service::copy::CopyId;
-use crate::service::protocol::{Follow, Takeover, TakeoverPlan, keeps_serving};
+use crate::service::protocol::{Follow, Takeover, TakeoverPlan, adopt_copy};
 use crate::service::replica::{Key, PartMeta, Replica};
 use crate::service::store::Write;
 use crate::service::wire::{PartOp, Pulled, ReplicaAck, Replicate};
@@ -28,7 +28,7 @@ const COPY_TIMEOUT: Ms = 30_000;
 const CLIENT_TIMEOUT: Ms = 3_000;
 const GIVE_UP: Ms = 60_000;
 const HEAL_LIMIT: Ms = 120_000;
-const LOG_LINES: usize = 600;
+const LOG_LINES: usize = 60;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Addr {
@@ -733,8 +733,25 @@ impl World {
         }
     }
 
-    /// `adopt` of node.rs.
+    /// `adopt` of node.rs; with [`Config::map_history`], every epoch in between in turn.
     fn adopt(&mut self, n: NodeId, new: Arc<MapView>) {
+        if self.cfg.map_history {
+            let from = self.nodes[&n].view.map.epoch;
+            let steps: Vec<Arc<MapView>> = self
+                .views
+                .by_epoch
+                .range(Epoch(from.0 + 1)..=new.map.epoch)
+                .map(|(_, (v, _))| v.clone())
+                .collect();
+            for v in steps {
+                self.adopt_one(n, v);
+            }
+        } else {
+            self.adopt_one(n, new);
+        }
+    }
+
+    fn adopt_one(&mut self, n: NodeId, new: Arc<MapView>) {
         let bug = self.cfg.bug;
         let node = self.nodes.get_mut(&n).expect("exists");
         let old = node.view.clone();
@@ -748,8 +765,7 @@ impl World {
             let is = new.members(*p).contains(&n);
             let promoted = new.primary(*p) == Some(n) && old.primary(*p) != Some(n);
             let promoted = promoted && bug != Some(Bug::PromotedKeepsServing);
-            if s.r.serving && !keeps_serving(was, is, consecutive, promoted) {
-                s.r.serving = false;
+            if adopt_copy(&mut s.r, new.map.epoch, was, is, consecutive, promoted) {
                 stopped += 1;
             }
         }
@@ -1501,6 +1517,7 @@ impl World {
                 meta: *meta,
                 serving: false,
                 counter_shared: 0,
+                complete_at: None,
             };
             for (k, v) in recs {
                 r.restore(k.clone(), v)
