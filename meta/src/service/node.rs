@@ -549,17 +549,17 @@ impl MetaNode {
             slot.write_state().install(&copy, part)?;
             info!(partition = p.0, from = n.0, "took the newest copy from a member");
         }
-        let write = {
-            let mut st = slot.write_state();
-            st.begin_reign(plan.reign);
-            Write::install(p, &st)
-        };
         if self.view().map.epoch != v.map.epoch {
             return Err(format!(
                 "the map changed during the takeover of epoch {}",
                 v.map.epoch.0
             ));
         }
+        let write = {
+            let mut st = slot.write_state();
+            st.begin_reign(plan.reign);
+            Write::install(p, &st)
+        };
         self.inner.store.commit(vec![write]).await.map_err(|e| e.to_string())?;
         if !self.serve_in(slot, v.map.epoch) {
             return Err(format!(
@@ -614,6 +614,13 @@ impl MetaNode {
         let v = self.view();
         let (write, req) = {
             let mut st = slot.write_state();
+            if !st.serving {
+                // A map change stopped the copy after the check above (adopt does not
+                // wait for the write lock): the caller retries with the new primary.
+                drop(st);
+                self.queue_forgets(p, forgets);
+                return Err(errno_status(Errno::EAGAIN));
+            }
             let (keys, lsn) = st.lead(&ops);
             let req = Replicate {
                 epoch: v.map.epoch,
