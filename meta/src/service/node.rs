@@ -152,15 +152,7 @@ type Snapshot = (CopyId, Arc<Vec<u8>>);
 /// A copy's name and encoding, for moving it in pieces.
 fn encode_copy(st: &Replica) -> Result<(CopyId, Vec<u8>), CallError> {
     let bytes = postcard::to_allocvec(&st.part).map_err(|_| CallError::Errno(Errno::EIO))?;
-    Ok((
-        CopyId {
-            state_epoch: st.meta.state_epoch,
-            lsn: st.meta.lsn,
-            counter_hwm: st.meta.counter_hwm,
-            total: bytes.len() as u64,
-        },
-        bytes,
-    ))
+    Ok((st.copy_id(bytes.len() as u64), bytes))
 }
 
 fn store_failed(e: impl std::fmt::Display) -> Status {

@@ -156,6 +156,16 @@ impl Replica {
         }
     }
 
+    /// This copy's position as a copy to send, `total` bytes long once encoded.
+    pub fn copy_id(&self, total: u64) -> CopyId {
+        CopyId {
+            state_epoch: self.meta.state_epoch,
+            lsn: self.meta.lsn,
+            counter_hwm: self.meta.counter_hwm,
+            total,
+        }
+    }
+
     /// This copy's position, as a new primary asks for it.
     pub fn position(&self) -> Pulled {
         Pulled {

@@ -1010,18 +1010,13 @@ impl World {
 
     /// Handles a request; `Err` answers it at once.
     fn request_inner(&mut self, n: NodeId, to: ReplyTo, msg: Msg) -> Result<(), Fail> {
-        let p = match &msg {
-            Msg::Exec { p, .. } | Msg::Install { p, .. } | Msg::SyncMe { p, .. } => *p,
-            Msg::Pull { p, .. } | Msg::PullCopy { p, .. } => *p,
-            Msg::Replicate(r) => r.partition,
-        };
-        let epoch = match &msg {
-            Msg::Exec { epoch, .. }
-            | Msg::Install { epoch, .. }
-            | Msg::SyncMe { epoch, .. }
-            | Msg::Pull { epoch, .. }
-            | Msg::PullCopy { epoch, .. } => *epoch,
-            Msg::Replicate(r) => r.epoch,
+        let (p, epoch) = match &msg {
+            Msg::Exec { p, epoch, .. }
+            | Msg::Install { p, epoch, .. }
+            | Msg::SyncMe { p, epoch, .. }
+            | Msg::Pull { p, epoch }
+            | Msg::PullCopy { p, epoch } => (*p, *epoch),
+            Msg::Replicate(r) => (r.partition, r.epoch),
         };
         self.check_epoch(n, epoch)?;
         // The epoch this request is handled in (`check_epoch` may have moved it on).
@@ -1103,10 +1098,8 @@ impl World {
                 self.respond(n, to, Ok(Body::Position(pos)));
             }
             Msg::PullCopy { .. } => {
-                let Msg::Install { copy, part, .. } = install_of(&slot.r, epoch) else {
-                    unreachable!("install_of makes installs")
-                };
-                self.respond(n, to, Ok(Body::Copy(copy, part)));
+                let body = Body::Copy(slot.r.copy_id(0), Box::new(slot.r.part.clone()));
+                self.respond(n, to, Ok(body));
             }
         }
         Ok(())
@@ -1498,7 +1491,6 @@ impl World {
     }
 
     fn restart(&mut self, n: NodeId) {
-        let partitions = self.cfg.partitions;
         let view = self.view.clone();
         let node = self.nodes.get_mut(&n).expect("exists");
         if node.alive {
@@ -1534,7 +1526,6 @@ impl World {
                 },
             );
         }
-        let _ = partitions;
         let inc = node.inc;
         self.note(format!("node {} restarts", n.0));
         self.at(1, Ev::Tick { node: n, inc });
@@ -1677,12 +1668,7 @@ fn install_of(r: &Replica, epoch: Epoch) -> Msg {
     Msg::Install {
         epoch,
         p: r.part.id,
-        copy: CopyId {
-            state_epoch: r.meta.state_epoch,
-            lsn: r.meta.lsn,
-            counter_hwm: r.meta.counter_hwm,
-            total: 0,
-        },
+        copy: r.copy_id(0),
         part: Box::new(r.part.clone()),
     }
 }
