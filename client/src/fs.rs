@@ -33,7 +33,7 @@
 use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
 use shingle_data::shard::read_shard_range;
-use shingle_data::stripe::{StripeError, read_stripe, write_stripe};
+use shingle_data::stripe::{StripeError, WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
@@ -70,6 +70,10 @@ pub struct ClientConfig {
     /// layout not loaded yet (at most [`HEAD_STRIPES`], what an open reads; tests make
     /// it small so small files load their layouts in pieces).
     pub layout_window: u64,
+    /// Acknowledge a stripe only with k + 1 shards on k + 1 distinct nodes: with fewer
+    /// live nodes in its group (and no spare) a write fails with EIO instead of storing
+    /// two shards on one node (see [`WriteRule`]).
+    pub distinct_homes: bool,
 }
 
 impl ClientConfig {
@@ -92,6 +96,7 @@ impl Default for ClientConfig {
             inflight_stripes: 4,
             inflight_stripes_total: 32,
             layout_window: HEAD_STRIPES,
+            distinct_homes: false,
         }
     }
 }
@@ -682,7 +687,8 @@ impl Client {
         let v = self.inner.meta.view();
         let g = stripe_pg(ino, s, v.map.pgs);
         let group = v.placement.pg(g);
-        if group.len() < n {
+        let rule = WriteRule::for_policy(policy, self.inner.cfg.distinct_homes);
+        if group.is_empty() || (group.len() < n && !rule.share_nodes) {
             warn!(
                 need = n,
                 have = group.len(),
@@ -690,21 +696,27 @@ impl Client {
             );
             return Err(Errno::EIO);
         }
-        // Members that are down get a spare at once; the others are tried first.
+        // Members that are down get a spare at once; the others are tried first. A
+        // group narrower than the stripe (nodes given up on in a small cluster) holds
+        // some shards twice; `write_stripe` acknowledges only what survives one more
+        // node loss.
         let mut spares: VecDeque<NodeId> = v.map.pg_spares(g, group).into();
         let mut targets = Vec::with_capacity(n);
-        for id in &group[..n] {
+        let mut down = Vec::new();
+        for id in group.iter().cycle().take(n) {
             let id = if v.map.is_up(*id) {
                 *id
             } else {
                 spares.pop_front().unwrap_or(*id)
             };
-            targets.push(v.addr(id).ok_or(Errno::EIO)?);
+            let addr = v.addr(id).ok_or(Errno::EIO)?;
+            if !v.map.is_up(id) {
+                down.push(addr);
+            }
+            targets.push(addr);
         }
         let spare_addrs: Vec<SocketAddr> = spares.iter().filter_map(|id| v.addr(*id)).collect();
         let len = data.len() as u64;
-        // Durable with one shard to spare: k + 1 shards (all of them when m = 0).
-        let min_shards = usize::from(layout.k) + usize::from(layout.m.min(1));
         // A full cluster may be getting space back (files removed a moment ago are
         // purged within seconds, then their zones collected): ENOSPC is retried for a
         // while before the writer gets it, as a local filesystem flushes pending frees
@@ -718,7 +730,8 @@ impl Client {
                 policy,
                 &targets,
                 &spare_addrs,
-                min_shards,
+                &down,
+                rule,
                 ino.0,
                 s,
                 version,

@@ -10,9 +10,13 @@
 //!   [`shingle_transport::hedge`], shared with metadata reads). Slow requests run to
 //!   their end in the background so a hung peer becomes suspected.
 //! - a **write** sends shard i to node i of its group, or to a spare node when that one
-//!   is suspected or fails; a shard that finds no node is left out, and the stripe is
-//!   durable once `min_shards` shards are (the repair scanner fills the gap later).
-//!   Where each shard went is returned, for the file's layout.
+//!   is suspected or fails. With no spare left (a 6-node cluster writing 4+2 with nodes
+//!   down), the shard goes to a live node of the stripe that holds the fewest of its
+//!   shards, unless the [`WriteRule`] asks for distinct nodes. The stripe is
+//!   acknowledged once its stored shards survive the loss of any `tolerate` more nodes
+//!   ([`survives`]: with distinct nodes that is k + `tolerate` shards); the repair
+//!   scanner fills gaps and moves shared shards to their own nodes later. Where each
+//!   shard went is returned, for the file's layout.
 //!
 //! Traces: a `stripe.read` / `stripe.write` span (ino, stripe, bytes; degraded, failed
 //! shards, hedged reads, fabric; shards stored, spares used) with one `shard.read` /
@@ -114,6 +118,48 @@ pub struct StripeRead {
 /// How long a write waits for a slow shard once the stripe is durable without it.
 pub const WRITE_GIVE_UP: Duration = Duration::from_secs(1);
 
+/// When a stripe write is acknowledged, and where its shards may go.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WriteRule {
+    /// Node losses the acknowledged stripe must survive: after losing the `tolerate`
+    /// nodes that hold the most of its shards, k shards are left.
+    pub tolerate: usize,
+    /// A shard with no node of its own (its node failed, no spare is left) may go to a
+    /// node that already holds a shard of the stripe. Without it such a shard is left
+    /// out, and the write fails when too few distinct nodes are left.
+    pub share_nodes: bool,
+}
+
+impl WriteRule {
+    /// The default rule for `policy`: survive one more node loss (none without parity),
+    /// sharing nodes unless `distinct` asks for one node per shard.
+    pub fn for_policy(policy: EcPolicy, distinct: bool) -> WriteRule {
+        WriteRule {
+            tolerate: usize::from(policy.m.min(1)),
+            share_nodes: !distinct,
+        }
+    }
+}
+
+/// Whether a stripe of `k` data shards survives the loss of any `tolerate` nodes:
+/// `held` names the node of each stored shard (`None`: not stored), `safe` counts shards
+/// no node needs to keep (the empty data shards of a short stripe). The `tolerate`
+/// nodes holding the most shards are taken away; at least `k` shards must remain.
+pub fn survives<N: PartialEq>(held: &[Option<N>], safe: usize, k: usize, tolerate: usize) -> bool {
+    let mut per_node: Vec<(&N, usize)> = Vec::new();
+    for n in held.iter().flatten() {
+        match per_node.iter_mut().find(|(m, _)| *m == n) {
+            Some((_, c)) => *c += 1,
+            None => per_node.push((n, 1)),
+        }
+    }
+    let stored: usize = per_node.iter().map(|(_, c)| c).sum();
+    let mut counts: Vec<usize> = per_node.into_iter().map(|(_, c)| c).collect();
+    counts.sort_unstable_by(|a, b| b.cmp(a));
+    let lost: usize = counts.iter().take(tolerate).sum();
+    stored - lost + safe >= k
+}
+
 /// True when the peer answered (an error reply shows it is alive).
 fn answered(r: &Result<Bytes, ShardReadError>) -> bool {
     match r {
@@ -124,9 +170,12 @@ fn answered(r: &Result<Bytes, ShardReadError>) -> bool {
 
 /// Encodes `data` (at most one stripe) and writes shard i to `targets[i]`, all in
 /// parallel, moving a shard to the next of `spares` when its node is suspected or its
-/// write fails. Returns where each shard is durable (`None`: not stored; empty data
-/// shards of a short stripe are not stored either and report their target), once at
-/// least `min_shards` are.
+/// write fails, and when none is left to the live node of the stripe holding the
+/// fewest of its shards (if `rule` allows). Returns where each shard is durable
+/// (`None`: not stored; empty data shards of a short stripe are not stored either and
+/// report their target), once the stored shards survive `rule.tolerate` node losses.
+/// Shards whose node is in `down` (the map says so) are placed like those of suspected
+/// nodes: elsewhere first, on their own node only when nothing else takes them.
 #[allow(clippy::too_many_arguments)]
 pub async fn write_stripe<C>(
     client: &C,
@@ -134,7 +183,8 @@ pub async fn write_stripe<C>(
     policy: EcPolicy,
     targets: &[SocketAddr],
     spares: &[SocketAddr],
-    min_shards: usize,
+    down: &[SocketAddr],
+    rule: WriteRule,
     ino: u64,
     stripe: u64,
     version: u64,
@@ -152,11 +202,12 @@ where
         m = policy.m,
         stored = Empty,
         spares = Empty,
+        shared = Empty,
         degraded = Empty,
         otel.status_code = Empty,
     );
     write_stripe_inner(
-        client, health, policy, targets, spares, min_shards, ino, stripe, version, data,
+        client, health, policy, targets, spares, down, rule, ino, stripe, version, data,
     )
     .instrument(span)
     .await
@@ -169,7 +220,8 @@ async fn write_stripe_inner<C>(
     policy: EcPolicy,
     targets: &[SocketAddr],
     spares: &[SocketAddr],
-    min_shards: usize,
+    down: &[SocketAddr],
+    rule: WriteRule,
     ino: u64,
     stripe: u64,
     version: u64,
@@ -187,21 +239,32 @@ where
     }
     let shards = policy.encode_stripe_bytes(data)?;
     let mut spares_used = 0usize;
+    let mut shared = 0usize;
     let mut spares: std::collections::VecDeque<SocketAddr> = spares
         .iter()
         .copied()
-        .filter(|a| !targets.contains(a) && !health.suspected(*a))
+        .filter(|a| !targets.contains(a) && !down.contains(a) && !health.suspected(*a))
         .collect();
+    // Shards sent to each node and not failed there (pending or stored), every target
+    // and then each spare used, in that order; and nodes that failed a shard of this
+    // stripe.
+    let mut load: Vec<(SocketAddr, usize)> = Vec::new();
+    for t in targets {
+        if !load.iter().any(|(a, _)| a == t) {
+            load.push((*t, 0));
+        }
+    }
+    let mut bad: Vec<SocketAddr> = Vec::new();
     let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let spawn = |i: usize, node: SocketAddr, shard: Bytes, spare: bool| {
+    let spawn = |i: usize, node: SocketAddr, shard: Bytes, how: &'static str| {
         let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
         let id = ShardId {
             ino,
             stripe,
             shard: i as u32,
         };
-        let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= k, spare, otel.status_code = Empty);
+        let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= k, placed = how, otel.status_code = Empty);
         tokio::spawn(
             async move {
                 let ticket = h.start(node);
@@ -215,21 +278,63 @@ where
             .instrument(span),
         );
     };
+    // A node for a shard that lost its own: the next spare, else (if the rule allows)
+    // the live node of this stripe with the fewest of its shards.
+    let mut fallback = |load: &[(SocketAddr, usize)], bad: &[SocketAddr]| -> Option<(SocketAddr, &'static str)> {
+        if let Some(a) = spares.pop_front() {
+            spares_used += 1;
+            return Some((a, "spare"));
+        }
+        if !rule.share_nodes {
+            return None;
+        }
+        let (a, _) = load
+            .iter()
+            .filter(|(a, _)| !bad.contains(a) && !down.contains(a) && !health.suspected(*a))
+            .min_by_key(|(_, c)| *c)?;
+        shared += 1;
+        Some((*a, "shared"))
+    };
+    let add = |load: &mut Vec<(SocketAddr, usize)>, node: SocketAddr, d: isize| match load
+        .iter_mut()
+        .find(|(a, _)| *a == node)
+    {
+        Some((_, c)) => *c = c.saturating_add_signed(d),
+        None => load.push((node, d.max(0) as usize)),
+    };
     let mut pending = 0usize;
-    let mut stored = 0usize;
+    let mut safe = 0usize;
     let suspects = health.suspects(targets);
+    let mut orphans = Vec::new();
+    // Shards with a healthy node of their own go first, so the others can share them.
     for (i, shard) in shards.iter().enumerate() {
         if i < k && shard.is_empty() {
             // An empty data shard of a short stripe is not stored; readers know it is empty.
             placed[i] = Some(targets[i]);
-            stored += 1;
-            continue;
+            safe += 1;
+        } else if suspects[i] || down.contains(&targets[i]) {
+            orphans.push(i);
+        } else {
+            spawn(i, targets[i], shard.clone(), "own");
+            add(&mut load, targets[i], 1);
+            pending += 1;
         }
-        let spare = if suspects[i] { spares.pop_front() } else { None };
-        spares_used += usize::from(spare.is_some());
-        spawn(i, spare.unwrap_or(targets[i]), shard.clone(), spare.is_some());
+    }
+    for i in orphans {
+        bad.push(targets[i]);
+        // No other node: try its own (suspicion may be wrong).
+        let (node, how) = fallback(&load, &bad).unwrap_or((targets[i], "own"));
+        spawn(i, node, shards[i].clone(), how);
+        add(&mut load, node, 1);
         pending += 1;
     }
+    let held = |placed: &[Option<SocketAddr>]| -> Vec<Option<SocketAddr>> {
+        placed
+            .iter()
+            .enumerate()
+            .map(|(i, p)| p.filter(|_| !(i < k && shards[i].is_empty())))
+            .collect()
+    };
     let mut errors: Vec<String> = Vec::new();
     let mut give_up: Option<tokio::time::Instant> = None;
     while pending > 0 {
@@ -243,36 +348,44 @@ where
         let Some((i, node, r)) = next else { break };
         pending -= 1;
         match r {
-            Ok(()) => {
-                placed[i] = Some(node);
-                stored += 1;
-            }
+            Ok(()) => placed[i] = Some(node),
             Err(e) => {
                 tracing::debug!(ino, stripe, shard = i, %node, error = %e, "shard write failed");
                 errors.push(format!("shard {i} on {node}: {e}"));
-                if let Some(spare) = spares.pop_front() {
-                    spares_used += 1;
-                    spawn(i, spare, shards[i].clone(), true);
+                add(&mut load, node, -1);
+                if !bad.contains(&node) {
+                    bad.push(node);
+                }
+                if let Some((other, how)) = fallback(&load, &bad) {
+                    spawn(i, other, shards[i].clone(), how);
+                    add(&mut load, other, 1);
                     pending += 1;
                 }
             }
         }
-        if stored >= min_shards && give_up.is_none() {
+        if give_up.is_none() && survives(&held(&placed), safe, k, rule.tolerate) {
             give_up = Some(tokio::time::Instant::now() + WRITE_GIVE_UP);
         }
     }
+    let stored = placed.iter().flatten().count();
     let span = Span::current();
     span.record("stored", stored);
     span.record("spares", spares_used);
-    span.record("degraded", stored < n);
-    if stored < min_shards.max(k) {
+    span.record("shared", shared);
+    span.record("degraded", stored < n || shared > 0);
+    if !survives(&held(&placed), safe, k, rule.tolerate) {
         span.record("otel.status_code", "error");
         return Err(StripeError::WriteFailed {
             ino,
             stripe,
             failed: n - stored,
             total: n,
-            first: errors.first().cloned().unwrap_or_else(|| "timed out".into()),
+            first: errors.first().cloned().unwrap_or_else(|| {
+                format!(
+                    "the shards stored would not survive {} more node loss(es)",
+                    rule.tolerate
+                )
+            }),
         });
     }
     Ok(placed)
@@ -442,4 +555,62 @@ where
         degraded,
         fabric,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::survives;
+    use proptest::prelude::*;
+
+    #[test]
+    fn distinct_nodes_need_k_plus_tolerate_shards() {
+        let held = |n: usize| (0..6).map(|i| (i < n).then_some(i)).collect::<Vec<_>>();
+        assert!(survives(&held(6), 0, 4, 2));
+        assert!(!survives(&held(5), 0, 4, 2));
+        assert!(survives(&held(5), 0, 4, 1));
+        assert!(!survives(&held(4), 0, 4, 1));
+        assert!(survives(&held(4), 0, 4, 0));
+        // Empty data shards of a short stripe count without a node.
+        assert!(survives(&held(3), 2, 4, 1));
+    }
+
+    #[test]
+    fn shared_nodes_count_as_one_loss() {
+        // 4+2 on four live nodes: two hold two shards each; losing either leaves four.
+        let four = [Some('a'), Some('b'), Some('c'), Some('d'), Some('a'), Some('b')];
+        assert!(survives(&four, 0, 4, 1));
+        assert!(!survives(&four, 0, 4, 2));
+        // On three nodes, two each: one loss leaves four.
+        let three = [Some('a'), Some('b'), Some('c'), Some('a'), Some('b'), Some('c')];
+        assert!(survives(&three, 0, 4, 1));
+        // Three on one node: its loss leaves three.
+        let piled = [Some('a'), Some('b'), Some('c'), Some('a'), Some('a'), None];
+        assert!(!survives(&piled, 0, 4, 1));
+    }
+
+    proptest! {
+        /// Against the definition: every set of `tolerate` nodes lost leaves k shards.
+        #[test]
+        fn matches_removing_every_set_of_nodes(
+            held in proptest::collection::vec(proptest::option::of(0u8..5), 1..9),
+            safe in 0usize..3,
+            k in 1usize..6,
+            tolerate in 0usize..3,
+        ) {
+            let nodes: Vec<u8> = (0..5).collect();
+            let mut all = true;
+            for mask in 0u32..(1 << nodes.len()) {
+                if mask.count_ones() as usize != tolerate {
+                    continue;
+                }
+                let left = held
+                    .iter()
+                    .flatten()
+                    .filter(|n| mask & (1 << **n) == 0)
+                    .count();
+                all &= left + safe >= k;
+            }
+            prop_assert_eq!(survives(&held, safe, k, tolerate), all);
+        }
+    }
 }

@@ -125,6 +125,9 @@ pub struct Metrics {
     pub repair_moves_done: Gauge,
     /// Stripes with fewer than K readable shards at the last pass.
     pub repair_unreadable_stripes: Gauge,
+    /// Stripes with two or more shards on one node at the last pass (written while
+    /// their group had too few live nodes; repair spreads them first).
+    pub repair_shared_stripes: Gauge,
     /// 1 while a repair pass runs.
     pub repair_running: Gauge,
     /// Removed files whose data waits for its purge (partitions this node is primary of).
@@ -187,6 +190,7 @@ impl Metrics {
             repair_moves_todo: Gauge::default(),
             repair_moves_done: Gauge::default(),
             repair_unreadable_stripes: Gauge::default(),
+            repair_shared_stripes: Gauge::default(),
             repair_running: Gauge::default(),
             purges_pending: Gauge::default(),
             meta_store_commit_seconds: latency(),
@@ -327,6 +331,11 @@ impl Metrics {
             "repair_unreadable_stripes",
             "Stripes with fewer than K readable shards",
             m.repair_unreadable_stripes.clone(),
+        );
+        r.register(
+            "repair_shared_stripes",
+            "Stripes with two or more shards on one node (reduced redundancy)",
+            m.repair_shared_stripes.clone(),
         );
         r.register("repair_running", "1 while a repair pass runs", m.repair_running.clone());
         r.register_with_unit(

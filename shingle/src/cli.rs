@@ -2,7 +2,7 @@
 //! `setlayout`.
 
 use anyhow::{Context, Result, bail};
-use shingle_client::{Client, ClientConfig};
+use shingle_client::Client;
 use shingle_data::wire::{Stat, StatRequest};
 use shingle_meta::ids::Ino;
 use shingle_meta::map::NodeState;
@@ -112,11 +112,7 @@ fn errno(e: Errno, what: &str) -> anyhow::Error {
 async fn connect(c: &ClusterArgs) -> Result<(Client, crate::config::ClusterFile)> {
     let (meta, cf) = crate::dev::connect(&c.cluster_file, &c.secret_file, Duration::from_secs(10)).await?;
     let meta = meta.with_timeout(Duration::from_secs(10));
-    let cfg = ClientConfig {
-        ec: (cf.ec_k, cf.ec_m),
-        ..ClientConfig::default()
-    };
-    Ok((Client::new(meta, cfg), cf))
+    Ok((Client::new(meta, crate::dev::client_config(&cf)), cf))
 }
 
 fn split(path: &str) -> Result<(String, String)> {
@@ -371,7 +367,7 @@ impl Health {
         };
         let filled = ((frac * width as f64) as usize).min(width);
         format!(
-            "{}  rebuild [{}{}] {:>3.0}%  {}/{} shards ({} failed), {:.1} MiB/s; {} stripes unreadable; {} nodes down; {}/{} partitions serving{}",
+            "{}  rebuild [{}{}] {:>3.0}%  {}/{} shards ({} failed), {:.1} MiB/s; {} stripes unreadable; {} stripes with shards sharing a node; {} nodes down; {}/{} partitions serving{}",
             if self.healthy { "healthy " } else { "degraded" },
             "#".repeat(filled),
             ".".repeat(width - filled),
@@ -381,6 +377,7 @@ impl Health {
             r.failed,
             r.bytes_per_sec as f64 / (1u64 << 20) as f64,
             r.unreadable,
+            r.shared,
             self.down,
             self.serving,
             self.partitions,
@@ -411,6 +408,7 @@ pub(crate) async fn cluster_health(client: &Client) -> Health {
         repair.done += r.done;
         repair.failed += r.failed;
         repair.unreadable += r.unreadable;
+        repair.shared += r.shared;
         repair.bytes_per_sec += r.bytes_per_sec;
         repair.repaired_total += r.repaired_total;
         repair.moves_todo += r.moves_todo;
@@ -429,7 +427,8 @@ pub(crate) async fn cluster_health(client: &Client) -> Health {
         && serving >= v.map.partitions
         && scanning == 0
         && repair.todo == repair.done
-        && repair.unreadable == 0;
+        && repair.unreadable == 0
+        && repair.shared == 0;
     Health {
         healthy,
         down,

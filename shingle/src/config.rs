@@ -173,6 +173,11 @@ pub struct ClusterFile {
     pub ec_k: u8,
     /// Default erasure coding of new files: parity shards.
     pub ec_m: u8,
+    /// Writes need k + 1 shards on distinct nodes (no two shards of a stripe on one
+    /// node, even with nodes down in a small cluster): stricter, and writes fail with
+    /// EIO where the default would go on. Absent: false.
+    #[serde(default)]
+    pub distinct_homes: bool,
     /// The managers (Raft members): id and address.
     pub managers: Vec<ManagerEntry>,
 }

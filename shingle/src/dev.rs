@@ -141,7 +141,7 @@ fn which(cmd: &str) -> Option<PathBuf> {
 
 async fn serve_mount(
     meta: MetaClient,
-    ec: (u8, u8),
+    base: ClientConfig,
     layout_window: u64,
     mountpoint: &Path,
     mc: MountConfig,
@@ -161,9 +161,8 @@ async fn serve_mount(
         None => None,
     };
     let cfg = ClientConfig {
-        ec,
         layout_window: layout_window.max(1),
-        ..ClientConfig::default()
+        ..base
     };
     let client = Client::new(meta, cfg);
     let rt = tokio::runtime::Handle::current();
@@ -350,6 +349,16 @@ pub async fn connect(
     Ok((MetaClient::new(tcp, maps), cf))
 }
 
+/// The client settings a cluster file decides: erasure coding of new files, how
+/// strictly a stripe's shards must be spread before a write is acknowledged.
+pub fn client_config(cf: &crate::config::ClusterFile) -> ClientConfig {
+    ClientConfig {
+        ec: (cf.ec_k, cf.ec_m),
+        distinct_homes: cf.distinct_homes,
+        ..ClientConfig::default()
+    }
+}
+
 /// `shingle mount`.
 pub async fn mount(a: MountArgs) -> Result<()> {
     preflight(&a.mountpoint)?;
@@ -362,7 +371,7 @@ pub async fn mount(a: MountArgs) -> Result<()> {
     };
     serve_mount(
         meta,
-        (cf.ec_k, cf.ec_m),
+        client_config(&cf),
         shingle_meta::service::wire::HEAD_STRIPES,
         &a.mountpoint,
         mc,
@@ -410,7 +419,12 @@ pub async fn dev(a: DevArgs) -> Result<()> {
     let metrics = a
         .metrics_port
         .map(|p| (std::net::SocketAddr::from(([127, 0, 0, 1], p)), false));
-    let r = serve_mount(meta, ec, a.layout_window, &a.mount, MountConfig::default(), metrics).await;
+    let cf = crate::config::ClusterFile::load(&cluster.cluster_file)?;
+    let base = ClientConfig {
+        ec,
+        ..client_config(&cf)
+    };
+    let r = serve_mount(meta, base, a.layout_window, &a.mount, MountConfig::default(), metrics).await;
     println!("shingle: stopping the cluster");
     cluster.stop();
     r

@@ -71,6 +71,11 @@ struct FormatArgs {
     /// Default erasure coding of new files, K,M (data, parity).
     #[arg(long, default_value = "4,2")]
     ec: String,
+    /// Acknowledge a stripe only when k + 1 of its shards are on distinct nodes; by
+    /// default a stripe whose group has too few live nodes stores two shards on one
+    /// node instead (still surviving one more node loss) and repair spreads them later.
+    #[arg(long)]
+    distinct_homes: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -236,6 +241,7 @@ fn format(a: FormatArgs) -> Result<()> {
         pg_width: k.saturating_add(m),
         ec_k: k,
         ec_m: m,
+        distinct_homes: a.distinct_homes,
         managers,
     };
     cluster.validate()?;

@@ -86,6 +86,7 @@ fn scrape_hooks(
             set(&m.repair_moves_todo, r.moves_todo);
             set(&m.repair_moves_done, r.moved);
             set(&m.repair_unreadable_stripes, r.unreadable);
+            set(&m.repair_shared_stripes, r.shared);
             set(&m.repair_running, u64::from(r.running));
             set(&m.purges_pending, n.purges_pending() as u64);
             counter_to(&m.repair_passes, r.passes);

@@ -9,7 +9,7 @@ use bytes::Bytes;
 use common::{corrupt_first_record, spawn};
 use shingle_data::ec::EcPolicy;
 use shingle_data::shard::{read_shard, write_shard};
-use shingle_data::stripe::{read_stripe, write_stripe};
+use shingle_data::stripe::{WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{
     DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
     StatRequest, errno,
@@ -139,7 +139,11 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             policy,
             &addrs,
             &[],
-            6,
+            &[],
+            WriteRule {
+                tolerate: 2,
+                share_nodes: false,
+            },
             42,
             s as u64,
             1,
@@ -174,6 +178,92 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         read_all(c.clone(), addrs.clone(), health.clone()).await > 0,
         "reads with two nodes down were not degraded"
     );
+
+    // Writes with two of six down and no spare: the default rule puts their shards on
+    // live nodes, two on some, and acknowledges a stripe that survives one more loss;
+    // the strict rule (distinct nodes) refuses. One side knows the nodes are down (the
+    // map), the other finds out (its health has not seen them fail yet).
+    let strict = WriteRule {
+        tolerate: 1,
+        share_nodes: false,
+    };
+    let shared = WriteRule {
+        tolerate: 1,
+        share_nodes: true,
+    };
+    // A short stripe (one data shard, empty ones need no node) spreads the same way.
+    let cases = [
+        (vec![addrs[1], addrs[3]], 100u64, full),
+        (vec![], 101, full),
+        (vec![addrs[1], addrs[3]], 102, 1000),
+        (vec![], 103, 1000),
+    ];
+    for (down, s, len) in cases {
+        let fresh: Arc<Health> = Arc::default();
+        let r = write_stripe(
+            &c,
+            &fresh,
+            policy,
+            &addrs,
+            &[],
+            &down,
+            strict,
+            42,
+            s,
+            1,
+            content(s, len),
+        )
+        .await;
+        if len == full {
+            let e = r.expect_err("four distinct nodes cannot hold 4+2 with one to spare");
+            assert!(e.to_string().contains("shard writes failed"), "{e}");
+        } else {
+            // Its three stored shards have nodes of their own: fine under either rule.
+            r.expect("short stripe under the strict rule");
+        }
+        let placed = write_stripe(
+            &c,
+            &fresh,
+            policy,
+            &addrs,
+            &[],
+            &down,
+            shared,
+            42,
+            s,
+            2,
+            content(s, len),
+        )
+        .await
+        .expect("shared write");
+        let stored = if len == full { 6 } else { 3 };
+        let held: Vec<SocketAddr> = [0, 1, 2, 3, 4, 5]
+            .into_iter()
+            .filter(|i| *i >= 4 || *i < stored - 2)
+            .filter_map(|i| placed[i])
+            .collect();
+        assert_eq!(held.len(), stored, "every shard stored: {placed:?}");
+        assert!(!held.contains(&addrs[1]) && !held.contains(&addrs[3]), "{placed:?}");
+        let most = |held: &[SocketAddr]| held.iter().map(|a| held.iter().filter(|h| *h == a).count()).max();
+        assert!(most(&held) <= Some(2), "at most two shards on a node: {placed:?}");
+        if len < full {
+            assert_eq!(most(&held), Some(1), "three shards have three nodes: {placed:?}");
+        }
+        // Readable from where the shards went, also with the busiest node lost.
+        let r = read_stripe(&c, &fresh, policy, &placed, 42, s, 2, len)
+            .await
+            .expect("read shared stripe");
+        assert_eq!(r.data, content(s, len));
+        let busiest = *held
+            .iter()
+            .max_by_key(|a| held.iter().filter(|h| h == a).count())
+            .expect("a node");
+        let without: Vec<Option<SocketAddr>> = placed.iter().map(|p| p.filter(|a| *a != busiest)).collect();
+        let r = read_stripe(&c, &fresh, policy, &without, 42, s, 2, len)
+            .await
+            .expect("read shared stripe without its busiest node");
+        assert_eq!(r.data, content(s, len));
+    }
 
     // A third node down under 4+2: a clear error, promptly.
     nodes[0].kill();

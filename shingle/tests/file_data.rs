@@ -24,6 +24,7 @@ fn config() -> ClientConfig {
         inflight_stripes: 3,
         inflight_stripes_total: 8,
         layout_window: 2,
+        distinct_homes: false,
     }
 }
 

@@ -719,6 +719,10 @@ pub struct RepairStats {
     pub moved: u64,
     /// Shards moved since start.
     pub moved_total: u64,
+    /// Stripes with two or more shards on one node at the start of the current (or
+    /// last) pass: written while their group had too few live nodes, they survive one
+    /// node loss fewer than their policy promises until repair spreads them.
+    pub shared: u64,
 }
 
 /// Encodes a message.

@@ -78,6 +78,10 @@ pub enum StripePlan {
     Healthy,
     /// Shards to rebuild (some may lack a target and wait for a node).
     Repair(Vec<ShardRepair>),
+    /// Every shard is stored, but some share a node with another shard of the stripe
+    /// (written while the group had too few live nodes): move them to their own nodes.
+    /// This restores failure tolerance, so it goes before plain moves.
+    Spread(Vec<ShardRepair>),
     /// Every shard is stored, but some are not on their placement group's current node
     /// (written to a spare, or the group changed when a node joined): move them there.
     Move(Vec<ShardRepair>),
@@ -175,9 +179,29 @@ fn plan_moves(map: &ClusterMap, group: &[NodeId], loc: &[Option<NodeId>]) -> Str
     }
     if out.is_empty() {
         StripePlan::Healthy
+    } else if shares_a_node(loc) {
+        StripePlan::Spread(out)
     } else {
         StripePlan::Move(out)
     }
+}
+
+/// Whether two stored shards of a stripe are on one node.
+pub fn shares_a_node(loc: &[Option<NodeId>]) -> bool {
+    let held: Vec<NodeId> = loc.iter().flatten().copied().collect();
+    held.iter().enumerate().any(|(i, a)| held[..i].contains(a))
+}
+
+/// Where each shard of stripe `rec` is (`None`: not stored, or an empty data shard of
+/// a short stripe), by its location hints.
+fn holders(layout: &Layout, rec: &StripeRec) -> Vec<Option<NodeId>> {
+    let k = usize::from(layout.k);
+    let used = shingle_client::ec_policy(layout).data_shards_used(rec.len as usize);
+    rec.nodes
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (*h != 0 && !(used..k).contains(&i)).then_some(NodeId(*h)))
+        .collect()
 }
 
 /// Runs the repair scan of one meta node until the process ends.
@@ -208,15 +232,16 @@ const PAGE: usize = 256;
 async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &RepairConfig, stats: &mut RepairStats) {
     // Count first (in memory, cheap), so progress has a denominator.
     let v = meta.view();
-    let (mut todo, mut moves, mut unreadable) = (0u64, 0u64, 0u64);
+    let (mut todo, mut moves, mut unreadable, mut shared) = (0u64, 0u64, 0u64, 0u64);
     let mut cursor = Ino(0);
     loop {
         let (files, more) = node.primary_files(cursor, PAGE);
         for (ino, layout) in &files {
             for (s, rec) in &layout.stripes {
+                shared += u64::from(shares_a_node(&holders(layout, rec)));
                 match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
                     StripePlan::Healthy => {}
-                    StripePlan::Repair(r) => todo += r.len() as u64,
+                    StripePlan::Repair(r) | StripePlan::Spread(r) => todo += r.len() as u64,
                     StripePlan::Move(r) => moves += r.len() as u64,
                     StripePlan::Unreadable => unreadable += 1,
                 }
@@ -229,6 +254,7 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
         tokio::task::yield_now().await;
     }
     stats.unreadable = unreadable;
+    stats.shared = shared;
     stats.map_epoch = v.map.epoch.0;
     if todo == 0 && moves == 0 {
         stats.todo = 0;
@@ -241,7 +267,7 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
         node.set_repair_stats(stats.clone());
         return;
     }
-    info!(shards = todo, moves, unreadable, "repair pass starts");
+    info!(shards = todo, moves, unreadable, shared, "repair pass starts");
     *stats = RepairStats {
         running: true,
         todo,
@@ -258,48 +284,54 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
     let mut bytes = 0u64;
     let gate = Arc::new(Semaphore::new(cfg.parallel.max(1)));
     let mut jobs = tokio::task::JoinSet::new();
-    let mut cursor = Ino(0);
-    loop {
-        let (files, more) = node.primary_files(cursor, PAGE);
-        let v = meta.view();
-        for (ino, layout) in &files {
-            for (s, rec) in &layout.stripes {
-                let shards = match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
-                    StripePlan::Repair(r) => r,
+    // Two sweeps: first what restores failure tolerance (rebuilds, spreading shards
+    // that share a node), then rebalancing moves.
+    for restore in [true, false] {
+        let mut cursor = Ino(0);
+        loop {
+            let (files, more) = node.primary_files(cursor, PAGE);
+            let v = meta.view();
+            for (ino, layout) in &files {
+                for (s, rec) in &layout.stripes {
                     // Moves only on a settled map: while it changes, scans on different
                     // nodes could disagree about where a shard belongs.
-                    StripePlan::Move(r) if meta.view().map.epoch == pass_epoch => r,
-                    StripePlan::Move(_) | StripePlan::Healthy | StripePlan::Unreadable => continue,
-                };
-                for r in shards {
-                    let Ok(permit) = gate.clone().acquire_owned().await else {
-                        return;
+                    let settled = meta.view().map.epoch == pass_epoch;
+                    let (shards, plain_move) = match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
+                        StripePlan::Repair(r) if restore => (r, false),
+                        StripePlan::Spread(r) if restore && settled => (r, false),
+                        StripePlan::Move(r) if !restore && settled => (r, true),
+                        _ => continue,
                     };
-                    let (meta, tcp, layout, rec, v) =
-                        (meta.clone(), tcp.clone(), layout.clone(), rec.clone(), v.clone());
-                    let (ino, s) = (*ino, *s);
-                    jobs.spawn(async move {
-                        let r = repair_one(&meta, &tcp, &v.map, ino, s, &layout, &rec, &r).await;
-                        drop(permit);
-                        r
-                    });
-                    while let Some(done) = jobs.try_join_next() {
-                        account(done, stats, &mut bytes);
-                    }
-                    stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
-                    node.set_repair_stats(stats.clone());
-                    // Throttle: stay under the configured bandwidth.
-                    let ahead = Duration::from_secs_f64(bytes as f64 / cfg.bytes_per_sec.max(1) as f64)
-                        .saturating_sub(started.elapsed());
-                    if !ahead.is_zero() {
-                        tokio::time::sleep(ahead).await;
+                    for r in shards {
+                        let Ok(permit) = gate.clone().acquire_owned().await else {
+                            return;
+                        };
+                        let (meta, tcp, layout, rec, v) =
+                            (meta.clone(), tcp.clone(), layout.clone(), rec.clone(), v.clone());
+                        let (ino, s) = (*ino, *s);
+                        jobs.spawn(async move {
+                            let r = repair_one(&meta, &tcp, &v.map, ino, s, &layout, &rec, &r).await;
+                            drop(permit);
+                            r.map(|bytes| (bytes, plain_move))
+                        });
+                        while let Some(done) = jobs.try_join_next() {
+                            account(done, stats, &mut bytes);
+                        }
+                        stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
+                        node.set_repair_stats(stats.clone());
+                        // Throttle: stay under the configured bandwidth.
+                        let ahead = Duration::from_secs_f64(bytes as f64 / cfg.bytes_per_sec.max(1) as f64)
+                            .saturating_sub(started.elapsed());
+                        if !ahead.is_zero() {
+                            tokio::time::sleep(ahead).await;
+                        }
                     }
                 }
             }
-        }
-        match files.last() {
-            Some((last, _)) if more => cursor = *last,
-            _ => break,
+            match files.last() {
+                Some((last, _)) if more => cursor = *last,
+                _ => break,
+            }
         }
     }
     while let Some(done) = jobs.join_next().await {
@@ -318,7 +350,8 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
     );
 }
 
-/// Outcome of one job: bytes rebuilt, and whether it was a move.
+/// Outcome of one job: bytes rebuilt, and whether it was a plain move (rebalance)
+/// rather than a rebuild or a spread.
 type JobResult = Result<(u64, bool), String>;
 
 fn account(done: Result<JobResult, tokio::task::JoinError>, stats: &mut RepairStats, bytes: &mut u64) {
@@ -355,7 +388,7 @@ async fn repair_one(
     layout: &Layout,
     rec: &StripeRec,
     r: &ShardRepair,
-) -> JobResult {
+) -> Result<u64, String> {
     let addr = |id: NodeId| map.addr(id).ok_or_else(|| format!("{id} has no address"));
     let req = RepairShardRequest {
         id: Some(ShardId {
@@ -406,7 +439,7 @@ async fn repair_one(
                 shard = r.shard,
                 "moved shard's location changed again; old copy kept"
             );
-            return Ok((reply.bytes, true));
+            return Ok(reply.bytes);
         }
         let del = DeleteShardRequest {
             id: req.id,
@@ -428,7 +461,7 @@ async fn repair_one(
         moved = r.from.is_some(),
         "shard repaired"
     );
-    Ok((reply.bytes, r.from.is_some()))
+    Ok(reply.bytes)
 }
 
 #[cfg(test)]
@@ -546,6 +579,57 @@ mod tests {
         set(&mut m, group[1], NodeState::Down);
         let p = m.placement();
         assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &rec), StripePlan::Healthy);
+    }
+
+    #[test]
+    fn shards_sharing_a_node_spread_when_their_nodes_return() {
+        // Six nodes, 4+2: with two down a write put shards 4 and 5 on the nodes of
+        // shards 0 and 1.
+        let mut m = cluster(6);
+        let p = m.placement();
+        let (ino, s) = (Ino(12), 7);
+        let group: Vec<u64> = p.pg(stripe_pg(ino, s, m.pgs)).iter().map(|n| n.0).collect();
+        let mut rec = StripeRec {
+            version: 3,
+            len: 4 * 4096,
+            nodes: group.clone(),
+        };
+        rec.nodes[4] = group[0];
+        rec.nodes[5] = group[1];
+        assert!(shares_a_node(&holders(&layout(), &rec)));
+        assert!(!shares_a_node(&holders(
+            &layout(),
+            &StripeRec {
+                nodes: group.clone(),
+                ..rec.clone()
+            }
+        )));
+        set(&mut m, group[4], NodeState::Down);
+        set(&mut m, group[5], NodeState::Down);
+        let p = m.placement();
+        assert_eq!(
+            plan_stripe(&m, &p, ino, s, &layout(), &rec),
+            StripePlan::Healthy,
+            "nowhere to go"
+        );
+        set(&mut m, group[4], NodeState::Up);
+        set(&mut m, group[5], NodeState::Up);
+        let p = m.placement();
+        let StripePlan::Spread(r) = plan_stripe(&m, &p, ino, s, &layout(), &rec) else {
+            panic!("expected a spread")
+        };
+        let moves: Vec<_> = r.iter().map(|x| (x.shard, x.target.0, x.from.map(|f| f.0))).collect();
+        assert_eq!(
+            moves,
+            vec![(4, group[4], Some(group[0])), (5, group[5], Some(group[1]))]
+        );
+        // A short stripe's empty data shards do not count as sharing.
+        let short = StripeRec {
+            len: 100,
+            nodes: vec![group[0], group[0], group[0], group[0], group[4], group[5]],
+            ..rec
+        };
+        assert!(!shares_a_node(&holders(&layout(), &short)));
     }
 
     #[test]
