@@ -163,6 +163,10 @@ pub fn json(o: &Output) -> serde_json::Value {
 /// Ctrl-C (SIGINT) unmounts and stops it.
 pub struct DevMount {
     child: Option<Child>,
+    /// The cluster's data folder.
+    pub data: PathBuf,
+    /// Nodes this test restarted after killing them (dev no longer owns them).
+    revived: Vec<Child>,
     /// The mount point.
     pub mount: PathBuf,
     /// What it printed on stdout up to and including the "mounted" line.
@@ -201,6 +205,8 @@ impl DevMount {
         std::thread::spawn(move || for _ in lines {});
         DevMount {
             child: Some(child),
+            data: data.to_path_buf(),
+            revived: Vec::new(),
             mount: mount.to_path_buf(),
             banner,
         }
@@ -211,9 +217,56 @@ impl DevMount {
         self.mount.join(p)
     }
 
+    /// Kills node `id` of the dev cluster with SIGKILL (a crash), found by its config.
+    pub fn kill_node(&self, id: u64) {
+        let config = self.data.join(format!("node{id}")).join("node.toml");
+        let want = config.to_str().expect("utf-8 path");
+        let mut killed = 0;
+        for e in std::fs::read_dir("/proc").expect("/proc").flatten() {
+            let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+                continue;
+            };
+            let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+            if args.iter().any(|a| *a == b"serve") && args.iter().any(|a| *a == want.as_bytes()) {
+                let pid = e.file_name().to_string_lossy().to_string();
+                assert!(
+                    Command::new("kill")
+                        .args(["-KILL", &pid])
+                        .status()
+                        .is_ok_and(|s| s.success()),
+                    "kill node {id} ({pid})"
+                );
+                killed += 1;
+            }
+        }
+        assert_eq!(killed, 1, "node {id} of {} not found", self.data.display());
+    }
+
+    /// Starts node `id` again from its config, as an operator restarts a crashed node;
+    /// returns once it serves. It is stopped with the mount.
+    pub fn restart_node(&mut self, id: u64) {
+        let (child, _) = spawn(&self.data.join(format!("node{id}")).join("node.toml"));
+        self.revived.push(child);
+    }
+
+    fn stop_revived(&mut self) {
+        for c in &mut self.revived {
+            let _ = Command::new("kill").args(["-TERM", &c.id().to_string()]).status();
+        }
+        for mut c in self.revived.drain(..) {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline && !matches!(c.try_wait(), Ok(Some(_))) {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
     /// Ctrl-C, as a user stops it: asserts that it exits with success within `limit`
     /// and leaves no mount behind.
     pub fn stop(&mut self, limit: Duration) {
+        self.stop_revived();
         let Some(mut c) = self.child.take() else {
             return;
         };
@@ -238,6 +291,7 @@ impl DevMount {
 impl Drop for DevMount {
     /// A test that failed half-way: Ctrl-C, a moment to unmount, then kill and unmount.
     fn drop(&mut self) {
+        self.stop_revived();
         if let Some(mut c) = self.child.take() {
             let _ = Command::new("kill").args(["-INT", &c.id().to_string()]).status();
             let deadline = Instant::now() + Duration::from_secs(10);
