@@ -227,7 +227,7 @@ impl DevMount {
                 continue;
             };
             let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-            if args.iter().any(|a| *a == b"serve") && args.iter().any(|a| *a == want.as_bytes()) {
+            if args.contains(&b"serve".as_slice()) && args.contains(&want.as_bytes()) {
                 let pid = e.file_name().to_string_lossy().to_string();
                 assert!(
                     Command::new("kill")
