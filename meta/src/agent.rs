@@ -7,9 +7,9 @@
 //! without registering, and anyone may ask for an immediate refresh after a peer
 //! answered "stale map".
 
-use crate::ids::Epoch;
+use crate::ids::{Epoch, NodeId};
 use crate::manager::ManagerError;
-use crate::manager::rpc::{Heartbeat, HeartbeatRequest};
+use crate::manager::rpc::{Heartbeat, HeartbeatRequest, Report, ReportRequest};
 use crate::manager::{fetch_map, propose};
 use crate::map::{ClusterMap, MapCommand, NodeInfo};
 use shingle_transport::{CallOptions, PeerClient, RpcChannel};
@@ -24,6 +24,10 @@ use tracing::{debug, info, warn};
 pub struct MapWatch {
     rx: watch::Receiver<Arc<ClusterMap>>,
     kick: Arc<Notify>,
+    client: PeerClient,
+    managers: Arc<Vec<SocketAddr>>,
+    /// When each node was last reported unreachable from here.
+    reported: Arc<std::sync::Mutex<std::collections::BTreeMap<NodeId, Instant>>>,
 }
 
 /// How a [`MapWatch`] keeps in touch.
@@ -74,8 +78,15 @@ impl MapWatch {
         }
         let (tx, rx) = watch::channel(Arc::new(map));
         let kick = Arc::new(Notify::new());
-        tokio::spawn(follow(client, cfg, tx, kick.clone(), Box::new(on_touch)));
-        Ok(MapWatch { rx, kick })
+        let managers = Arc::new(cfg.managers.clone());
+        tokio::spawn(follow(client.clone(), cfg, tx, kick.clone(), Box::new(on_touch)));
+        Ok(MapWatch {
+            rx,
+            kick,
+            client,
+            managers,
+            reported: Arc::default(),
+        })
     }
 
     /// The newest map.
@@ -88,12 +99,66 @@ impl MapWatch {
         self.rx.clone()
     }
 
-    /// Asks for a refresh now and waits (up to `wait`) for a map newer than `than`.
-    pub async fn refresh(&self, than: Epoch, wait: Duration) -> Arc<ClusterMap> {
+    /// Asks for a refresh now, without waiting for it.
+    pub fn kick(&self) {
         self.kick.notify_one();
+    }
+
+    /// Tells the managers that `node` could not be reached (a connect failed or a
+    /// connection broke). A hint, sent in the background at most every 250 ms per node:
+    /// the leader connects to the node itself and marks it Down at once only if its
+    /// address refuses connections, so a dead node's partitions and shards move on
+    /// without waiting for its heartbeats to be missed.
+    pub fn report_unreachable(&self, node: NodeId) {
+        let now = Instant::now();
+        {
+            let mut r = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            if r.get(&node)
+                .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_millis(250))
+            {
+                return;
+            }
+            r.insert(node, now);
+            if r.len() > 4096 {
+                r.retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(1));
+            }
+        }
+        let (client, managers) = (self.client.clone(), self.managers.clone());
+        debug!(node = node.0, "reporting an unreachable node to the managers");
+        tokio::spawn(async move {
+            let req = ReportRequest {
+                unreachable: vec![node.0],
+            };
+            let calls = managers.iter().map(|&m| {
+                let (client, req) = (&client, &req);
+                async move {
+                    let _ = client
+                        .call::<Report>(m, req, CallOptions::timeout(Duration::from_millis(500)))
+                        .await;
+                }
+            });
+            crate::join::join_all(calls).await;
+        });
+    }
+
+    /// Asks for a refresh now and waits (up to `wait`) for a map newer than `than`.
+    /// The managers are asked again every 50 ms meanwhile: the change awaited (a node
+    /// just reported dead being marked Down) may be committed a moment after the first
+    /// ask.
+    pub async fn refresh(&self, than: Epoch, wait: Duration) -> Arc<ClusterMap> {
+        let deadline = tokio::time::Instant::now() + wait;
         let mut rx = self.rx.clone();
-        let _ = tokio::time::timeout(wait, rx.wait_for(|m| m.epoch > than)).await;
-        self.current()
+        loop {
+            self.kick.notify_one();
+            let step = (tokio::time::Instant::now() + Duration::from_millis(50)).min(deadline);
+            if tokio::time::timeout_at(step, rx.wait_for(|m| m.epoch > than))
+                .await
+                .is_ok()
+                || tokio::time::Instant::now() >= deadline
+            {
+                return self.current();
+            }
+        }
     }
 }
 

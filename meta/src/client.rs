@@ -267,6 +267,13 @@ impl MetaClient {
                     Ok(r) => Ok(Ok(r)),
                     Err(CallError::Errno(e)) if e != Errno::EAGAIN => Ok(Err(e)),
                     Err(e) => {
+                        if let (CallError::Transport(t), Some(n)) = (&e, primary)
+                            && t.is_peer_failure()
+                        {
+                            // The primary may be dead: the managers check and, if so,
+                            // hand its partitions on now, not after missed heartbeats.
+                            self.maps.report_unreachable(n);
+                        }
                         debug!(partition = anchor.0, error = %e, "operation not done; retrying");
                         Err(e.errno())
                     }

@@ -107,6 +107,14 @@ pub struct ManagerSection {
     /// Mark a Down node Out (rebuild its data elsewhere) after this long; 0: never.
     #[serde(default = "default_out_after")]
     pub out_after_ms: u64,
+    /// A node reported unreachable whose address refuses connections (the leader
+    /// checks) is marked Down at once, not after `down_after_ms` of silence.
+    #[serde(default = "default_true")]
+    pub down_on_refused: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_down_after() -> u64 {

@@ -198,6 +198,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             mc.down_phi = m.down_phi;
             mc.heartbeat_pause_ms = m.heartbeat_pause_ms;
             mc.out_after_ms = m.out_after_ms;
+            mc.down_on_refused = m.down_on_refused;
             let manager = Manager::start_in(&slot, mc, peers.clone(), map.clone())
                 .await
                 .context("start the manager")?;
@@ -250,6 +251,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             }
         }));
         if let Some(m) = &meta {
+            m.attach_watch(watch.clone());
             m.start();
             let rc = crate::daemons::repair::RepairConfig {
                 interval: Duration::from_millis(cfg.meta.as_ref().map_or(10_000, |s| s.repair_interval_ms)),

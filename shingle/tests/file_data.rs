@@ -42,6 +42,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let a = Client::new(cluster.client().await, config());

@@ -24,6 +24,7 @@ fn fsck_and_scrub_find_what_is_wrong_and_say_so() {
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);
@@ -135,6 +136,7 @@ fn a_corrupt_shard_is_rebuilt_by_the_node_that_holds_it() {
             data_toml: "scrub_interval_ms = 2000\n",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);

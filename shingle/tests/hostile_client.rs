@@ -224,6 +224,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let ready = tool(root, &["status", "--wait", "60"]);

@@ -27,6 +27,7 @@ async fn namespace_operations_across_processes_and_partitions() {
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -153,6 +154,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -304,11 +306,13 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
             managers: 3,
             data: false,
             partitions: 4,
-            // Long enough that the restart below goes unnoticed: the map stays.
+            // Long enough that the restart below goes unnoticed: the map stays (and no
+            // report of its refused connections marks it Down either).
             down_after_ms: 30_000,
             data_toml: "",
             zones: (16, "16MiB"),
             node_toml: "",
+            manager_toml: "down_on_refused = false\n",
         },
     );
     let c = cluster.client().await;
@@ -473,6 +477,7 @@ async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
             } else {
                 "max_frame_bytes = \"1MiB\"\n"
             },
+            manager_toml: "",
         },
     );
     let c = cluster.client().await;
@@ -529,4 +534,67 @@ async fn a_partition_larger_than_a_frame_installs_and_is_pulled() {
         .expect("lookup");
     let value = c.getxattr(&root(), a.ino, b"user.blob").await.expect("getxattr");
     assert_eq!(value, common::pattern(files as u64 - 1, 65_536));
+}
+
+/// A node reported unreachable is marked Down as soon as the manager leader finds its
+/// address refusing connections — long before `down_after_ms` (30 s here) of heartbeat
+/// silence — and a create in a partition it led goes on at once on the next primary.
+/// A live node reported unreachable stays Up (the report is a hint; the leader checks).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_node_reported_unreachable_is_down_at_once_a_live_one_stays_up() {
+    use shingle_meta::ids::NodeId;
+    use shingle_meta::map::NodeState;
+    use std::time::Instant;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut cluster = Cluster::start(
+        tmp.path(),
+        Spec {
+            nodes: 4,
+            managers: 3,
+            data: false,
+            partitions: 8,
+            down_after_ms: 30_000,
+            data_toml: "",
+            zones: (16, "16MiB"),
+            node_toml: "",
+            manager_toml: "",
+        },
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c).await;
+    let state =
+        |c: &shingle_meta::client::MetaClient, id: u64| c.maps().current().nodes.get(&NodeId(id)).map(|n| n.state);
+    // A live node: reported, probed, left Up.
+    c.maps().report_unreachable(NodeId(4));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.maps().refresh(c.view().map.epoch, Duration::from_millis(300)).await;
+    assert_eq!(
+        state(&c, 4),
+        Some(NodeState::Up),
+        "a live node was marked Down on a report"
+    );
+
+    // Node 4 (not a manager) dies; a create whose partition it led is retried by the
+    // client, which reports it.
+    let victim = 4u64;
+    let parts = c.view().map.partitions;
+    let name = (0..10_000)
+        .map(|i| format!("f{i}"))
+        .find(|n| {
+            let p = shingle_meta::placement::dentry_partition(Ino::ROOT, n.as_bytes(), parts);
+            c.view().primary(p) == Some(NodeId(victim))
+        })
+        .expect("a name in a partition node 4 leads");
+    cluster.local.nodes[victim as usize - 1].kill();
+    let t = Instant::now();
+    c.mknod(&root(), Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
+        .await
+        .expect("create after the primary died");
+    let took = t.elapsed();
+    assert_eq!(state(&c, victim), Some(NodeState::Down), "the dead node is not Down");
+    assert!(
+        took < Duration::from_secs(10),
+        "the create waited {took:?}: the report did not mark the node Down"
+    );
+    eprintln!("create in a partition whose primary died: {took:?}");
 }

@@ -30,6 +30,7 @@ async fn start(root: &std::path::Path) -> (Cluster, Client) {
             data_toml: "",
             zones: (10, "8MiB"),
             node_toml: "",
+            manager_toml: "",
         },
     );
     let cfg = ClientConfig {

@@ -111,6 +111,10 @@ pub struct ManagerConfig {
     /// A node Down this long is marked Out: it leaves placement, its shards are rebuilt
     /// and its partitions re-replicated elsewhere. 0 never marks a node Out.
     pub out_after_ms: u64,
+    /// When a node or client reports a node unreachable, the leader connects to it, and
+    /// a refused connection (nothing listens: the process is gone) marks it Down at
+    /// once instead of after `down_after_ms` of silence.
+    pub down_on_refused: bool,
 }
 
 impl ManagerConfig {
@@ -130,6 +134,7 @@ impl ManagerConfig {
             down_phi: 8.0,
             heartbeat_pause_ms: 1_000,
             out_after_ms: 600_000,
+            down_on_refused: true,
         }
     }
 
@@ -493,11 +498,26 @@ impl ManagerSlot {
                 })
             }
         };
+        let s = self.clone();
+        let report = move |ctx: CallContext, req: rpc::ReportRequest| {
+            let s = s.clone();
+            async move {
+                let m = s.get()?;
+                if m.down_on_refused && m.raft.metrics().borrow().state == ServerState::Leader {
+                    // Probed in the background: the reporter goes on retrying meanwhile.
+                    for id in req.unreachable.into_iter().take(16) {
+                        tokio::spawn(probe_reported(m.clone(), NodeId(id), ctx.peer));
+                    }
+                }
+                Ok(rpc::ReportResponse {})
+            }
+        };
         shingle_transport::name_kind_as(kinds::APPEND_ENTRIES, "RaftAppendEntries");
         shingle_transport::name_kind_as(kinds::VOTE, "RaftVote");
         shingle_transport::name_kind_as(kinds::INSTALL_SNAPSHOT, "RaftInstallSnapshot");
         Router::new()
             .rpc::<rpc::Heartbeat, _, _>(heartbeat)
+            .rpc::<rpc::Report, _, _>(report)
             .raw(kinds::APPEND_ENTRIES, append)
             .raw(kinds::VOTE, vote)
             .raw(kinds::INSTALL_SNAPSHOT, snapshot)
@@ -548,6 +568,13 @@ struct Inner {
     down_phi: f64,
     pause: Duration,
     out_after: Duration,
+    down_on_refused: bool,
+    /// When each reported node was last probed (one probe per node per 250 ms).
+    probed: Mutex<BTreeMap<u64, Instant>>,
+    /// When a probe found each node's address refusing connections: only heartbeats
+    /// sent after that bring it back Up (those already in flight came from the dead
+    /// process).
+    refused: Mutex<BTreeMap<u64, Instant>>,
 }
 
 /// Heartbeats of one node as this manager saw them.
@@ -733,6 +760,9 @@ impl Manager {
             down_phi: config.down_phi,
             pause: Duration::from_millis(config.heartbeat_pause_ms),
             out_after: Duration::from_millis(config.out_after_ms),
+            down_on_refused: config.down_on_refused,
+            probed: Mutex::new(BTreeMap::new()),
+            refused: Mutex::new(BTreeMap::new()),
         });
         if let Err(e) = slot.attach(inner.clone()) {
             let _ = inner.raft.shutdown().await;
@@ -938,11 +968,16 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
         let mut changes = Vec::new();
         {
             let seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+            let mut refused = m.refused.lock().unwrap_or_else(|p| p.into_inner());
+            refused.retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(10));
             for n in map.nodes.values() {
                 let s = seen.get(&n.id.0);
                 let last = s.map_or(since, |s| s.last).max(since);
                 let silent = now.saturating_duration_since(last);
-                let fresh = s.is_some_and(|s| now.saturating_duration_since(s.last) < Duration::from_secs(1));
+                let fresh = s.is_some_and(|s| {
+                    now.saturating_duration_since(s.last) < Duration::from_secs(1)
+                        && refused.get(&n.id.0).is_none_or(|t| s.last > *t)
+                });
                 match n.state {
                     NodeState::Up => {
                         let phi = s.map_or(0.0, |s| s.phi(now, m.pause));
@@ -980,6 +1015,62 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
                 debug!(node = id.0, error = %e, "cannot record liveness change");
             }
         }
+    }
+}
+
+/// On the leader: a node reported unreachable by `by` is probed with a TCP connect; a
+/// refused connection means no process listens at its address, so it is marked Down
+/// now rather than after `down_after` of heartbeat silence (partitions it led get a new
+/// primary within a round trip of the map). A probe that times out or connects proves
+/// nothing and leaves the node to the heartbeat detector. A node is probed at most
+/// every 250 ms.
+async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
+    use crate::map::NodeState;
+    let addr = match m.map_rx.borrow().nodes.get(&id) {
+        Some(n) if n.state == NodeState::Up => n.addr,
+        _ => return,
+    };
+    {
+        let now = Instant::now();
+        let mut probed = m.probed.lock().unwrap_or_else(|p| p.into_inner());
+        if probed
+            .get(&id.0)
+            .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_millis(250))
+        {
+            return;
+        }
+        probed.insert(id.0, now);
+    }
+    let refused = matches!(
+        tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await,
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+    );
+    if !refused {
+        debug!(node = id.0, %addr, reporter = %by, "reported node answers or cannot be told; left to heartbeats");
+        return;
+    }
+    let still_up = m
+        .map_rx
+        .borrow()
+        .nodes
+        .get(&id)
+        .is_some_and(|n| n.state == NodeState::Up);
+    if !still_up || m.raft.metrics().borrow().state != ServerState::Leader {
+        return;
+    }
+    m.refused
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(id.0, Instant::now());
+    info!(node = id.0, %addr, reporter = %by, state = ?NodeState::Down, "node liveness changed: connection refused");
+    if let Err(e) = m
+        .propose(MapCommand::SetState {
+            id,
+            state: NodeState::Down,
+        })
+        .await
+    {
+        debug!(node = id.0, error = %e, "cannot record liveness change");
     }
 }
 

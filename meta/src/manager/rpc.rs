@@ -8,6 +8,7 @@
 //! | `0x0310` | [`GetMap`]        | protobuf [`GetMapRequest`] / [`GetMapResponse`]     |
 //! | `0x0311` | [`Propose`]       | protobuf [`ProposeRequest`] / [`ProposeResponse`]   |
 //! | `0x0312` | [`Heartbeat`]     | protobuf [`HeartbeatRequest`] / [`HeartbeatResponse`] |
+//! | `0x0313` | [`Report`]        | protobuf [`ReportRequest`] / [`ReportResponse`]     |
 //!
 //! The Raft messages are openraft's own types in JSON: they are only exchanged between
 //! managers of one build, and their shape is openraft's to evolve. The client-facing
@@ -107,7 +108,22 @@ pub struct HeartbeatResponse {
     pub term: u64,
 }
 
+/// A node or client tells the managers it could not reach some nodes (a connect
+/// failed, a connection broke). A hint only: the leader probes each itself and marks
+/// Down at once only a node whose address refuses connections (no process listens).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReportRequest {
+    /// Node ids the sender could not reach.
+    #[prost(uint64, repeated, tag = "1")]
+    pub unreachable: Vec<u64>,
+}
+
+/// Nothing: the report is acted on (or not) in the background.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ReportResponse {}
+
 use shingle_transport::rpc;
 rpc!(GetMap, 0x0310, GetMapRequest, GetMapResponse);
+rpc!(Report, 0x0313, ReportRequest, ReportResponse);
 rpc!(Propose, 0x0311, ProposeRequest, ProposeResponse);
 rpc!(Heartbeat, 0x0312, HeartbeatRequest, HeartbeatResponse);

@@ -134,6 +134,9 @@ struct Inner {
     staging: Mutex<Staging>,
     /// Encoded copies a primary taking over is pulling in pieces, by partition.
     snapshots: Mutex<HashMap<PartitionId, Snapshot>>,
+    /// The node's map agent, once it runs: refreshed at once when a caller has a newer
+    /// map, told about peers that cannot be reached.
+    watch: std::sync::OnceLock<crate::agent::MapWatch>,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -214,6 +217,7 @@ impl MetaNode {
             inflight: Mutex::new(BTreeSet::new()),
             in_touch: AtomicBool::new(true),
             map_rx: maps,
+            watch: std::sync::OnceLock::new(),
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
@@ -341,6 +345,25 @@ impl MetaNode {
         self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
+    /// Gives the node its map agent (see [`Inner::watch`]); the first one given stays.
+    pub fn attach_watch(&self, w: crate::agent::MapWatch) {
+        let _ = self.inner.watch.set(w);
+    }
+
+    /// [`call`] to a peer node; a peer that cannot be reached is reported to the
+    /// managers (they mark it Down at once if nothing listens at its address).
+    async fn call_peer<R: MetaRpc>(&self, peer: SocketAddr, req: &R, t: Duration) -> Result<R::Reply, CallError> {
+        let r = call(&self.inner.client, peer, req, t).await;
+        if let Err(CallError::Transport(e)) = &r
+            && e.is_peer_failure()
+            && let Some(w) = self.inner.watch.get()
+            && let Some(id) = self.view().map.nodes.values().find(|n| n.addr == peer).map(|n| n.id)
+        {
+            w.report_unreachable(id);
+        }
+        r
+    }
+
     fn view(&self) -> Arc<MapView> {
         self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
@@ -396,7 +419,10 @@ impl MetaNode {
             )));
         }
         if theirs > mine {
-            // Ours is behind: wait briefly for the agent to bring the newer map.
+            // Ours is behind: have the agent fetch the newer map now, and wait briefly.
+            if let Some(w) = self.inner.watch.get() {
+                w.kick();
+            }
             let mut rx = self.inner.map_rx.clone();
             let _ = tokio::time::timeout(Duration::from_millis(500), rx.wait_for(|m| m.epoch >= theirs)).await;
             self.adopt(rx.borrow().clone());
@@ -521,7 +547,7 @@ impl MetaNode {
                         epoch: v.map.epoch,
                         partition: p,
                     };
-                    (n, call(&self.inner.client, addr, &req, Duration::from_secs(2)).await)
+                    (n, self.call_peer(addr, &req, Duration::from_secs(2)).await)
                 });
             for (n, got) in crate::join::join_all(asks).await {
                 match got {
@@ -570,7 +596,7 @@ impl MetaNode {
             partition: p,
             node: self.me(),
         };
-        call(&self.inner.client, addr, &req, Duration::from_secs(30))
+        self.call_peer(addr, &req, Duration::from_secs(30))
             .await
             .map_err(|e| e.to_string())
     }
@@ -710,7 +736,7 @@ impl MetaNode {
                 errno_status(Errno::EAGAIN)
             }
         };
-        match call(&self.inner.client, addr, req, t).await.map_err(fail)? {
+        match self.call_peer(addr, req, t).await.map_err(fail)? {
             ReplicaAck::Done => Ok(()),
             ReplicaAck::NeedInstall => self
                 .send_copy(addr, req.epoch, req.partition, slot, t * 5)
@@ -740,7 +766,7 @@ impl MetaNode {
                 offset,
                 data: super::copy::piece(&bytes, offset, self.inner.cfg.copy_piece).to_vec(),
             };
-            let held = call(&self.inner.client, addr, &req, piece_timeout).await?;
+            let held = self.call_peer(addr, &req, piece_timeout).await?;
             if held >= copy.total {
                 return Ok(());
             }
@@ -765,7 +791,8 @@ impl MetaNode {
                 partition: p,
                 offset,
             };
-            let got = call(&self.inner.client, addr, &req, Duration::from_secs(30))
+            let got = self
+                .call_peer(addr, &req, Duration::from_secs(30))
                 .await
                 .map_err(|e| e.to_string())?;
             rounds += 1;
@@ -1266,7 +1293,7 @@ impl MetaNode {
                     wait_ms: 200,
                     release: false,
                 };
-                call(&self.inner.client, addr, &req, Duration::from_secs(2))
+                self.call_peer(addr, &req, Duration::from_secs(2))
                     .await
                     .unwrap_or(false)
             };
@@ -1291,7 +1318,7 @@ impl MetaNode {
             wait_ms: 0,
             release: true,
         };
-        if let Err(e) = call(&self.inner.client, addr, &req, Duration::from_secs(2)).await {
+        if let Err(e) = self.call_peer(addr, &req, Duration::from_secs(2)).await {
             debug!(host = host.0, error = %e, "unlock failed; the lease will free the keys");
         }
     }
@@ -1326,7 +1353,7 @@ impl MetaNode {
                     self.on_fetch(&req).map_err(|_| Retry::Busy)?
                 } else {
                     let addr = v.addr(node).ok_or(Retry::Busy)?;
-                    call(&self.inner.client, addr, &req, Duration::from_secs(2))
+                    self.call_peer(addr, &req, Duration::from_secs(2))
                         .await
                         .map_err(|_| Retry::Busy)?
                 };
@@ -1375,7 +1402,7 @@ impl MetaNode {
                         partition: p,
                         ops,
                     };
-                    call(&self.inner.client, addr, &req, self.inner.cfg.replicate_timeout * 3)
+                    self.call_peer(addr, &req, self.inner.cfg.replicate_timeout * 3)
                         .await
                         .map_err(to_status)
                 }

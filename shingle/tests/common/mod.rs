@@ -51,6 +51,8 @@ pub struct Spec {
     pub data_toml: &'static str,
     /// Extra lines of each node's `[node]` section.
     pub node_toml: &'static str,
+    /// Extra lines of each manager's `[manager]` section.
+    pub manager_toml: &'static str,
     /// Zones per data node and their size.
     pub zones: (u32, &'static str),
 }
@@ -68,7 +70,7 @@ impl Cluster {
             data: s.data,
             partitions: s.partitions,
             zones: s.zones,
-            manager_toml: format!("down_after_ms = {}\n", s.down_after_ms),
+            manager_toml: format!("down_after_ms = {}\n{}", s.down_after_ms, s.manager_toml),
             bin: Some(env!("CARGO_BIN_EXE_shingle").into()),
             pgs: Some(32),
             node_toml: s.node_toml.into(),
