@@ -438,6 +438,10 @@ impl ManagerSlot {
                 let cmd: MapCommand = serde_json::from_str(&req.command_json)
                     .map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode command: {e}")))?;
                 debug!(peer = %ctx.peer, forwarded = req.forwarded, ?cmd, "proposal received");
+                let registers = match &cmd {
+                    MapCommand::Register(n) => Some(n.id.0),
+                    _ => None,
+                };
                 let outcome = if req.forwarded {
                     match m.propose_once(&cmd, false, m.propose_timeout).await {
                         Attempt::Done(r) => Ok(r),
@@ -450,6 +454,13 @@ impl ManagerSlot {
                 } else {
                     m.propose(cmd).await
                 };
+                if let (Some(id), Ok(MapResponse::Applied(_))) = (registers, &outcome) {
+                    // A node registering is alive now: a heartbeat record left from
+                    // before it died would have the liveness watch mark it Down again
+                    // at once (and Up at its next heartbeat: two more epochs that
+                    // every meta node must follow).
+                    m.saw(id);
+                }
                 match outcome {
                     Ok(MapResponse::Applied(epoch)) => Ok(ProposeResponse {
                         epoch: epoch.0,
@@ -473,18 +484,7 @@ impl ManagerSlot {
                 // that nothing ever removes).
                 let known = m.map_rx.borrow().nodes.contains_key(&NodeId(req.node_id));
                 if req.node_id != 0 && known {
-                    let now = Instant::now();
-                    let mut seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
-                    let e = seen.entry(req.node_id).or_insert_with(|| Seen {
-                        last: now,
-                        intervals: shingle_transport::health::PhiAccrual::new(Duration::from_millis(100)),
-                    });
-                    let gap = now.saturating_duration_since(e.last);
-                    // A gap longer than the Down limit was an outage, not the node's rhythm.
-                    if gap > Duration::ZERO && gap < m.down_after {
-                        e.intervals.record(gap);
-                    }
-                    e.last = now;
+                    m.saw(req.node_id);
                 }
                 let (leader, term) = {
                     let rm = m.raft.metrics();
@@ -575,6 +575,24 @@ struct Inner {
     /// sent after that bring it back Up (those already in flight came from the dead
     /// process).
     refused: Mutex<BTreeMap<u64, Instant>>,
+}
+
+impl Inner {
+    /// Records a sign of life of node `id` (a heartbeat, a registration).
+    fn saw(&self, id: u64) {
+        let now = Instant::now();
+        let mut seen = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let e = seen.entry(id).or_insert_with(|| Seen {
+            last: now,
+            intervals: shingle_transport::health::PhiAccrual::new(Duration::from_millis(100)),
+        });
+        let gap = now.saturating_duration_since(e.last);
+        // A gap longer than the Down limit was an outage, not the node's rhythm.
+        if gap > Duration::ZERO && gap < self.down_after {
+            e.intervals.record(gap);
+        }
+        e.last = now;
+    }
 }
 
 /// Heartbeats of one node as this manager saw them.

@@ -19,7 +19,8 @@
 //!    for byte.
 //!
 //! Reported: per phase reads, failures, read latency (p50/max), scan throughput, lookup
-//! stalls and write failures; the longest read stall; degraded-read throughput as a ratio
+//! stalls, write failures and the slowest write (create, write, close of a half-size
+//! file); the longest read stall; degraded-read throughput as a ratio
 //! to healthy; rebuild throughput; the outcome of the three-down phase and of the final
 //! read-back. It fails (after writing the report) when a correctness invariant breaks:
 //! a failed read, lookup or write while at most two nodes are down, an error other than
@@ -394,6 +395,7 @@ struct Phase {
     lookup_max_ms: f64,
     writes: usize,
     failed_writes: usize,
+    write_max_ms: f64,
 }
 
 fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
@@ -423,6 +425,7 @@ fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
         lookup_max_ms: max(&l),
         writes: w.len(),
         failed_writes: w.iter().filter(|s| !s.ok).count(),
+        write_max_ms: max(&w),
     }
 }
 
@@ -962,10 +965,10 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "# failover ({machine}): 8 nodes, 3 managers, ec(4,2), {} readers + 1 writer + 1 lookup prober",
         a.readers
     );
-    println!("phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail");
+    println!("phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail  max ms");
     for p in &phases {
         println!(
-            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4}",
+            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4} {:7.1}",
             p.name,
             p.secs,
             p.reads,
@@ -977,7 +980,8 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
             p.failed_lookups,
             p.lookup_max_ms,
             p.writes,
-            p.failed_writes
+            p.failed_writes,
+            p.write_max_ms
         );
     }
     let rebuilt_mib = rebuilt_bytes as f64 / (1u64 << 20) as f64;
