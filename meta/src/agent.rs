@@ -5,7 +5,8 @@
 //! Down when heartbeats stop); the heartbeat replies carry the managers' epoch, so a
 //! newer map is fetched within one heartbeat. Clients poll the epoch the same way
 //! without registering, and anyone may ask for an immediate refresh after a peer
-//! answered "stale map".
+//! answered "stale map", or report a peer it cannot reach
+//! ([`MapWatch::report_unreachable`]) so the managers check it at once.
 
 use crate::ids::{Epoch, NodeId};
 use crate::manager::ManagerError;

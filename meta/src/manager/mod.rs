@@ -13,7 +13,12 @@
 //! - the Raft RPCs between managers and the client-facing `GetMap` / `Propose` RPCs, all on
 //!   Shingle's authenticated transport ([`rpc`] lists the kinds, `0x0300..=0x03FF`);
 //! - forwarding: [`Manager::propose`] works on any member; a follower hands the command to
-//!   the leader with a `Propose` RPC.
+//!   the leader with a `Propose` RPC;
+//! - liveness, on the leader: nodes heartbeat every manager; phi-accrual over the
+//!   silence (at the latest `down_after_ms`) marks a node Down, `out_after_ms` Down marks
+//!   it Out, a heartbeat or registration brings it back Up. A node reported unreachable
+//!   (`Report`) is probed with a TCP connect and marked Down at once when the
+//!   connection is refused (decision 0009).
 //!
 //! What it must never do: write consensus logic of its own (openraft decides who leads and
 //! what is committed), serve a map it has not applied, or change the map other than by a
