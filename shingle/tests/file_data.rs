@@ -31,6 +31,10 @@ fn config() -> ClientConfig {
 const SB: u64 = 64 << 10;
 
 async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
+    start_with(root, config()).await
+}
+
+async fn start_with(root: &std::path::Path, cfg: ClientConfig) -> (Cluster, Client, Client) {
     let cluster = Cluster::start(
         root,
         Spec {
@@ -45,9 +49,9 @@ async fn start(root: &std::path::Path) -> (Cluster, Client, Client) {
             manager_toml: "",
         },
     );
-    let a = Client::new(cluster.client().await, config());
+    let a = Client::new(cluster.client().await, cfg.clone());
     cluster.wait_ready(a.meta()).await;
-    let b = Client::new(cluster.client().await, config());
+    let b = Client::new(cluster.client().await, cfg);
     (cluster, a, b)
 }
 
@@ -201,14 +205,19 @@ async fn file_data_matches_a_byte_vector_and_two_clients_agree() {
     tokio::time::sleep(Duration::from_millis(10)).await;
 }
 
-/// Two of six nodes down: a stripe needs k+1 = 5 shards, so none can be stored. The
-/// writes that needed them are reported once at fsync (EIO), the committed content and
-/// size stay as they were (on this client and for others), and once the nodes are
-/// back the same handle writes again.
+/// Two of six nodes down under the strict rule (`distinct_homes`: k + 1 = 5 shards on
+/// distinct nodes), so no full stripe can be stored (the default rule would put two
+/// shards on one node: decision 0017). The writes that needed them are reported once at
+/// fsync (EIO), the committed content and size stay as they were (on this client and
+/// for others), and once the nodes are back the same handle writes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stripe_that_cannot_be_stored_is_reported_once_and_changes_nothing() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let (mut cluster, a, b) = start(tmp.path()).await;
+    let strict = ClientConfig {
+        distinct_homes: true,
+        ..config()
+    };
+    let (mut cluster, a, b) = start_with(tmp.path(), strict).await;
     let root = Creds::root();
     let ino = create(&a, "f").await;
     let f = a.open(&root, ino).await.expect("open");
