@@ -200,20 +200,23 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     ];
     for (down, s, len) in cases {
         let fresh: Arc<Health> = Arc::default();
-        let r = write_stripe(
-            &c,
-            &fresh,
-            policy,
-            &addrs,
-            &[],
-            &down,
-            strict,
-            42,
-            s,
-            1,
-            content(s, len),
-        )
-        .await;
+        // Version 1 under the strict rule, version 2 under the default one.
+        let write = |rule: WriteRule, version: u64| {
+            write_stripe(
+                &c,
+                &fresh,
+                policy,
+                &addrs,
+                &[],
+                &down,
+                rule,
+                42,
+                s,
+                version,
+                content(s, len),
+            )
+        };
+        let r = write(strict, 1).await;
         if len == full {
             let e = r.expect_err("four distinct nodes cannot hold 4+2 with one to spare");
             assert!(e.to_string().contains("shard writes failed"), "{e}");
@@ -221,21 +224,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             // Its three stored shards have nodes of their own: fine under either rule.
             r.expect("short stripe under the strict rule");
         }
-        let placed = write_stripe(
-            &c,
-            &fresh,
-            policy,
-            &addrs,
-            &[],
-            &down,
-            shared,
-            42,
-            s,
-            2,
-            content(s, len),
-        )
-        .await
-        .expect("shared write");
+        let placed = write(shared, 2).await.expect("shared write");
         let stored = if len == full { 6 } else { 3 };
         let held: Vec<SocketAddr> = [0, 1, 2, 3, 4, 5]
             .into_iter()

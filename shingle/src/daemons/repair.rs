@@ -284,22 +284,26 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
     let mut bytes = 0u64;
     let gate = Arc::new(Semaphore::new(cfg.parallel.max(1)));
     let mut jobs = tokio::task::JoinSet::new();
+    // Moves only on a settled map: while it changes, scans on different nodes could
+    // disagree about where a shard belongs.
+    let settled = || meta.view().map.epoch == pass_epoch;
     // Two sweeps: first what restores failure tolerance (rebuilds, spreading shards
-    // that share a node), then rebalancing moves.
+    // that share a node), then rebalancing moves; a sweep the count found nothing for
+    // is skipped (what appeared since is found by the next pass).
     for restore in [true, false] {
+        if (restore && todo == 0) || (!restore && moves == 0) {
+            continue;
+        }
         let mut cursor = Ino(0);
         loop {
             let (files, more) = node.primary_files(cursor, PAGE);
             let v = meta.view();
             for (ino, layout) in &files {
                 for (s, rec) in &layout.stripes {
-                    // Moves only on a settled map: while it changes, scans on different
-                    // nodes could disagree about where a shard belongs.
-                    let settled = meta.view().map.epoch == pass_epoch;
                     let (shards, plain_move) = match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
                         StripePlan::Repair(r) if restore => (r, false),
-                        StripePlan::Spread(r) if restore && settled => (r, false),
-                        StripePlan::Move(r) if !restore && settled => (r, true),
+                        StripePlan::Spread(r) if restore && settled() => (r, false),
+                        StripePlan::Move(r) if !restore && settled() => (r, true),
                         _ => continue,
                     };
                     for r in shards {
