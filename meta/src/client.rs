@@ -9,7 +9,9 @@
 //! in parallel, one request per node, and merges pages by name (a stable cursor).
 //! Mutations go to the primary of their anchor partition, which coordinates them;
 //! "stale map" answers trigger a map refresh. Everything is retried until `timeout`, then fails with the last errno
-//! (EIO when no server answered).
+//! (EIO when no server answered). A mutation keeps one id over its retries (a create
+//! its token), so a retry of one whose answer was lost is answered as done, not run
+//! twice.
 //!
 //! Traces: reads run in an `ns.read` span, mutations in `ns.op`, listings in
 //! `ns.readdir` (op, partition, ino; the node that answered, retries, hedged requests),
@@ -246,11 +248,22 @@ impl MetaClient {
     }
 
     async fn op_inner(&self, creds: &Creds, op: NsOp) -> Result<OpReply, Errno> {
+        // One id for every try: a retry of an operation whose first try was finished
+        // after its answer was lost is answered as done (see `NsOp::once`).
+        let id = if op.once() { random_id() } else { 0 };
+        self.op_as(creds, op, id).await
+    }
+
+    /// Runs a mutation as operation `id` (0: none): a second call with the same id,
+    /// after the first finished, is answered as done without running it again. For
+    /// tests and tools that retry on their own; [`MetaClient::op`] chooses the id.
+    pub async fn op_as(&self, creds: &Creds, op: NsOp, id: u64) -> Result<OpReply, Errno> {
         self.retry(|v| {
             let req = Op {
                 epoch: v.map.epoch,
                 creds: creds.clone(),
                 op: op.clone(),
+                id,
             };
             async move {
                 let anchor = req.op.anchor(v.map.partitions);
@@ -506,7 +519,7 @@ impl MetaClient {
             perm,
             rdev,
             target: target.map(<[u8]>::to_vec),
-            token: create_token(),
+            token: random_id(),
         };
         Self::attr(self.op(creds, op).await?)
     }
@@ -780,8 +793,8 @@ impl Drop for Busy<'_> {
     }
 }
 
-/// A random non-zero token naming one create across its retries.
-fn create_token() -> u64 {
+/// A random non-zero id naming one operation across its retries (a create's token).
+fn random_id() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b).max(1)

@@ -8,6 +8,7 @@ use shingle_meta::ids::Ino;
 use shingle_meta::namespace::perm;
 use shingle_meta::namespace::types::{Attr, Creds, Errno, FileKind, NAME_MAX, S_ISVTX, SetAttr};
 use shingle_meta::namespace::{Namespace, RenameFlags};
+use shingle_meta::placement::dentry_partition;
 use std::collections::BTreeMap;
 
 // ---------------------------------------------------------------- the reference model
@@ -388,29 +389,45 @@ fn ino_of(ns: &Namespace, path: &[Vec<u8>]) -> Option<Ino> {
     Some(cur)
 }
 
-fn run_engine(ns: &mut Namespace, op: &Op, now: i64) -> Result<(), Errno> {
+/// Runs `op` as client operation `id`: a retry with the same id after a crash (the
+/// answer was lost) must succeed once, not fail on the first try's effect.
+fn run_engine(ns: &mut Namespace, op: &Op, id: u64, now: i64) -> Result<Answer, Errno> {
     let ino = |ns: &Namespace, p: &[Vec<u8>]| ino_of(ns, p).ok_or(Errno::ENOENT);
+    let parts = ns.partition_count();
+    let once = |ns: &mut Namespace,
+                parent: Ino,
+                name: &[u8],
+                f: &mut dyn FnMut(&mut Namespace) -> Result<(), Errno>|
+     -> Result<Answer, Errno> {
+        let anchor = dentry_partition(parent, name, parts);
+        Ok(match ns.once(id, anchor, now, |ns| f(ns))? {
+            Some(()) => Answer::Ran,
+            None => Answer::FromRecord,
+        })
+    };
     match op {
         Op::Mk(c, p, n, k, m) => {
             let target: Option<&[u8]> = (*k == FileKind::Symlink).then_some(b"target/x");
             let parent = ino(ns, p)?;
-            ns.mknod(c, parent, n, *k, *m, 0, target, now).map(|_| ())
+            // A create is made once by its token instead.
+            ns.mknod_once(c, parent, n, *k, *m, 0, target, now, id)
+                .map(|_| Answer::Ran)
         }
         Op::Unlink(c, p, n) => {
             let parent = ino(ns, p)?;
-            ns.unlink(c, parent, n, now)
+            once(ns, parent, n, &mut |ns| ns.unlink(c, parent, n, now))
         }
         Op::Rmdir(c, p, n) => {
             let parent = ino(ns, p)?;
-            ns.rmdir(c, parent, n, now)
+            once(ns, parent, n, &mut |ns| ns.rmdir(c, parent, n, now))
         }
         Op::Link(c, t, p, n) => {
             let (target, parent) = (ino(ns, t)?, ino(ns, p)?);
-            ns.link(c, target, parent, n, now).map(|_| ())
+            once(ns, parent, n, &mut |ns| ns.link(c, target, parent, n, now).map(|_| ()))
         }
         Op::Rename(c, p, n, np, nn, f) => {
             let (a, b) = (ino(ns, p)?, ino(ns, np)?);
-            ns.rename(c, a, n, b, nn, *f, now)
+            once(ns, b, nn, &mut |ns| ns.rename(c, a, n, b, nn, *f, now))
         }
         Op::Chmod(c, p, m) => {
             let i = ino(ns, p)?;
@@ -423,9 +440,18 @@ fn run_engine(ns: &mut Namespace, op: &Op, now: i64) -> Result<(), Errno> {
                 },
                 now,
             )
-            .map(|_| ())
+            .map(|_| Answer::Ran)
         }
     }
+}
+
+/// How the engine answered a successful operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Answer {
+    /// It ran.
+    Ran,
+    /// A retry of one already done: answered from its record.
+    FromRecord,
 }
 
 fn run_model(m: &mut Model, op: &Op) -> Result<(), Errno> {
@@ -529,9 +555,19 @@ fn random_op(rng: &mut Rng, m: &Model) -> Op {
     }
 }
 
-/// Runs one seed; returns how many crashed operations recovery had to redo.
-fn check_seed(seed: u64, partitions: u32, steps: usize) -> usize {
-    let mut redone = 0;
+/// What one seed exercised.
+#[derive(Default)]
+struct Exercised {
+    /// Crashed operations recovery redid.
+    redone: usize,
+    /// Retries answered from the record of their first try.
+    from_record: usize,
+}
+
+/// Runs one seed. Every operation that crashed is retried, as a client whose answer was
+/// lost does: it must then have been applied exactly once.
+fn check_seed(seed: u64, partitions: u32, steps: usize) -> Exercised {
+    let mut seen = Exercised::default();
     let mut rng = Rng::seeded(seed);
     let mut ns = Namespace::format(partitions, 1);
     let mut model = Model::new();
@@ -558,22 +594,25 @@ fn check_seed(seed: u64, partitions: u32, steps: usize) -> usize {
             eprintln!("seed {seed} p {partitions} step {step} crash {crash}: {op:?}");
         }
         let want = run_model(&mut model, &op);
-        let got = run_engine(&mut ns, &op, step as i64 + 2);
+        let id = step as u64 + 1;
+        let now = step as i64 + 2;
+        let mut got = run_engine(&mut ns, &op, id, now);
         ns.clear_crash();
         if crash && got == Err(Errno::EIO) {
             // Crashed mid-operation: recovery must leave it fully applied or not at all.
-            redone += ns.recover();
+            seen.redone += ns.recover();
             let t = engine_tree(&ns);
             assert!(
                 t == model.tree() || t == before.tree(),
                 "seed {seed} step {step}: half-applied {op:?}"
             );
-            if t == before.tree() {
-                model = before;
+            // The client retries (same id): applied exactly once, whichever it was.
+            got = run_engine(&mut ns, &op, id, now);
+            if got == Ok(Answer::FromRecord) {
+                seen.from_record += 1;
             }
-            continue;
         }
-        assert_eq!(got, want, "seed {seed} step {step}: {op:?}");
+        assert_eq!(got.map(|_| ()), want, "seed {seed} step {step}: {op:?}");
         if std::env::var("SHINGLE_CHECK_EVERY_STEP").is_ok() || step % 10 == 0 || step + 1 == steps {
             assert_eq!(
                 engine_tree(&ns),
@@ -588,7 +627,7 @@ fn check_seed(seed: u64, partitions: u32, steps: usize) -> usize {
             "seed {seed} step {step}: intent left behind"
         );
     }
-    redone
+    seen
 }
 
 #[test]
@@ -597,16 +636,22 @@ fn engine_agrees_with_the_model() {
         Ok(s) => vec![s.parse().expect("SHINGLE_SEED is a number")],
         Err(_) => (1..=40).collect(),
     };
-    let mut redone = 0;
+    let (mut redone, mut from_record) = (0, 0);
     let many = seeds.len() > 1;
     for seed in seeds {
         for partitions in [1, 7] {
-            redone += check_seed(seed, partitions, 300);
+            let seen = check_seed(seed, partitions, 300);
+            redone += seen.redone;
+            from_record += seen.from_record;
         }
     }
     assert!(
         !many || redone > 10,
         "crash recovery was hardly exercised ({redone} intents redone)"
+    );
+    assert!(
+        !many || from_record > 10,
+        "retries answered from their record were hardly exercised ({from_record})"
     );
 }
 

@@ -265,6 +265,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         epoch,
         creds: root_creds.clone(),
         op,
+        id: 0,
     };
     let policy = Layout {
         stripes: BTreeMap::new(),

@@ -6,6 +6,7 @@ mod common;
 use common::{Cluster, Spec};
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::{Creds, Errno, FileKind, SetAttr};
+use shingle_meta::service::wire::{NsOp, OpReply};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -114,6 +115,21 @@ async fn namespace_operations_across_processes_and_partitions() {
         c.mknod(&user, d.ino, b"nope", FileKind::File, 0o644, 0, None).await,
         Err(Errno::EACCES)
     );
+    // An operation retried with its id (as when its answer was lost) is answered as
+    // done, not run again: no ENOENT for the unlink and rename, no EEXIST for the link.
+    let (unlink, rename, link) = once_ops(d.ino, e.ino, inos["f05"]);
+    for _try in 0..2 {
+        assert_eq!(c.op_as(&r, unlink.clone(), 0x5eed).await, Ok(OpReply::Done));
+        assert_eq!(c.op_as(&r, rename.clone(), 0x5eee).await, Ok(OpReply::Done));
+        match c.op_as(&r, link.clone(), 0x5eef).await {
+            Ok(OpReply::Attr(a)) => assert_eq!((a.ino, a.nlink), (inos["f05"], 2)),
+            other => panic!("link: {other:?}"),
+        }
+    }
+    // The same operations under new ids run again, and fail as they should.
+    assert_eq!(c.op_as(&r, unlink.clone(), 0x600d).await, Err(Errno::ENOENT));
+    assert_eq!(c.op_as(&r, rename.clone(), 0x600e).await, Err(Errno::ENOENT));
+    assert_eq!(c.op_as(&r, link.clone(), 0x600f).await, Err(Errno::EEXIST));
     // Everything survives restarting every process.
     let mut cluster = cluster;
     cluster.local.restart_all(&cluster.spec).expect("restart every node");
@@ -123,10 +139,40 @@ async fn namespace_operations_across_processes_and_partitions() {
         c.lookup(e.ino, b"moved").await.expect("lookup after restart").ino,
         inos["f00"]
     );
-    assert_eq!(c.getattr(d.ino).await.expect("getattr").size, 38);
+    // The records of finished operations are as durable as the operations.
+    assert_eq!(c.op_as(&r, unlink, 0x5eed).await, Ok(OpReply::Done));
+    assert_eq!(c.op_as(&r, rename, 0x5eee).await, Ok(OpReply::Done));
+    assert!(matches!(c.op_as(&r, link, 0x5eef).await, Ok(OpReply::Attr(_))));
+    assert_eq!(c.getattr(d.ino).await.expect("getattr").size, 37);
     let all = c.readdir(d.ino, None, 1000).await.expect("readdir");
-    assert_eq!(all.len(), 38);
+    assert_eq!(all.len(), 37);
+    assert_eq!(c.getattr(inos["f05"]).await.expect("getattr").nlink, 2);
     let _ = Duration::ZERO;
+}
+
+/// An unlink of `dir/f03`, a rename of `dir/f04` to `dir/f04b` and a link of `file` as
+/// `other/hard5`.
+fn once_ops(dir: Ino, other: Ino, file: Ino) -> (NsOp, NsOp, NsOp) {
+    (
+        NsOp::Unlink {
+            parent: dir,
+            name: b"f03".to_vec(),
+            keep_secs: 0,
+        },
+        NsOp::Rename {
+            parent: dir,
+            name: b"f04".to_vec(),
+            newparent: dir,
+            newname: b"f04b".to_vec(),
+            noreplace: false,
+            exchange: false,
+        },
+        NsOp::Link {
+            ino: file,
+            newparent: other,
+            newname: b"hard5".to_vec(),
+        },
+    )
 }
 
 /// What the workload knows about one file.
@@ -136,6 +182,8 @@ enum Known {
     At(Ino, String),
     /// The create was not acknowledged: absent, or at this place.
     MaybeAt(Ino, String),
+    /// Unlinked (acknowledged).
+    Gone(Ino, String),
     /// A rename was not acknowledged: at exactly one of the two places.
     OneOf((Ino, String), (Ino, String)),
 }
@@ -171,8 +219,11 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
     let known = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, Known>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
+    // Answers a client retrying an operation whose coordinator died must not get (the
+    // first try's effect seen as an error): each operation is applied exactly once.
+    let wrong = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     for w in 0..4u64 {
-        let (c, known, stop) = (c.clone(), known.clone(), stop.clone());
+        let (c, known, stop, wrong) = (c.clone(), known.clone(), stop.clone(), wrong.clone());
         let (a, b) = (a.ino, b.ino);
         workers.push(tokio::spawn(async move {
             let r = root();
@@ -190,7 +241,10 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                             .expect("lock")
                             .insert(id.clone(), Known::At(dir, id.clone()));
                     }
-                    Err(_) => {
+                    Err(e) => {
+                        if e == Errno::EEXIST {
+                            wrong.lock().expect("lock").push(format!("create of {id}: {e:?}"));
+                        }
                         known
                             .lock()
                             .expect("lock")
@@ -198,13 +252,38 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                         continue;
                     }
                 }
+                let (mut at, mut name) = (dir, id.clone());
                 if i % 3 == 0 {
                     // Move it to the other directory under a new name.
                     let (to, new) = (if dir == a { b } else { a }, format!("{id}-r"));
                     let res = c.rename(&r, dir, id.as_bytes(), to, new.as_bytes(), false, false).await;
                     let k = match res {
-                        Ok(()) => Known::At(to, new),
-                        Err(_) => Known::OneOf((dir, id.clone()), (to, new)),
+                        Ok(()) => {
+                            (at, name) = (to, new.clone());
+                            Known::At(to, new)
+                        }
+                        Err(e) => {
+                            if matches!(e, Errno::ENOENT | Errno::EEXIST) {
+                                wrong.lock().expect("lock").push(format!("rename of {id}: {e:?}"));
+                            }
+                            known
+                                .lock()
+                                .expect("lock")
+                                .insert(id.clone(), Known::OneOf((dir, id.clone()), (to, new)));
+                            continue;
+                        }
+                    };
+                    known.lock().expect("lock").insert(id.clone(), k);
+                }
+                if i % 4 == 0 {
+                    let k = match c.unlink(&r, at, name.as_bytes()).await {
+                        Ok(()) => Known::Gone(at, name),
+                        Err(e) => {
+                            if e == Errno::ENOENT {
+                                wrong.lock().expect("lock").push(format!("unlink of {id}: {e:?}"));
+                            }
+                            Known::MaybeAt(at, name)
+                        }
                     };
                     known.lock().expect("lock").insert(id, k);
                 }
@@ -226,6 +305,11 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         acked += w.await.expect("worker");
     }
     eprintln!("workload: {acked} acknowledged creates");
+    let wrong = wrong.lock().expect("lock").clone();
+    assert!(
+        wrong.is_empty(),
+        "operations applied twice (retries saw their own effect): {wrong:?}"
+    );
     assert!(
         acked > 10,
         "the workload made progress through the failures: {acked} creates"
@@ -268,6 +352,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                 accounted += 1;
             }
             Known::MaybeAt(d, n) => accounted += usize::from(here(&(*d, n.clone()))),
+            Known::Gone(d, n) => assert!(!here(&(*d, n.clone())), "unlinked {id} still at {n}"),
             Known::OneOf(x, y) => {
                 assert!(
                     here(x) ^ here(y),

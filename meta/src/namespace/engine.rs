@@ -17,7 +17,7 @@
 //! them; it must run the operations that touch a key one at a time (per-key locks in a
 //! fixed order), which this single-threaded core takes for granted.
 
-use super::partition::{DentryVal, InodeRec, Intent, Mutation, Partition};
+use super::partition::{DentryVal, DoneOp, InodeRec, Intent, Mutation, Partition};
 use super::perm::{self, R, W, X};
 use super::types::*;
 use crate::ids::{Ino, PartitionId};
@@ -76,6 +76,8 @@ pub struct Namespace {
     crash_after_steps: Option<usize>,
     /// Present in a sparse view (see [`Namespace::sparse`]).
     sparse: Option<Box<Sparse>>,
+    /// The client operation being run by [`Namespace::once`]: (id, anchor, time).
+    op: Option<(u64, PartitionId, TimeNs)>,
 }
 
 /// A record a sparse view lacks: the coordinator fetches it and runs the operation again.
@@ -89,6 +91,8 @@ pub enum Need {
     Counter(PartitionId),
     /// A stripe record of a file (from the primary of `ino.partition()`).
     Stripe(Ino, u64),
+    /// Whether client operation (id) is recorded as done in a partition.
+    Done(PartitionId, u64),
 }
 
 /// The changes one operation makes: `(coordinator, steps)`, executed like
@@ -103,6 +107,7 @@ struct Sparse {
     dentries: std::collections::BTreeSet<(Ino, Vec<u8>)>,
     counters: std::collections::BTreeSet<PartitionId>,
     stripes: std::collections::BTreeSet<(Ino, u64)>,
+    done: std::collections::BTreeSet<(PartitionId, u64)>,
     needs: std::cell::RefCell<std::collections::BTreeSet<Need>>,
     plans: Vec<Plan>,
 }
@@ -143,6 +148,7 @@ impl Namespace {
             parts,
             crash_after_steps: None,
             sparse: None,
+            op: None,
         }
     }
 
@@ -161,6 +167,7 @@ impl Namespace {
             parts: (0..partitions.max(1)).map(|p| Partition::new(PartitionId(p))).collect(),
             crash_after_steps: None,
             sparse: Some(Box::default()),
+            op: None,
         }
     }
 
@@ -203,6 +210,54 @@ impl Namespace {
         if let (Some(rec), Some(p)) = (rec, self.parts.get_mut(ino.partition().0 as usize)) {
             p.stripes.insert((ino, stripe), rec);
         }
+    }
+
+    /// Sparse view: gives whether client operation `op` is recorded as done in
+    /// partition `p` (its anchor).
+    pub fn provide_done(&mut self, p: PartitionId, op: u64, rec: Option<DoneOp>) {
+        if let Some(s) = self.sparse.as_mut() {
+            s.done.insert((p, op));
+        }
+        if let (Some(rec), Some(part)) = (rec, self.parts.get_mut(p.0 as usize)) {
+            part.put_done(op, rec);
+        }
+    }
+
+    /// Runs client operation `op` (`f` does it) at most once, however often it is
+    /// retried: when its anchor partition records it as done, answers `Ok(None)`
+    /// without running `f`; otherwise runs `f`, and every batch or intent `f` makes
+    /// also records `op` as done in `anchor`, with its other steps, so the record is
+    /// durable exactly when the operation is (best one of the partitions `f` changes:
+    /// a one-partition batch elsewhere would become an intent).
+    ///
+    /// This is what makes a retry after a lost answer (its coordinator died; the next
+    /// primary finished the operation from its intent) succeed instead of seeing its
+    /// own effect as an error (`ENOENT` for an unlink, `EEXIST` for a link). `op == 0`
+    /// runs `f` unprotected. The anchor must be the partition the caller checks first
+    /// on every try: the partition of the entry the operation creates or removes.
+    pub fn once<T>(
+        &mut self,
+        op: u64,
+        anchor: PartitionId,
+        at: TimeNs,
+        f: impl FnOnce(&mut Self) -> NsResult<T>,
+    ) -> NsResult<Option<T>> {
+        if op == 0 {
+            return f(self).map(Some);
+        }
+        if let Some(s) = &self.sparse
+            && !s.done.contains(&(anchor, op))
+        {
+            self.need(Need::Done(anchor, op));
+            return Err(Errno::EAGAIN);
+        }
+        if self.part(anchor)?.done.contains_key(&op) {
+            return Ok(None);
+        }
+        self.op = Some((op, anchor, at));
+        let r = f(self);
+        self.op = None;
+        r.map(Some)
     }
 
     /// Sparse view: the records the last operation lacked.
@@ -341,7 +396,10 @@ impl Namespace {
 
     /// Applies `steps`: directly when they touch one partition, through an intent
     /// recorded in `coord` otherwise.
-    fn execute(&mut self, coord: PartitionId, steps: Vec<(PartitionId, Mutation)>) -> NsResult<()> {
+    fn execute(&mut self, coord: PartitionId, mut steps: Vec<(PartitionId, Mutation)>) -> NsResult<()> {
+        if let Some((op, anchor, at)) = self.op {
+            steps.push((anchor, Mutation::Done { op, at }));
+        }
         if self.sparse.is_some() {
             if !self.needs().is_empty() {
                 return Err(Errno::EAGAIN);

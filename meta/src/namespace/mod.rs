@@ -13,7 +13,7 @@ pub mod perm;
 pub mod types;
 
 pub use engine::{Namespace, Need, Plan, RenameFlags, XattrMode};
-pub use partition::{DentryVal, InodeRec, Intent, Mutation, PURGE_DELAY_NS, Partition, Purge};
+pub use partition::{DONE_KEEP_NS, DentryVal, DoneOp, InodeRec, Intent, Mutation, PURGE_DELAY_NS, Partition, Purge};
 pub use types::{
     Attr, Creds, DirEntry, Errno, FileKind, Layout, MAX_FILE_BYTES, NsResult, SetAttr, StripeRec, StripeWrite, TimeNs,
 };

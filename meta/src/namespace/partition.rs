@@ -58,6 +58,21 @@ pub struct Purge {
     pub held_until: TimeNs,
 }
 
+/// How long a finished client operation is remembered ([`Mutation::Done`]): far longer
+/// than a client goes on retrying one (its operation timeout, 20 s by default), so a
+/// retry always finds the first try's record. Records are dropped by the partition's
+/// own sequence of operations (a record older than this, by the time of the newest),
+/// so every copy drops the same ones.
+pub const DONE_KEEP_NS: TimeNs = 600 * 1_000_000_000;
+
+/// A finished client operation: its retry is answered as done instead of being run
+/// again (an unlink retried after its coordinator died would find no name).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DoneOp {
+    /// When it ran (its coordinator's clock).
+    pub at: TimeNs,
+}
+
 /// A directory entry's value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DentryVal {
@@ -135,6 +150,15 @@ pub enum Mutation {
         /// First stripe removed.
         from: u64,
     },
+    /// Client operation `op` is done (recorded in its anchor partition with its last
+    /// step, so the record is durable exactly when the operation is). Also drops the
+    /// records older than [`DONE_KEEP_NS`] before `at`. Absolute.
+    Done {
+        /// The operation's id (chosen by the client, the same on every retry).
+        op: u64,
+        /// When it ran.
+        at: TimeNs,
+    },
     /// A directory moved to another parent.
     SetParent {
         /// The directory.
@@ -180,6 +204,10 @@ pub struct Partition {
     /// Committed stripes of the files allocated here, by (file, stripe index): one
     /// record per stripe, so a commit costs what it changes, not the file's size.
     pub stripes: BTreeMap<(Ino, u64), StripeRec>,
+    /// Client operations anchored here that finished in the last [`DONE_KEEP_NS`].
+    pub done: BTreeMap<u64, DoneOp>,
+    /// The same, by time (what expires first).
+    done_order: BTreeSet<(TimeNs, u64)>,
     applied: BTreeSet<(u64, u16)>,
 }
 
@@ -195,7 +223,32 @@ impl Partition {
             intents: BTreeMap::new(),
             purges: BTreeMap::new(),
             stripes: BTreeMap::new(),
+            done: BTreeMap::new(),
+            done_order: BTreeSet::new(),
             applied: BTreeSet::new(),
+        }
+    }
+
+    /// Records client operation `op` as done (also when loading from disk).
+    pub fn put_done(&mut self, op: u64, rec: DoneOp) {
+        if let Some(old) = self.done.insert(op, rec) {
+            self.done_order.remove(&(old.at, op));
+        }
+        self.done_order.insert((rec.at, op));
+    }
+
+    /// The operations whose records a [`Mutation::Done`] at `at` drops, oldest first.
+    pub fn done_expiring(&self, at: TimeNs) -> impl Iterator<Item = u64> + '_ {
+        let cutoff = at.saturating_sub(DONE_KEEP_NS);
+        self.done_order.range(..(cutoff, 0)).map(|(_, op)| *op)
+    }
+
+    fn expire_done(&mut self, at: TimeNs) {
+        let gone: Vec<u64> = self.done_expiring(at).collect();
+        for op in gone {
+            if let Some(rec) = self.done.remove(&op) {
+                self.done_order.remove(&(rec.at, op));
+            }
         }
     }
 
@@ -417,6 +470,10 @@ impl Partition {
             }
             Mutation::Purged(ino) => {
                 self.purges.remove(ino);
+            }
+            Mutation::Done { op, at } => {
+                self.expire_done(*at);
+                self.put_done(*op, DoneOp { at: *at });
             }
             Mutation::SetParent { dir, parent, time } => {
                 if let Some(r) = self.inodes.get_mut(dir) {

@@ -1207,7 +1207,7 @@ impl MetaNode {
         loop {
             let owner = super::locks::owner_id(self.me().0, random_u64());
             let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
-            let r = self.coordinate(&req.creds, &req.op, owner, &mut held).await;
+            let r = self.coordinate(&req, owner, &mut held).await;
             for (n, keys) in held {
                 self.unlock(n, keys, owner).await;
             }
@@ -1225,13 +1225,8 @@ impl MetaNode {
         }
     }
 
-    async fn coordinate(
-        &self,
-        creds: &Creds,
-        op: &NsOp,
-        owner: u64,
-        held: &mut Vec<(NodeId, Vec<u64>)>,
-    ) -> Result<OpReply, Retry> {
+    async fn coordinate(&self, req: &Op, owner: u64, held: &mut Vec<(NodeId, Vec<u64>)>) -> Result<OpReply, Retry> {
+        let (creds, op) = (&req.creds, &req.op);
         let v = self.view();
         let parts = v.map.partitions;
         self.lock(&v, base_locks(op), owner, held).await?;
@@ -1240,7 +1235,7 @@ impl MetaNode {
         for _ in 0..64 {
             let mut ns = Namespace::sparse(parts);
             cache.fill(&mut ns);
-            let result = run(&mut ns, creds, op, now);
+            let result = run(&mut ns, creds, op, req.id, now);
             let needs = ns.needs();
             if !needs.is_empty() {
                 self.fetch(&v, &needs, &mut cache).await?;
@@ -1343,6 +1338,14 @@ impl MetaNode {
                 Need::Stripe(ino, stripe) => {
                     let host = v.primary(ino.partition()).ok_or(Retry::Busy)?;
                     by_node.entry(host).or_default().stripes.push((*ino, *stripe));
+                }
+                Need::Done(p, op) => {
+                    // The anchor of the operation this node coordinates: its primary
+                    // is this node (or the operation goes back to the client to retry
+                    // at the new one), and its copy here has every finished operation.
+                    let slot = self.primary_slot(*p).map_err(Retry::Fail)?;
+                    let rec = slot.read().part.done.get(op).copied();
+                    cache.done.insert((*p, *op), rec);
                 }
             }
         }
@@ -1772,6 +1775,7 @@ struct Cache {
     dentries: BTreeMap<(Ino, Vec<u8>), Option<DentryVal>>,
     counters: BTreeMap<PartitionId, u64>,
     stripes: BTreeMap<(Ino, u64), Option<crate::namespace::StripeRec>>,
+    done: BTreeMap<(PartitionId, u64), Option<crate::namespace::DoneOp>>,
 }
 
 impl Cache {
@@ -1787,6 +1791,9 @@ impl Cache {
         }
         for ((ino, stripe), r) in &self.stripes {
             ns.provide_stripe(*ino, *stripe, r.clone());
+        }
+        for ((p, op), r) in &self.done {
+            ns.provide_done(*p, *op, *r);
         }
     }
 
@@ -1847,8 +1854,25 @@ fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
     }
 }
 
+/// Runs `op` on a (sparse) namespace, as client operation `id` when it is one run at
+/// most once ([`NsOp::once`]): a retry of one already done is answered as done.
+fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Result<OpReply, Errno> {
+    if id == 0 || !op.once() {
+        return run_op(ns, creds, op, now);
+    }
+    let anchor = op.anchor(ns.partition_count());
+    match ns.once(id, anchor, now, |ns| run_op(ns, creds, op, now))? {
+        Some(reply) => Ok(reply),
+        None => Ok(match op {
+            // What a link answers: the inode's attributes (as they are now).
+            NsOp::Link { ino, .. } => OpReply::Attr(ns.getattr(*ino)?),
+            _ => OpReply::Done,
+        }),
+    }
+}
+
 /// Runs `op` on a (sparse) namespace.
-fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
     Ok(match op {
         NsOp::Mknod {
             parent,

@@ -27,6 +27,8 @@ pub enum Key {
     Purge(Ino),
     /// One committed stripe of a file: (file, stripe index).
     Stripe(Ino, u64),
+    /// A finished client operation, by its id.
+    Done(u64),
 }
 
 const TAG_DENTRY: u8 = 1;
@@ -35,6 +37,7 @@ const TAG_INTENT: u8 = 3;
 const TAG_MARKER: u8 = 4;
 const TAG_PURGE: u8 = 5;
 const TAG_STRIPE: u8 = 6;
+const TAG_DONE: u8 = 7;
 
 impl Key {
     /// The on-disk key: partition, tag, fields (big-endian, so order is preserved).
@@ -68,6 +71,10 @@ impl Key {
                 k.extend_from_slice(&ino.0.to_be_bytes());
                 k.extend_from_slice(&s.to_be_bytes());
             }
+            Key::Done(op) => {
+                k.push(TAG_DONE);
+                k.extend_from_slice(&op.to_be_bytes());
+            }
         }
         k
     }
@@ -82,6 +89,7 @@ impl Key {
             TAG_INODE if rest.len() == 8 => Key::Inode(Ino(u64_at(rest)?)),
             TAG_INTENT if rest.len() == 8 => Key::Intent(u64_at(rest)?),
             TAG_PURGE if rest.len() == 8 => Key::Purge(Ino(u64_at(rest)?)),
+            TAG_DONE if rest.len() == 8 => Key::Done(u64_at(rest)?),
             TAG_STRIPE if rest.len() == 16 => Key::Stripe(Ino(u64_at(rest)?), u64_at(rest.get(8..)?)?),
             TAG_MARKER if rest.len() == 10 => {
                 Key::Marker(u64_at(rest)?, u16::from_be_bytes(rest.get(8..10)?.try_into().ok()?))
@@ -218,6 +226,10 @@ impl Replica {
                             Key::Inode(*ino)
                         }
                         Mutation::HoldPurge { ino, .. } | Mutation::Purged(ino) => Key::Purge(*ino),
+                        Mutation::Done { op, at } => {
+                            keys.extend(self.part.done_expiring(*at).map(Key::Done));
+                            Key::Done(*op)
+                        }
                     };
                     keys.push(key);
                 }
@@ -285,6 +297,7 @@ impl Replica {
             Key::Marker(id, step) => self.part.has_marker(*id, *step).then(Vec::new),
             Key::Purge(ino) => self.part.purges.get(ino).map(enc),
             Key::Stripe(ino, s) => self.part.stripes.get(&(*ino, *s)).map(enc),
+            Key::Done(op) => self.part.done.get(op).map(enc),
         }
     }
 
@@ -305,6 +318,9 @@ impl Replica {
         }
         for ((ino, s), r) in &self.part.stripes {
             out.push((Key::Stripe(*ino, *s), enc(r)));
+        }
+        for (op, d) in &self.part.done {
+            out.push((Key::Done(*op), enc(d)));
         }
         // All markers, not only those of intents coordinated here: a step of another
         // partition's intent applied here must stay applied-once across a restart.
@@ -337,6 +353,10 @@ impl Replica {
             Key::Stripe(ino, s) => {
                 let r = postcard::from_bytes(value)?;
                 self.part.stripes.insert((ino, s), r);
+            }
+            Key::Done(op) => {
+                let d = postcard::from_bytes(value)?;
+                self.part.put_done(op, d);
             }
         }
         Ok(())
@@ -381,6 +401,7 @@ mod tests {
             Key::Inode(Ino(9)),
             Key::Intent(3),
             Key::Marker(3, 2),
+            Key::Done(11),
         ];
         let enc: Vec<_> = keys.iter().map(|k| k.encode(p)).collect();
         for (k, e) in keys.iter().zip(&enc) {
@@ -441,6 +462,38 @@ mod tests {
         assert!(back.part.has_marker(5, 1));
         back.apply(&ops[1..]);
         assert_eq!(back.part.inodes[&Ino::ROOT].attr.size, 1);
+    }
+
+    #[test]
+    fn done_records_persist_and_expire_the_same_on_every_copy() {
+        use crate::namespace::DONE_KEEP_NS;
+        let done = |op, at| PartOp::Apply {
+            intent: 0,
+            step: 0,
+            m: Mutation::Done { op, at },
+        };
+        let mut r = Replica::initial(PartitionId(0), 4, 1);
+        assert_eq!(r.apply(&[done(1, 10), done(2, 20)]), vec![Key::Done(1), Key::Done(2)]);
+        // A retry's redo of the same record changes nothing but its time.
+        r.apply(&[done(1, 10)]);
+        assert_eq!(r.part.done.len(), 2);
+        // A record at 10 + keep drops nothing (older than keep is dropped, not as old).
+        assert_eq!(r.apply(&[done(3, 10 + DONE_KEEP_NS)]), vec![Key::Done(3)]);
+        assert_eq!(r.part.done.len(), 3);
+        // Later: the record of op 1 goes, and is among the keys persisted (deleted).
+        let keys = r.apply(&[done(4, 15 + DONE_KEEP_NS)]);
+        assert_eq!(keys, vec![Key::Done(1), Key::Done(4)]);
+        assert_eq!(r.value(&Key::Done(1)), None);
+        assert!(r.part.done.contains_key(&2) && !r.part.done.contains_key(&1));
+        let mut back = Replica::initial(PartitionId(0), 4, 1);
+        for (k, v) in r.all_values() {
+            back.restore(k, &v).expect("restore");
+        }
+        assert_eq!(back.part.done, r.part.done);
+        // The restored copy expires exactly what the original does.
+        let later = [done(5, 25 + DONE_KEEP_NS)];
+        assert_eq!(back.apply(&later), r.apply(&later));
+        assert_eq!(back.part, r.part);
     }
 
     fn stripe(version: u64) -> crate::namespace::StripeRec {

@@ -194,6 +194,10 @@ pub struct Op {
     pub creds: Creds,
     /// What to do.
     pub op: NsOp,
+    /// The operation's id, the same on every retry (0: none). An unlink, rmdir, rename
+    /// or link whose id its anchor partition records as done is answered as done and
+    /// not run again (see [`NsOp::once`]).
+    pub id: u64,
 }
 
 /// The mutating operations.
@@ -338,6 +342,17 @@ pub enum NsOp {
 }
 
 impl NsOp {
+    /// Whether a retry of this operation is answered from the record of its first try
+    /// ([`crate::namespace::Namespace::once`]): those whose second run would see the
+    /// first's effect as an error. A create has its own token instead
+    /// ([`NsOp::Mknod`]); the others set absolute values and may run twice.
+    pub fn once(&self) -> bool {
+        matches!(
+            self,
+            NsOp::Unlink { .. } | NsOp::Rmdir { .. } | NsOp::Rename { .. } | NsOp::Link { .. }
+        )
+    }
+
     /// The partition whose primary coordinates this operation (and holds its intent).
     pub fn anchor(&self, partitions: u32) -> PartitionId {
         use crate::placement::dentry_partition as dp;
