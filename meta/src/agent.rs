@@ -11,8 +11,8 @@
 use crate::ids::{Epoch, NodeId};
 use crate::manager::ManagerError;
 use crate::manager::rpc::{Heartbeat, HeartbeatRequest, Report, ReportRequest};
-use crate::manager::{fetch_map, propose};
-use crate::map::{ClusterMap, MapCommand, NodeInfo};
+use crate::manager::{fetch_map, fetch_map_since, propose};
+use crate::map::{ClusterMap, MapCommand, MapHistory, NodeInfo};
 use shingle_transport::{CallOptions, PeerClient, RpcChannel};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -29,6 +29,8 @@ pub struct MapWatch {
     managers: Arc<Vec<SocketAddr>>,
     /// When each node was last reported unreachable from here.
     reported: Arc<std::sync::Mutex<std::collections::BTreeMap<NodeId, Instant>>>,
+    /// The recent maps, epoch by epoch, as far as the managers could tell.
+    history: Arc<std::sync::Mutex<MapHistory>>,
 }
 
 /// How a [`MapWatch`] keeps in touch.
@@ -57,7 +59,12 @@ impl MapWatch {
         let map = loop {
             let r = async {
                 if let Some(n) = &cfg.node {
-                    propose(&client, &cfg.managers, &MapCommand::Register(n.clone())).await?;
+                    let registered = propose(&client, &cfg.managers, &MapCommand::Register(n.clone())).await?;
+                    // A map with this registration (a manager that restarted with this
+                    // node has an older one until it catches up).
+                    return fetch_map_since(&client, &cfg.managers, None, registered)
+                        .await
+                        .map(|(m, _)| m);
                 }
                 fetch_map(&client, &cfg.managers).await
             }
@@ -77,17 +84,35 @@ impl MapWatch {
         if let Some(n) = &cfg.node {
             info!(node = n.id.0, epoch = map.epoch.0, "registered with the managers");
         }
-        let (tx, rx) = watch::channel(Arc::new(map));
+        let map = Arc::new(map);
+        let history = Arc::new(std::sync::Mutex::new(MapHistory::default()));
+        history.lock().unwrap_or_else(|p| p.into_inner()).record(map.clone());
+        let (tx, rx) = watch::channel(map);
         let kick = Arc::new(Notify::new());
         let managers = Arc::new(cfg.managers.clone());
-        tokio::spawn(follow(client.clone(), cfg, tx, kick.clone(), Box::new(on_touch)));
+        tokio::spawn(follow(
+            client.clone(),
+            cfg,
+            tx,
+            kick.clone(),
+            Box::new(on_touch),
+            history.clone(),
+        ));
         Ok(MapWatch {
             rx,
             kick,
             client,
             managers,
             reported: Arc::default(),
+            history,
         })
+    }
+
+    /// The maps of every epoch in `from..=to` this agent has seen, in order, or `None`
+    /// when any is missing (see [`MapHistory`]): a map newer than the last one
+    /// adopted is published only after the maps between were recorded here.
+    pub fn chain(&self, from: Epoch, to: Epoch) -> Option<Vec<Arc<ClusterMap>>> {
+        self.history.lock().unwrap_or_else(|p| p.into_inner()).chain(from, to)
     }
 
     /// The newest map.
@@ -171,6 +196,7 @@ async fn follow(
     tx: watch::Sender<Arc<ClusterMap>>,
     kick: Arc<Notify>,
     on_touch: TouchFn,
+    history: Arc<std::sync::Mutex<MapHistory>>,
 ) {
     let mut last_ok = Instant::now();
     let mut told_ok = true;
@@ -203,11 +229,15 @@ async fn follow(
                 (m, r)
             }
         });
+        // Managers by the epoch they answered, newest first: the map is fetched from one
+        // that has it (a manager that just restarted trails the others for a while).
+        let mut by_epoch: Vec<(Epoch, SocketAddr)> = Vec::with_capacity(cfg.managers.len());
         for (m, r) in crate::join::join_all(calls).await {
             match r {
                 Ok(r) => {
                     any = true;
                     newest = newest.max(Epoch(r.epoch));
+                    by_epoch.push((Epoch(r.epoch), m));
                 }
                 Err(e) => debug!(manager = %m, error = %e, "heartbeat failed"),
             }
@@ -228,10 +258,26 @@ async fn follow(
             on_touch(false);
         }
         if newest > known {
-            match fetch_map(&client, &cfg.managers).await {
-                Ok(map) if map.epoch > known => {
-                    debug!(epoch = map.epoch.0, "newer cluster map");
-                    let _ = tx.send(Arc::new(map));
+            by_epoch.sort_by_key(|e| std::cmp::Reverse(e.0));
+            let order: Vec<SocketAddr> = by_epoch.iter().map(|(_, m)| *m).collect();
+            match fetch_map_since(&client, &order, Some(known), newest).await {
+                Ok((map, between)) if map.epoch > known => {
+                    debug!(epoch = map.epoch.0, between = between.len(), "newer cluster map");
+                    let map = Arc::new(map);
+                    let mut prev = tx.borrow().clone();
+                    {
+                        let mut h = history.lock().unwrap_or_else(|p| p.into_inner());
+                        for m in between.into_iter().map(Arc::new).chain([map.clone()]) {
+                            // Nodes back Up are connected to at once, not after the
+                            // reconnect backoff built up while they were away.
+                            for addr in m.returned_since(&prev) {
+                                client.revive(addr);
+                            }
+                            h.record(m.clone());
+                            prev = m;
+                        }
+                    }
+                    let _ = tx.send(map);
                 }
                 Ok(_) => {}
                 Err(e) => debug!(error = %e, "cannot fetch the newer map"),

@@ -166,6 +166,22 @@ impl ClusterMap {
         self.nodes.get(&id).is_some_and(|n| n.state == NodeState::Up)
     }
 
+    /// Addresses of the nodes Up here that were not Up in `before` (absent, Down, Out, or
+    /// at another address): nodes that came back, which peers may connect to at once.
+    pub fn returned_since(&self, before: &ClusterMap) -> Vec<SocketAddr> {
+        self.nodes
+            .values()
+            .filter(|n| n.state == NodeState::Up)
+            .filter(|n| {
+                before
+                    .nodes
+                    .get(&n.id)
+                    .is_none_or(|b| b.state != NodeState::Up || b.addr != n.addr)
+            })
+            .map(|n| n.addr)
+            .collect()
+    }
+
     /// Derives the placement of every partition and group.
     pub fn placement(&self) -> Placement {
         let candidates = |pick: fn(&Roles) -> bool| -> Vec<Candidate<'_>> {
@@ -283,6 +299,46 @@ impl MapView {
     }
 }
 
+/// How many recent maps a [`MapHistory`] keeps.
+pub const HISTORY_MAPS: usize = 32;
+
+/// The most recent maps, epoch by epoch, so a holder that learns of several changes at
+/// once can take them in order: a meta node that adopts every epoch in turn knows
+/// which of its copies stayed members throughout and keeps those serving, where one
+/// that skipped an epoch must assume it missed writes and stop them all (decision
+/// 0008). Managers keep the maps they applied; agents keep those they fetched.
+#[derive(Clone, Debug, Default)]
+pub struct MapHistory {
+    maps: std::collections::VecDeque<std::sync::Arc<ClusterMap>>,
+}
+
+impl MapHistory {
+    /// Records `map`. A map not newer than the last recorded replaces what follows it
+    /// (a manager that installed an older snapshot); a gap is kept (the chain across
+    /// it is refused).
+    pub fn record(&mut self, map: std::sync::Arc<ClusterMap>) {
+        while self.maps.back().is_some_and(|m| m.epoch >= map.epoch) {
+            self.maps.pop_back();
+        }
+        self.maps.push_back(map);
+        while self.maps.len() > HISTORY_MAPS {
+            self.maps.pop_front();
+        }
+    }
+
+    /// The maps of every epoch in `from..=to`, in order, or `None` when any is missing.
+    pub fn chain(&self, from: Epoch, to: Epoch) -> Option<Vec<std::sync::Arc<ClusterMap>>> {
+        if from > to {
+            return Some(Vec::new());
+        }
+        let first = self.maps.iter().position(|m| m.epoch == from)?;
+        let want = usize::try_from(to.0 - from.0).ok()?.checked_add(1)?;
+        let out: Vec<_> = self.maps.iter().skip(first).take(want).cloned().collect();
+        let contiguous = out.len() == want && out.iter().zip(from.0..).all(|(m, e)| m.epoch.0 == e);
+        contiguous.then_some(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -358,5 +414,71 @@ mod tests {
         assert!(p2.partitions_of(NodeId(4)).is_empty());
         assert!((0..64).all(|g| p2.pg(PgId(g)).len() == 6 && !p2.pg(PgId(g)).contains(&NodeId(4))));
         assert!((0..128).all(|p| p2.partition(PartitionId(p)).len() == 3));
+    }
+
+    fn at(epoch: u64) -> std::sync::Arc<ClusterMap> {
+        let mut m = ClusterMap::new("c", 4, 4, 3, 6);
+        m.epoch = Epoch(epoch);
+        std::sync::Arc::new(m)
+    }
+
+    #[test]
+    fn nodes_back_up_are_named_once() {
+        let mut m = ClusterMap::new("c", 4, 4, 3, 6);
+        for id in 1..=3u64 {
+            m.apply(&MapCommand::Register(NodeInfo {
+                id: NodeId(id),
+                addr: SocketAddr::from(([127, 0, 0, 1], 7000 + id as u16)),
+                roles: Roles {
+                    manager: false,
+                    meta: true,
+                    data: true,
+                },
+                domain: format!("h{id}"),
+                state: NodeState::Up,
+            }))
+            .expect("register");
+        }
+        let empty = ClusterMap::new("c", 4, 4, 3, 6);
+        assert_eq!(m.returned_since(&empty).len(), 3, "new nodes count as back");
+        assert!(m.returned_since(&m).is_empty());
+        let mut down = m.clone();
+        down.apply(&MapCommand::SetState {
+            id: NodeId(2),
+            state: NodeState::Down,
+        })
+        .expect("down");
+        assert!(down.returned_since(&m).is_empty());
+        assert_eq!(m.returned_since(&down), vec![SocketAddr::from(([127, 0, 0, 1], 7002))]);
+    }
+
+    #[test]
+    fn a_history_hands_out_only_complete_chains() {
+        let mut h = MapHistory::default();
+        for e in [3, 4, 5, 7, 8] {
+            h.record(at(e));
+        }
+        let epochs =
+            |c: Option<Vec<std::sync::Arc<ClusterMap>>>| c.map(|v| v.iter().map(|m| m.epoch.0).collect::<Vec<_>>());
+        assert_eq!(epochs(h.chain(Epoch(3), Epoch(5))), Some(vec![3, 4, 5]));
+        assert_eq!(epochs(h.chain(Epoch(4), Epoch(4))), Some(vec![4]));
+        assert_eq!(epochs(h.chain(Epoch(6), Epoch(5))), Some(vec![]));
+        assert_eq!(epochs(h.chain(Epoch(5), Epoch(7))), None, "6 is missing");
+        assert_eq!(epochs(h.chain(Epoch(7), Epoch(9))), None, "9 is not known yet");
+        assert_eq!(epochs(h.chain(Epoch(2), Epoch(3))), None, "2 is not held");
+        // An older map (a manager restored from an older snapshot) replaces what follows.
+        h.record(at(4));
+        assert_eq!(epochs(h.chain(Epoch(3), Epoch(4))), Some(vec![3, 4]));
+        assert_eq!(epochs(h.chain(Epoch(4), Epoch(5))), None);
+        // Bounded.
+        for e in 10..10 + HISTORY_MAPS as u64 + 5 {
+            h.record(at(e));
+        }
+        assert_eq!(h.chain(Epoch(10), Epoch(11)), None);
+        let last = 10 + HISTORY_MAPS as u64 + 4;
+        assert_eq!(
+            epochs(h.chain(Epoch(last - 1), Epoch(last))),
+            Some(vec![last - 1, last])
+        );
     }
 }

@@ -182,12 +182,28 @@ async fn one_manager_commits_and_recovers_its_map_after_restart() {
     let same = outsider
         .call::<rpc::GetMap>(
             n.addr,
-            &rpc::GetMapRequest { known_epoch: Some(4) },
+            &rpc::GetMapRequest {
+                known_epoch: Some(4),
+                history_from: None,
+            },
             CallOptions::default(),
         )
         .await
         .expect("get map");
     assert_eq!((same.epoch, same.newer, same.map_json.as_str()), (4, false, ""));
+    // A holder of epoch 1 is also given the maps between (2 and 3), so it can adopt
+    // every epoch in turn; one that asks from an epoch never applied here gets none.
+    let (newest, between) = manager::fetch_map_since(&outsider, &[n.addr], Some(Epoch(1)), Epoch(4))
+        .await
+        .expect("fetch since");
+    assert_eq!(newest.epoch, Epoch(4));
+    assert_eq!(between.iter().map(|m| m.epoch.0).collect::<Vec<_>>(), vec![2, 3]);
+    assert_eq!(between[1].nodes.len(), 3, "the map of epoch 3 as it was");
+    assert_eq!(between[1].nodes[&NodeId(2)].state, NodeState::Up);
+    let (_, none) = manager::fetch_map_since(&outsider, &[n.addr], Some(Epoch(4)), Epoch(4))
+        .await
+        .expect("fetch since the newest");
+    assert!(none.is_empty());
 
     n.mgr
         .initialize(BTreeMap::from([(1, n.addr)]))

@@ -136,6 +136,12 @@ pub struct Metrics {
     pub meta_store_commit_seconds: Histogram,
     /// Partition writes (a batch's records, or an install) persisted by group commits.
     pub meta_store_writes: Counter,
+    /// Map epochs a meta node learned of together and adopted one by one from the
+    /// managers' history (its copies that stayed members kept serving).
+    pub meta_map_epochs_stepped: Counter,
+    /// Maps a meta node adopted without the one before (history not available): its
+    /// copies stopped serving until they caught up.
+    pub meta_map_epochs_skipped: Counter,
     /// Repair passes finished since start.
     pub repair_passes: Counter,
     /// This manager's Raft term.
@@ -195,6 +201,8 @@ impl Metrics {
             purges_pending: Gauge::default(),
             meta_store_commit_seconds: latency(),
             meta_store_writes: Counter::default(),
+            meta_map_epochs_stepped: Counter::default(),
+            meta_map_epochs_skipped: Counter::default(),
             repair_passes: Counter::default(),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
@@ -348,6 +356,16 @@ impl Metrics {
             "meta_store_writes",
             "Partition writes persisted by the metadata store's group commits",
             m.meta_store_writes.clone(),
+        );
+        r.register(
+            "meta_map_epochs_stepped",
+            "Map epochs learned together and adopted one by one from the managers' history",
+            m.meta_map_epochs_stepped.clone(),
+        );
+        r.register(
+            "meta_map_epochs_skipped",
+            "Maps adopted without the one before (copies stop serving until caught up)",
+            m.meta_map_epochs_skipped.clone(),
         );
         r.register(
             "purges_pending",

@@ -149,6 +149,15 @@ pub struct MetaSection {
     /// is primary of).
     #[serde(default = "default_purge_interval")]
     pub purge_interval_ms: u64,
+    /// How long after a coordinator's node is marked Down its directory locks are freed
+    /// when the partition of its operation cannot be seen settled (they normally go as
+    /// soon as its new primary has redone what the coordinator left).
+    #[serde(default = "default_dead_coordinator_locks")]
+    pub dead_coordinator_locks_ms: u64,
+}
+
+fn default_dead_coordinator_locks() -> u64 {
+    10_000
 }
 
 fn default_purge_interval() -> u64 {

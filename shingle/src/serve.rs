@@ -170,8 +170,9 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let node_id = NodeId(cfg.node.id.unwrap_or(0));
     let meta = match &cfg.meta {
         Some(m) => {
-            let mc = MetaConfig::new(node_id, m.dir.clone())
+            let mut mc = MetaConfig::new(node_id, m.dir.clone())
                 .with_frame_limit(usize::try_from(cfg.node.max_frame_bytes.0).unwrap_or(usize::MAX));
+            mc.dead_coordinator_locks = Duration::from_millis(m.dead_coordinator_locks_ms);
             let node = MetaNode::open(mc, peers.clone(), map_rx.clone())
                 .await
                 .with_context(|| format!("open metadata store in {}", m.dir.display()))?;

@@ -388,6 +388,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 lease_ms: u32::MAX,
                 wait_ms: u32::MAX,
                 release: false,
+                anchor: PartitionId(0),
             }),
         ),
         (
@@ -594,6 +595,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 lease_ms: 10,
                 wait_ms: 0,
                 release: false,
+                anchor: PartitionId(0),
             }),
         ),
         (
@@ -728,6 +730,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             kind::<Execute>(),
             meta_enc(&Execute {
                 epoch,
+                from: shingle_meta::ids::NodeId(1),
                 partition: PartitionId(2),
                 ops: vec![PartOp::Apply {
                     intent: 1,

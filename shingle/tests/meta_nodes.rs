@@ -683,3 +683,86 @@ async fn a_dead_node_reported_unreachable_is_down_at_once_a_live_one_stays_up() 
     );
     eprintln!("create in a partition whose primary died: {took:?}");
 }
+
+/// A coordinator whose node dies while it holds a directory's lock: the lock host frees
+/// the key as soon as the partition of the coordinator's operation has a new primary
+/// that redid what it left (nothing here), not after a timeout — the fallback is set to
+/// ten minutes and the lease to two, far past the create's 20 s below.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locks_of_a_dead_coordinator_go_once_its_partition_settles() {
+    use shingle_meta::ids::{NodeId, PartitionId};
+    use shingle_meta::service::wire::{Lock, call};
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut cluster = Cluster::start_with_meta(
+        tmp.path(),
+        Spec {
+            nodes: 4,
+            managers: 1,
+            data: false,
+            partitions: 16,
+            down_after_ms: 3000,
+            data_toml: "",
+            zones: (16, "16MiB"),
+            node_toml: "",
+            manager_toml: "",
+        },
+        "dead_coordinator_locks_ms = 600000",
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c).await;
+    let r = root();
+    let d = c
+        .mknod(&r, Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None)
+        .await
+        .expect("mkdir");
+    let v = c.view();
+    // The lock host of d, and a victim that is neither it nor the manager (node 1).
+    let host = v.primary(d.ino.partition()).expect("lock host");
+    let victim = (2..=4).map(NodeId).find(|n| *n != host).expect("a victim");
+    let anchor = (0..16)
+        .map(PartitionId)
+        .find(|p| v.primary(*p) == Some(victim))
+        .expect("a partition the victim is primary of");
+    let lock = Lock {
+        keys: vec![d.ino.0],
+        owner: shingle_meta::service::locks::owner_id(victim.0, 42),
+        lease_ms: 600_000,
+        wait_ms: 0,
+        release: false,
+        anchor,
+    };
+    let host_addr = v.addr(host).expect("host address");
+    assert!(
+        call(c.transport(), host_addr, &lock, Duration::from_secs(2))
+            .await
+            .expect("lock"),
+        "the victim's coordinator holds d"
+    );
+    // Held: a create in d waits for it.
+    let impatient = c.clone().with_timeout(Duration::from_millis(1500));
+    assert!(
+        impatient
+            .mknod(&r, d.ino, b"early", FileKind::File, 0o644, 0, None)
+            .await
+            .is_err(),
+        "a create in d while the lock is held"
+    );
+    // The coordinator's node dies: once its partition has a new primary with nothing
+    // left to redo, the key goes and the create goes through.
+    cluster.local.nodes[victim.0 as usize - 1].kill();
+    let started = std::time::Instant::now();
+    c.mknod(&r, d.ino, b"after", FileKind::File, 0o644, 0, None)
+        .await
+        .expect("create once the dead coordinator's lock is freed");
+    eprintln!(
+        "create in the dead coordinator's directory took {:?}",
+        started.elapsed()
+    );
+    // A node that is not Up may not take keys (its coordinations are fenced).
+    assert!(
+        !call(c.transport(), host_addr, &lock, Duration::from_secs(2))
+            .await
+            .expect("lock"),
+        "a Down node's coordinator takes no lock"
+    );
+}

@@ -216,6 +216,22 @@ impl PeerClient {
         }
     }
 
+    /// The peer is known to be back (the cluster map shows its node Up again after it
+    /// was not): the next call connects at once instead of waiting out the backoff its
+    /// failed connects built up while it was gone (up to `backoff_max`).
+    pub fn revive(&self, peer: SocketAddr) {
+        let p = self
+            .inner
+            .peers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)
+            .cloned();
+        if let Some(p) = p {
+            p.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
+        }
+    }
+
     /// Drops pooled connections to `peer` (for example after it was declared dead).
     pub fn forget(&self, peer: SocketAddr) {
         if let Some(p) = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner()).remove(&peer) {

@@ -126,4 +126,8 @@ async fn unreachable_peer_backs_off() {
         "{e}"
     );
     assert!(e.is_peer_failure());
+    // Known to be back (its node is Up in the map again): connected to at once.
+    c.revive(addr);
+    let e = c.ping(addr).await.expect_err("still nobody");
+    assert!(matches!(e, shingle_transport::TransportError::Connect { .. }), "{e}");
 }

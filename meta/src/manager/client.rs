@@ -15,17 +15,46 @@ use tracing::debug;
 /// answers and fetches again. An epoch-0 map (a manager that has not joined the group
 /// yet) is returned only when no later manager in the list has anything newer.
 pub async fn fetch_map(client: &impl RpcChannel, managers: &[SocketAddr]) -> Result<ClusterMap, ManagerError> {
+    fetch_map_since(client, managers, None, Epoch(1))
+        .await
+        .map(|(map, _)| map)
+}
+
+/// [`fetch_map`], also asking for the maps between epoch `known` (held by the caller)
+/// and the newest: returned in order, every one of them or none (the manager no longer
+/// holds them all, or there are too many). Managers are asked in turn until one has a
+/// map of epoch `want` or later (a manager that restarted answers with the map it had
+/// until it catches up with the others); if none has, the newest answer wins.
+pub async fn fetch_map_since(
+    client: &impl RpcChannel,
+    managers: &[SocketAddr],
+    known: Option<Epoch>,
+    want: Epoch,
+) -> Result<(ClusterMap, Vec<ClusterMap>), ManagerError> {
     let mut last = ManagerError::NoManagers;
-    let mut empty = None;
+    let mut best: Option<(ClusterMap, Vec<ClusterMap>)> = None;
     for &addr in managers {
-        let req = GetMapRequest { known_epoch: None };
+        let req = GetMapRequest {
+            known_epoch: None,
+            history_from: known.map(|k| k.0 + 1),
+        };
         match client.call::<GetMap>(addr, &req, CallOptions::default()).await {
             Ok(resp) => {
                 let map = decode_map(addr, &resp.map_json, resp.epoch)?;
-                if map.epoch.0 > 0 {
-                    return Ok(map);
+                let mut between = Vec::with_capacity(resp.history_json.len());
+                for (json, epoch) in resp.history_json.iter().zip(known.map_or(0, |k| k.0 + 1)..) {
+                    between.push(decode_map(addr, json, epoch)?);
                 }
-                empty.get_or_insert(map);
+                if between.last().is_some_and(|m| m.epoch.0 + 1 != map.epoch.0) {
+                    between.clear();
+                }
+                let done = map.epoch.0 > 0 && map.epoch >= want;
+                if best.as_ref().is_none_or(|(b, _)| map.epoch > b.epoch) {
+                    best = Some((map, between));
+                }
+                if done {
+                    break;
+                }
             }
             Err(e) => {
                 debug!(manager = %addr, error = %e, "cannot fetch the cluster map; trying the next manager");
@@ -33,7 +62,7 @@ pub async fn fetch_map(client: &impl RpcChannel, managers: &[SocketAddr]) -> Res
             }
         }
     }
-    empty.ok_or_else(|| unavailable(managers.len(), last))
+    best.ok_or_else(|| unavailable(managers.len(), last))
 }
 
 fn decode_map(peer: SocketAddr, json: &str, epoch: u64) -> Result<ClusterMap, ManagerError> {

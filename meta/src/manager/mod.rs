@@ -60,7 +60,7 @@ pub mod rpc;
 mod store;
 mod types;
 
-pub use client::{fetch_map, propose};
+pub use client::{fetch_map, fetch_map_since, propose};
 pub use types::{ManagerNode, MapRefusal, MapResponse, TypeConfig};
 
 use crate::ids::{Epoch, NodeId};
@@ -424,14 +424,33 @@ impl ManagerSlot {
                         epoch: map.epoch.0,
                         newer: false,
                         map_json: String::new(),
+                        history_json: Vec::new(),
                     });
                 }
-                let map_json = serde_json::to_string(&map)
-                    .map_err(|e| Status::new(Code::Internal, format!("cannot encode the map: {e}")))?;
+                let encode = |m: &ClusterMap| {
+                    serde_json::to_string(m)
+                        .map_err(|e| Status::new(Code::Internal, format!("cannot encode the map: {e}")))
+                };
+                // The maps between the caller's and this one, when every one is held.
+                let history_json = match req.history_from {
+                    Some(from) if from < map.epoch.0 && map.epoch.0 - from <= rpc::MAX_HISTORY => {
+                        let chain = m
+                            .history
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .chain(Epoch(from), Epoch(map.epoch.0 - 1));
+                        match chain {
+                            Some(maps) => maps.iter().map(|m| encode(m)).collect::<Result<Vec<_>, _>>()?,
+                            None => Vec::new(),
+                        }
+                    }
+                    _ => Vec::new(),
+                };
                 Ok(GetMapResponse {
                     epoch: map.epoch.0,
                     newer: true,
-                    map_json,
+                    map_json: encode(&map)?,
+                    history_json,
                 })
             }
         };
@@ -563,6 +582,8 @@ struct Inner {
     raft: Raft<TypeConfig>,
     client: PeerClient,
     map_rx: watch::Receiver<ClusterMap>,
+    /// The maps the state machine applied, epoch by epoch (recent ones).
+    history: Arc<Mutex<crate::map::MapHistory>>,
     propose_timeout: Duration,
     retry_pause: Duration,
     /// Taken by shutdown, which waits until openraft's tasks have let go of it.
@@ -759,13 +780,14 @@ impl Manager {
         };
         let recovered = state.last_applied;
         let (map_tx, map_rx) = watch::channel(state.map.clone());
+        let history = Arc::new(Mutex::new(crate::map::MapHistory::default()));
         let network = Network::new(client.clone(), Duration::from_millis(config.heartbeat_ms * 2));
         let raft = Raft::new(
             config.node_id,
             raft_config,
             network,
             LogStore::new(db.clone()),
-            StateMachine::new(db.clone(), state, map_tx),
+            StateMachine::new(db.clone(), state, map_tx, history.clone()),
         )
         .await
         .map_err(|e| ManagerError::Raft(format!("cannot start: {e}")))?;
@@ -775,6 +797,7 @@ impl Manager {
             raft,
             client,
             map_rx,
+            history,
             propose_timeout: Duration::from_millis(config.propose_timeout_ms),
             retry_pause: Duration::from_millis(config.heartbeat_ms.max(10)),
             db: Mutex::new(Some(db)),

@@ -43,7 +43,15 @@ pub struct GetMapRequest {
     /// The epoch the caller already holds; absent to always receive the map.
     #[prost(uint64, optional, tag = "1")]
     pub known_epoch: Option<u64>,
+    /// Also send the maps of epochs `history_from..epoch` (the ones between the
+    /// caller's and the newest), when the manager holds every one of them and there are
+    /// at most [`MAX_HISTORY`].
+    #[prost(uint64, optional, tag = "2")]
+    pub history_from: Option<u64>,
 }
+
+/// Most maps of history one [`GetMapResponse`] carries.
+pub const MAX_HISTORY: u64 = 16;
 
 /// A manager's copy of the cluster map (the one it has applied; a follower's may trail
 /// the leader's by a heartbeat).
@@ -58,6 +66,10 @@ pub struct GetMapResponse {
     /// serde_json of the [`crate::map::ClusterMap`].
     #[prost(string, tag = "3")]
     pub map_json: String,
+    /// serde_json of the maps of epochs `history_from..epoch`, in order: all of them
+    /// or none.
+    #[prost(string, repeated, tag = "4")]
+    pub history_json: Vec<String>,
 }
 
 /// Proposes a [`crate::map::MapCommand`].

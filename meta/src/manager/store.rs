@@ -21,7 +21,7 @@
 //! blocking pool.
 
 use super::types::{ManagerNode, MapResponse, TypeConfig};
-use crate::map::ClusterMap;
+use crate::map::{ClusterMap, MapHistory};
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage, RaftStateMachine};
 use openraft::{
     Entry, EntryPayload, LogId, OptionalSend, RaftLogReader, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
@@ -405,12 +405,35 @@ pub(crate) struct StateMachine {
     db: Arc<Database>,
     state: SmState,
     map_tx: watch::Sender<ClusterMap>,
+    /// Every map applied here, epoch by epoch (the recent ones), for nodes that
+    /// learn of several changes at once. In memory: after a restart it starts again.
+    history: Arc<std::sync::Mutex<MapHistory>>,
 }
 
 impl StateMachine {
-    /// A state machine starting from `state` (loaded or initial).
-    pub fn new(db: Arc<Database>, state: SmState, map_tx: watch::Sender<ClusterMap>) -> Self {
-        StateMachine { db, state, map_tx }
+    /// A state machine starting from `state` (loaded or initial), recording the maps it
+    /// applies in `history`.
+    pub fn new(
+        db: Arc<Database>,
+        state: SmState,
+        map_tx: watch::Sender<ClusterMap>,
+        history: Arc<std::sync::Mutex<MapHistory>>,
+    ) -> Self {
+        let sm = StateMachine {
+            db,
+            state,
+            map_tx,
+            history,
+        };
+        sm.record();
+        sm
+    }
+
+    fn record(&self) {
+        self.history
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .record(Arc::new(self.state.map.clone()));
     }
 
     fn publish(&self) {
@@ -465,7 +488,11 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let resp = match entry.payload {
                 EntryPayload::Blank => MapResponse::Applied(self.state.map.epoch),
                 EntryPayload::Normal(cmd) => {
+                    let before = self.state.map.epoch;
                     let r = self.state.map.apply(&cmd);
+                    if self.state.map.epoch != before {
+                        self.record();
+                    }
                     match &r {
                         Ok(epoch) => tracing::debug!(log_id = %entry.log_id, ?epoch, "cluster map command applied"),
                         Err(e) => tracing::debug!(log_id = %entry.log_id, error = %e, "cluster map command refused"),
@@ -524,6 +551,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         .map_err(|e| StorageIOError::write_snapshot(sig, &e))?;
         tracing::info!(snapshot = %meta, epoch = state.map.epoch.0, "manager installed a snapshot of the cluster map");
         self.state = state;
+        self.record();
         self.publish();
         Ok(())
     }
@@ -593,7 +621,7 @@ mod tests {
             let dir = tempfile::tempdir().map_err(|e| StorageIOError::write(&e))?;
             let db = open(dir.path(), 0).map_err(|e| StorageIOError::write(&e))?;
             let (tx, _) = watch::channel(map());
-            let sm = StateMachine::new(db.clone(), SmState::initial(map()), tx);
+            let sm = StateMachine::new(db.clone(), SmState::initial(map()), tx, Default::default());
             Ok((dir, LogStore::new(db), sm))
         }
     }
@@ -618,7 +646,12 @@ mod tests {
                     payload: EntryPayload::Blank,
                 })
                 .collect();
-            let mut sm = StateMachine::new(db.clone(), SmState::initial(map()), watch::channel(map()).0);
+            let mut sm = StateMachine::new(
+                db.clone(),
+                SmState::initial(map()),
+                watch::channel(map()).0,
+                Default::default(),
+            );
             sm.apply(entries.clone()).await.expect("apply");
             let txn = db.begin_write().expect("txn");
             {

@@ -67,6 +67,10 @@ pub struct MetaConfig {
     /// Bytes of copies this node holds at once while assembling installs (a piece past
     /// it is answered `Overloaded` and sent again later).
     pub copy_staging: u64,
+    /// How long after its node is seen down a coordinator's locks are released when
+    /// the partition of its operation cannot be seen settled (normally they go as soon
+    /// as it is, well before).
+    pub dead_coordinator_locks: Duration,
 }
 
 impl MetaConfig {
@@ -81,6 +85,7 @@ impl MetaConfig {
             op_timeout: Duration::from_secs(10),
             copy_piece: super::copy::PIECE_BYTES,
             copy_staging: super::copy::STAGING_BYTES,
+            dead_coordinator_locks: Duration::from_secs(10),
         }
     }
 
@@ -137,6 +142,8 @@ struct Inner {
     /// The node's map agent, once it runs: refreshed at once when a caller has a newer
     /// map, told about peers that cannot be reached.
     watch: std::sync::OnceLock<crate::agent::MapWatch>,
+    /// Wakes the sweep at once (a takeover may have found operations to redo).
+    sweep_now: tokio::sync::Notify,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -218,6 +225,7 @@ impl MetaNode {
             in_touch: AtomicBool::new(true),
             map_rx: maps,
             watch: std::sync::OnceLock::new(),
+            sweep_now: tokio::sync::Notify::new(),
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
@@ -453,11 +461,33 @@ impl MetaNode {
     }
 
     /// Installs a newer map: copies that stay members across consecutive epochs keep
-    /// serving; others stop until they catch up.
+    /// serving; others stop until they catch up. When the map is several epochs ahead,
+    /// the maps between (from the agent's history, which the managers fill) are adopted
+    /// one after another, so a copy that stayed a member through all of them keeps
+    /// serving (decision 0008); without them every copy stops.
     fn adopt(&self, map: Arc<ClusterMap>) {
         // The view stays locked while copies stop serving, so a copy that becomes serving
         // (`serve_in`) either sees the new view or is seen by this loop.
         let mut view = self.inner.view.write().unwrap_or_else(|p| p.into_inner());
+        let from = view.map.epoch;
+        let steps = match self.inner.watch.get() {
+            Some(w) if map.epoch.0 > from.0 + 1 && from.0 != 0 => w
+                .chain(Epoch(from.0 + 1), map.epoch)
+                .filter(|c| c.last().is_some_and(|m| **m == *map)),
+            _ => None,
+        };
+        if let Some(steps) = &steps {
+            debug!(from = from.0, to = map.epoch.0, "adopting the maps between, in order");
+            shingle_metrics::get()
+                .meta_map_epochs_stepped
+                .inc_by(steps.len() as u64 - 1);
+        }
+        for m in steps.unwrap_or_else(|| vec![map]) {
+            self.adopt_one(&mut view, m);
+        }
+    }
+
+    fn adopt_one(&self, view: &mut Arc<MapView>, map: Arc<ClusterMap>) {
         let old = view.clone();
         if map.epoch <= old.map.epoch && old.map.epoch.0 != 0 {
             return;
@@ -466,6 +496,9 @@ impl MetaNode {
         let me = self.me();
         // Only consecutive epochs: a node that skipped one cannot know what it missed.
         let consecutive = map.epoch.0 == old.map.epoch.0 + 1 && self.inner.in_touch.load(Ordering::Relaxed);
+        if !consecutive && old.map.epoch.0 != 0 {
+            shingle_metrics::get().meta_map_epochs_skipped.inc();
+        }
         for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
@@ -476,7 +509,7 @@ impl MetaNode {
             }
         }
         *view = new;
-        debug!(epoch = map.epoch.0, "map adopted");
+        debug!(epoch = map.epoch.0, consecutive, "map adopted");
     }
 
     /// Lets a copy serve once it caught up, unless the map changed since `epoch` (the
@@ -586,6 +619,8 @@ impl MetaNode {
             ));
         }
         debug!(partition = p.0, epoch = v.map.epoch.0, "primary serving");
+        // What earlier primaries left unfinished here is redone now (they are fenced).
+        self.inner.sweep_now.notify_one();
         Ok(())
     }
 
@@ -607,15 +642,22 @@ impl MetaNode {
     /// A batch whose caller stopped waiting (`deadline` passed while it queued) is not
     /// applied: the caller retries it, and applying the stale copy too would apply it
     /// twice. Markers queued for forgetting here ride along.
-    async fn primary_write(&self, p: PartitionId, ops: Vec<PartOp>, deadline: Option<Instant>) -> Result<(), Status> {
+    async fn primary_write(
+        &self,
+        p: PartitionId,
+        ops: Vec<PartOp>,
+        from: NodeId,
+        deadline: Option<Instant>,
+    ) -> Result<(), Status> {
         let span = info_span!("meta.execute", partition = p.0, ops = ops.len(), replicas = Empty);
-        self.primary_write_inner(p, ops, deadline).instrument(span).await
+        self.primary_write_inner(p, ops, from, deadline).instrument(span).await
     }
 
     async fn primary_write_inner(
         &self,
         p: PartitionId,
         mut ops: Vec<PartOp>,
+        from: NodeId,
         deadline: Option<Instant>,
     ) -> Result<(), Status> {
         let slot = self.primary_slot(p)?;
@@ -627,6 +669,7 @@ impl MetaNode {
                 "the batch waited past its caller's deadline",
             ));
         }
+        fence(&self.view(), from, &ops)?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
         let v = self.view();
@@ -988,7 +1031,7 @@ impl MetaNode {
         let slot = self.primary_slot(req.partition)?;
         let (c, raise) = slot.write_state().next_counter();
         if let Some(hwm) = raise {
-            self.primary_write(req.partition, vec![PartOp::Counter(hwm)], None)
+            self.primary_write(req.partition, vec![PartOp::Counter(hwm)], self.me(), None)
                 .await?;
         }
         Ok(c)
@@ -1219,6 +1262,10 @@ impl MetaNode {
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }
                 Err(Retry::Busy) => return Err(errno_status(Errno::EAGAIN)),
+                Err(Retry::Fail(s)) if is_fenced(&s) => {
+                    debug!(error = %s.message, "operation fenced; the client retries at the new primary");
+                    return Err(errno_status(Errno::EAGAIN));
+                }
                 Err(Retry::Fail(s)) => return Err(s),
                 Ok(r) => return Ok(r),
             }
@@ -1229,7 +1276,8 @@ impl MetaNode {
         let (creds, op) = (&req.creds, &req.op);
         let v = self.view();
         let parts = v.map.partitions;
-        self.lock(&v, base_locks(op), owner, held).await?;
+        let anchor = op.anchor(parts);
+        self.lock(&v, base_locks(op), owner, anchor, held).await?;
         let mut cache = Cache::default();
         let now = now_ns();
         for _ in 0..64 {
@@ -1246,7 +1294,7 @@ impl MetaNode {
                 .filter(|k| !held.iter().any(|(_, ks)| ks.contains(k)))
                 .collect();
             if !extra.is_empty() {
-                self.lock(&v, extra.clone(), owner, held).await?;
+                self.lock(&v, extra.clone(), owner, anchor, held).await?;
                 for k in extra {
                     cache.inodes.remove(&Ino(k));
                 }
@@ -1266,6 +1314,7 @@ impl MetaNode {
         v: &MapView,
         keys: Vec<u64>,
         owner: u64,
+        anchor: PartitionId,
         held: &mut Vec<(NodeId, Vec<u64>)>,
     ) -> Result<(), Retry> {
         let mut by_host: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
@@ -1277,7 +1326,13 @@ impl MetaNode {
             let ok = if host == self.me() {
                 self.inner
                     .locks
-                    .lock(&keys, owner, self.inner.cfg.lock_lease, Duration::from_millis(200))
+                    .lock(
+                        &keys,
+                        owner,
+                        anchor.0,
+                        self.inner.cfg.lock_lease,
+                        Duration::from_millis(200),
+                    )
                     .await
             } else {
                 let addr = v.addr(host).ok_or(Retry::Busy)?;
@@ -1287,6 +1342,7 @@ impl MetaNode {
                     lease_ms: self.inner.cfg.lock_lease.as_millis() as u32,
                     wait_ms: 200,
                     release: false,
+                    anchor,
                 };
                 self.call_peer(addr, &req, Duration::from_secs(2))
                     .await
@@ -1312,6 +1368,7 @@ impl MetaNode {
             lease_ms: 0,
             wait_ms: 0,
             release: true,
+            anchor: PartitionId(0),
         };
         if let Err(e) = self.call_peer(addr, &req, Duration::from_secs(2)).await {
             debug!(host = host.0, error = %e, "unlock failed; the lease will free the keys");
@@ -1398,10 +1455,11 @@ impl MetaNode {
             let ops = ops.clone();
             async move {
                 if node == self.me() {
-                    self.primary_write(p, ops, None).await
+                    self.primary_write(p, ops, node, None).await
                 } else {
                     let req = Execute {
                         epoch,
+                        from: self.me(),
                         partition: p,
                         ops,
                     };
@@ -1549,25 +1607,63 @@ impl MetaNode {
         Ok(())
     }
 
-    /// Redoes intents whose coordinator died: pending in a partition this node is
-    /// primary of, not driven here, and seen on two sweeps in a row.
+    /// Whether partition `p` has nothing left unfinished by an earlier primary: this
+    /// node is its primary, serves it, and drives every intent pending in it itself.
+    fn settled_here(&self, p: PartitionId) -> bool {
+        let Ok(slot) = self.primary_slot(p) else {
+            return false;
+        };
+        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let st = slot.read();
+        st.serving && st.part.intents.keys().all(|id| inflight.contains(id))
+    }
+
+    /// [`MetaNode::settled_here`], asked of `p`'s primary.
+    async fn settled(&self, v: &MapView, p: PartitionId) -> bool {
+        match v.primary(p) {
+            Some(n) if n == self.me() => self.settled_here(p),
+            Some(n) => match v.addr(n) {
+                Some(addr) => {
+                    let req = Settled {
+                        epoch: v.map.epoch,
+                        partition: p,
+                    };
+                    self.call_peer(addr, &req, Duration::from_millis(500))
+                        .await
+                        .unwrap_or(false)
+                }
+                None => false,
+            },
+            None => false,
+        }
+    }
+
+    /// Redoes intents whose coordinator is gone, and frees the locks coordinators on
+    /// nodes that went down left behind.
+    ///
+    /// An intent pending in a partition this node is primary of and not driven here
+    /// was left by an earlier primary: it is redone at once (after a takeover, the
+    /// takeover wakes this loop), since `fence` keeps an earlier primary that still
+    /// runs from applying any more of its steps. The keys a coordinator held when its
+    /// node went down are freed once the partition of its operation ([`Lock::anchor`])
+    /// has settled — its new primary redid what the coordinator left — so nobody runs
+    /// on a half-applied rename; or after `dead_coordinator_locks` if that cannot be
+    /// learned.
     async fn sweep_intents(&self) {
-        let mut seen: HashMap<u64, u32> = HashMap::new();
         // Node → (when it was seen down, whether it has been seen up since).
         let mut down_since: HashMap<u64, (Instant, bool)> = HashMap::new();
         loop {
-            tokio::time::sleep(Duration::from_secs(2)).await;
+            tokio::select! {
+                _ = tokio::time::sleep(SWEEP_EVERY) => {}
+                _ = self.inner.sweep_now.notified() => {}
+            }
             if self.inner.stopped.load(Ordering::Relaxed) {
                 return;
             }
             let v = self.view();
             let me = self.me();
-            // Locks held by coordinators on nodes that went down: free them once the
-            // intents those coordinators left have had time to be redone (by their
-            // partitions' new primaries, after two sweeps), long before the lease. A
-            // node that came back meanwhile lost its coordinations with its memory:
-            // the locks it took before it was seen down go too (not those it took
-            // since).
+            // A node that came back meanwhile lost its coordinations with its memory:
+            // the locks it took before it was seen down go too (not those it took since).
             let now = Instant::now();
             for n in v.map.nodes.values() {
                 let up = v.map.is_up(n.id);
@@ -1583,20 +1679,37 @@ impl MetaNode {
             }
             let dead: HashMap<u64, Instant> = down_since
                 .iter()
-                .filter(|(n, (t, _))| **n != me.0 && now.saturating_duration_since(*t) >= DEAD_COORDINATOR_LOCKS)
+                .filter(|(n, _)| **n != me.0)
                 .map(|(n, (t, _))| (*n, *t))
                 .collect();
-            if !dead.is_empty() {
-                let freed = self
-                    .inner
-                    .locks
-                    .release_coordinators(|n, taken| dead.get(&n).is_some_and(|seen| taken <= *seen));
+            let is_dead = |n: u64, taken: Instant| dead.get(&n).is_some_and(|seen| taken <= *seen);
+            let anchors = self.inner.locks.anchors_of(is_dead);
+            if !anchors.is_empty() {
+                let mut settled = BTreeSet::new();
+                for a in anchors {
+                    if self.settled(&v, PartitionId(a)).await {
+                        settled.insert(a);
+                    }
+                }
+                let limit = self.inner.cfg.dead_coordinator_locks;
+                let freed = self.inner.locks.release_coordinators(|n, taken, anchor| {
+                    dead.get(&n).is_some_and(|seen| {
+                        taken <= *seen && (settled.contains(&anchor) || now.saturating_duration_since(*seen) >= limit)
+                    })
+                });
                 if freed > 0 {
                     info!(locks = freed, nodes = ?dead.keys().collect::<Vec<_>>(), "released locks of coordinators that were down");
                 }
             }
             // Done with a node once it is up again and its old locks are released.
-            down_since.retain(|n, _| !v.map.is_up(NodeId(*n)) || !dead.contains_key(n));
+            down_since.retain(|n, (seen, _)| {
+                !v.map.is_up(NodeId(*n))
+                    || !self
+                        .inner
+                        .locks
+                        .anchors_of(|m, taken| m == *n && taken <= *seen)
+                        .is_empty()
+            });
             let pending: Vec<(PartitionId, Intent)> = self
                 .primary_slots(&v)
                 .into_iter()
@@ -1609,31 +1722,21 @@ impl MetaNode {
                 })
                 .collect();
             let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
-            let mut next = HashMap::new();
             for (p, intent) in pending {
                 if inflight.contains(&intent.id) {
                     continue;
                 }
-                let n = seen.get(&intent.id).copied().unwrap_or(0) + 1;
-                if n >= 2 {
-                    info!(
-                        partition = p.0,
-                        intent = intent.id,
-                        "redoing an operation its coordinator left unfinished"
-                    );
-                    if let Err(e) = self.drive_intent(p, &intent, false).await {
-                        warn!(intent = intent.id, error = %e, "redo failed; will retry");
-                        next.insert(intent.id, n);
-                    }
-                } else {
-                    next.insert(intent.id, n);
+                info!(
+                    partition = p.0,
+                    intent = intent.id,
+                    "redoing an operation its coordinator left unfinished"
+                );
+                if let Err(e) = self.drive_intent(p, &intent, false).await {
+                    warn!(intent = intent.id, error = %e, "redo failed; will retry");
                 }
             }
-            seen = next;
         }
     }
-
-    // ---------------------------------------------------------------- router
 
     /// The service's handlers, to merge into the node's transport router.
     pub fn router(&self) -> Router {
@@ -1670,7 +1773,7 @@ impl MetaNode {
         });
         r = self.route::<Execute, _, _>(r, |n, ctx, req| async move {
             n.check_epoch(req.epoch).await?;
-            n.primary_write(req.partition, req.ops, ctx.deadline).await
+            n.primary_write(req.partition, req.ops, req.from, ctx.deadline).await
         });
         r = self.route::<Alloc, _, _>(r, |n, _, req| {
             let span = info_span!("meta.alloc", partition = req.partition.0);
@@ -1693,9 +1796,17 @@ impl MetaNode {
                     n.inner.locks.release(&req.keys, req.owner);
                     return Ok(true);
                 }
+                // A coordinator whose node is not Up may not take keys: its partitions
+                // went to others, who may be redoing what it left.
+                if !n.view().map.is_up(NodeId(super::locks::owner_node(req.owner))) {
+                    return Ok(false);
+                }
                 let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
                 let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
-                Ok(n.inner.locks.lock(&req.keys, req.owner, lease, wait).await)
+                Ok(n.inner
+                    .locks
+                    .lock(&req.keys, req.owner, req.anchor.0, lease, wait)
+                    .await)
             }
             .instrument(span)
         });
@@ -1722,6 +1833,10 @@ impl MetaNode {
         r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req).await });
         r = self.route::<PullPiece, _, _>(r, |n, _, req| async move { n.on_pull_piece(req).await });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
+        r = self.route::<Settled, _, _>(r, |n, _, req| async move {
+            n.check_epoch(req.epoch).await?;
+            Ok(n.settled_here(req.partition))
+        });
         r
     }
 
@@ -1760,6 +1875,43 @@ fn to_status(e: CallError) -> Status {
         CallError::Transport(t) if t.is_peer_failure() => errno_status(Errno::EAGAIN),
         CallError::Transport(t) => t.status().cloned().unwrap_or_else(|| errno_status(Errno::EIO)),
     }
+}
+
+/// Refuses a batch from a coordinator that may no longer apply it: its node is not Up,
+/// or a step of an intent (or the intent's record) comes from another node than the
+/// primary of the intent's partition. That primary redoes intents left unfinished at
+/// once (`sweep_intents`); a coordinator that lost its partition must not go on
+/// applying steps meanwhile, or a step could apply again after the redo finished and
+/// forgot its at-most-once markers.
+fn fence(v: &MapView, from: NodeId, ops: &[PartOp]) -> Result<(), Status> {
+    if !v.map.is_up(from) {
+        return Err(fenced(format!("coordinator node {} is not Up", from.0)));
+    }
+    for op in ops {
+        let id = match op {
+            PartOp::Apply { intent, .. } if *intent != 0 => *intent,
+            PartOp::Begin(i) => i.id,
+            _ => continue,
+        };
+        let coord = Ino(id).partition();
+        if v.primary(coord) != Some(from) {
+            return Err(fenced(format!(
+                "node {} no longer coordinates the operations of partition {}",
+                from.0, coord.0
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The answer to a fenced coordinator ([`fence`]): final for it (it gives the operation
+/// up and frees its locks), `EAGAIN` for its client, whose retry goes to the new primary.
+fn fenced(msg: String) -> Status {
+    Status::application(Errno::ESTALE.code() as u32, msg)
+}
+
+fn is_fenced(s: &Status) -> bool {
+    s.code == Code::Application && s.app_code == Errno::ESTALE.code() as u32
 }
 
 fn retryable(s: &Status) -> bool {
@@ -1802,9 +1954,8 @@ impl Cache {
     }
 }
 
-/// How long after its node is seen down a coordinator's locks are released (its
-/// unfinished intents are redone within a takeover and two 2 s sweeps).
-const DEAD_COORDINATOR_LOCKS: Duration = Duration::from_secs(10);
+/// How often the sweep looks for intents to redo and locks of dead coordinators.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// How often markers queued for forgetting are flushed when no batch carried them.
 const FORGET_FLUSH: Duration = Duration::from_secs(1);

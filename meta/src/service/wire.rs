@@ -14,6 +14,7 @@
 //! | `0x040A` | [`Stats`]   | tools → node                  | counts for statfs and status           |
 //! | `0x040B` | [`InstallPiece`] | primary → replica        | a piece of a partition's copy          |
 //! | `0x040C` | [`PullPiece`] | new primary → best member   | a piece of that member's copy          |
+//! | `0x040D` | [`Settled`] | lock host → primary           | "nothing left unfinished by an earlier primary?" |
 //!
 //! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
 //! (decision 0007): the namespace types are already serde, and a compact, schema-checked
@@ -25,7 +26,7 @@
 //! caller thought, answers `Code::StaleEpoch`: the caller refreshes its map and retries.
 
 pub use super::copy::CopyId;
-use crate::ids::{Epoch, Ino, PartitionId};
+use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
 use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, XattrMode};
 use bytes::Bytes;
@@ -546,6 +547,11 @@ pub enum PartOp {
 pub struct Execute {
     /// The caller's map epoch.
     pub epoch: Epoch,
+    /// The coordinating node. The primary refuses the batch when that node is not Up,
+    /// or when a step of an intent (or the intent's record) comes from another node
+    /// than the primary of the intent's partition (fencing: a coordinator that lost
+    /// its partition cannot go on applying steps the new primary redoes).
+    pub from: NodeId,
     /// Partition.
     pub partition: PartitionId,
     /// Changes, applied atomically and in order.
@@ -576,8 +582,25 @@ pub struct Lock {
     pub wait_ms: u32,
     /// True to release.
     pub release: bool,
+    /// The partition of the operation's intent, if it makes one (its anchor): when the
+    /// coordinator's node goes Down, the host frees the keys as soon as that
+    /// partition's new primary has redone what the coordinator left ([`Settled`]).
+    pub anchor: PartitionId,
 }
 meta_rpc!(Lock, 0x0405, bool);
+
+/// Asks a partition's primary whether every operation left unfinished in it by an
+/// earlier primary has been redone: it serves the partition and every intent pending
+/// in it is one it drives itself. A lock host asks before it frees the keys of a
+/// coordinator that went Down.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settled {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// Partition.
+    pub partition: PartitionId,
+}
+meta_rpc!(Settled, 0x040D, bool);
 
 /// A numbered batch from the primary to a replica.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -207,7 +207,16 @@ static ACKED_INO: std::sync::LazyLock<Mutex<std::collections::HashMap<String, u6
 
 async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), Errno> {
     let root = Creds::root();
-    let stage = |s: u8| WRITER_STAGE.store(s, Ordering::Relaxed);
+    // Where a slow write spent its time: create, open, write, flush (ms).
+    let mut took = [0.0f64; 4];
+    let mut t = Instant::now();
+    let mut stage = |s: u8| {
+        if s > 1 {
+            took[usize::from(s) - 2] = t.elapsed().as_secs_f64() * 1e3;
+        }
+        t = Instant::now();
+        WRITER_STAGE.store(s % 5, Ordering::Relaxed);
+    };
     stage(1);
     let a = client
         .meta()
@@ -229,7 +238,17 @@ async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize
     }
     stage(4);
     let r = f.flush().await;
-    stage(0);
+    stage(5);
+    if took.iter().sum::<f64>() > 250.0 {
+        tracing::warn!(
+            name,
+            create_ms = took[0],
+            open_ms = took[1],
+            write_ms = took[2],
+            flush_ms = took[3],
+            "slow write"
+        );
+    }
     r
 }
 

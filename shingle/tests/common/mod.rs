@@ -65,7 +65,13 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start(root: &Path, s: Spec) -> Cluster {
+        Cluster::start_with_meta(root, s, "")
+    }
+
+    /// [`Cluster::start`] with extra lines in each node's `[meta]` section.
+    pub fn start_with_meta(root: &Path, s: Spec, meta_toml: &str) -> Cluster {
         let spec = LocalSpec {
+            meta_toml: meta_toml.into(),
             managers: s.managers,
             data: s.data,
             partitions: s.partitions,
