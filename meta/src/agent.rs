@@ -7,6 +7,11 @@
 //! without registering, and anyone may ask for an immediate refresh after a peer
 //! answered "stale map", or report a peer it cannot reach
 //! ([`MapWatch::report_unreachable`]) so the managers check it at once.
+//!
+//! Maps are fetched from a manager that has the newest epoch, with the maps between
+//! the one held and the newest, which the watch keeps ([`MapWatch::chain`]) so a meta
+//! node can adopt every epoch in turn. Nodes a new map shows back Up are connected to
+//! at once ([`shingle_transport::PeerClient::revive`]).
 
 use crate::ids::{Epoch, NodeId};
 use crate::manager::ManagerError;

@@ -37,6 +37,9 @@ pub enum Code {
     /// example a shared read-only file mapping on a kernel before 6.2, which pins
     /// pages for writing); read it over TCP.
     NotRegistrable = 11,
+    /// The sender may no longer do this: its role passed to another node (a metadata
+    /// coordinator whose partition has a new primary). Final for the sender.
+    Fenced = 12,
     /// A service-defined error; see `app_code`.
     Application = 100,
 }
@@ -57,6 +60,7 @@ impl Code {
             Code::OutOfBounds => "OutOfBounds",
             Code::StaleEpoch => "StaleEpoch",
             Code::NotRegistrable => "NotRegistrable",
+            Code::Fenced => "Fenced",
             Code::Application => "Application",
         }
     }
@@ -75,6 +79,7 @@ impl Code {
             9 => Code::OutOfBounds,
             10 => Code::StaleEpoch,
             11 => Code::NotRegistrable,
+            12 => Code::Fenced,
             100 => Code::Application,
             _ => Code::Unknown,
         }

@@ -18,7 +18,11 @@
 //!   silence (at the latest `down_after_ms`) marks a node Down, `out_after_ms` Down marks
 //!   it Out, a heartbeat or registration brings it back Up. A node reported unreachable
 //!   (`Report`) is probed with a TCP connect and marked Down at once when the
-//!   connection is refused (decision 0009).
+//!   connection is refused (decision 0009); a newly elected leader probes every Up
+//!   node so (the old leader may have died, and nodes with it);
+//! - the recent maps, epoch by epoch ([`crate::map::MapHistory`], in memory): `GetMap`
+//!   hands out those between the caller's epoch and the newest, so meta nodes adopt
+//!   every epoch in turn (decision 0008).
 //!
 //! What it must never do: write consensus logic of its own (openraft decides who leads and
 //! what is committed), serve a map it has not applied, or change the map other than by a
@@ -1009,8 +1013,19 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
             continue;
         }
         let now = Instant::now();
+        let newly = leader_since.is_none();
         let since = *leader_since.get_or_insert(now);
         let map = m.map_rx.borrow().clone();
+        if newly && m.down_on_refused {
+            // Just elected: the old leader may have died, and nodes may have died with
+            // nobody to report them to. Whoever no longer listens is Down now, not after
+            // `down_after` of silence (their partitions wait for it).
+            for n in map.nodes.values() {
+                if n.state == NodeState::Up && n.id.0 != m.id {
+                    tokio::spawn(probe_reported(m.clone(), n.id, m.addr));
+                }
+            }
+        }
         let mut changes = Vec::new();
         {
             let seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());

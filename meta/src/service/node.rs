@@ -1907,11 +1907,11 @@ fn fence(v: &MapView, from: NodeId, ops: &[PartOp]) -> Result<(), Status> {
 /// The answer to a fenced coordinator ([`fence`]): final for it (it gives the operation
 /// up and frees its locks), `EAGAIN` for its client, whose retry goes to the new primary.
 fn fenced(msg: String) -> Status {
-    Status::application(Errno::ESTALE.code() as u32, msg)
+    Status::new(Code::Fenced, msg)
 }
 
 fn is_fenced(s: &Status) -> bool {
-    s.code == Code::Application && s.app_code == Errno::ESTALE.code() as u32
+    s.code == Code::Fenced
 }
 
 fn retryable(s: &Status) -> bool {
