@@ -301,7 +301,21 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Cance
 
 async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: CancellationToken) {
     if let Err(e) = auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await {
-        warn!(%peer, error = %e, "refused connection: authentication failed");
+        match &e {
+            // Closed before proving anything: a liveness probe (a manager checking that
+            // a node still listens) or a port scan, not a failed authentication.
+            auth::AuthError::Io(io)
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::UnexpectedEof
+                        | std::io::ErrorKind::ConnectionReset
+                        | std::io::ErrorKind::BrokenPipe
+                ) =>
+            {
+                debug!(%peer, "connection closed before the handshake finished");
+            }
+            _ => warn!(%peer, error = %e, "refused connection: authentication failed"),
+        }
         return;
     }
     debug!(%peer, "peer authenticated");

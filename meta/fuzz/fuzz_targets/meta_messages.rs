@@ -1,16 +1,22 @@
 //! Fuzzes the decoders of every namespace-service message a node accepts from peers and
-//! clients, the persisted-record key parser, and the anchor/lock derivation of decoded
-//! operations (which must never panic on any decoded value).
+//! clients, the persisted-record key parser, the anchor/lock derivation of decoded
+//! operations (which must never panic on any decoded value), and what an agent does
+//! with a manager's map reply (maps parsed, recorded in a history, chained).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use shingle_meta::ids::Epoch;
+use shingle_meta::manager::rpc::{GetMapRequest, GetMapResponse};
+use shingle_meta::map::{ClusterMap, MapHistory};
 use shingle_meta::service::replica::Key;
+use std::sync::Arc;
 use shingle_meta::service::wire::*;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(op) = decode::<Op>(data) {
         let _ = op.op.anchor(64);
         let _ = op.op.anchor(1);
+        let _ = op.op.once();
     }
     let _ = decode::<Read>(data);
     let _ = decode::<Fetch>(data);
@@ -25,9 +31,23 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode::<SyncMe>(data);
     let _ = decode::<Pull>(data);
     let _ = decode::<PullPiece>(data);
+    let _ = decode::<Settled>(data);
     let _ = decode::<PulledPiece>(data);
     let _ = decode::<ReadReply>(data);
     let _ = decode::<OpReply>(data);
+    let _ = <GetMapRequest as prost::Message>::decode(data);
+    if let Ok(r) = <GetMapResponse as prost::Message>::decode(data) {
+        let mut h = MapHistory::default();
+        for json in r.history_json.iter().chain([&r.map_json]) {
+            if let Ok(m) = serde_json::from_str::<ClusterMap>(json) {
+                let _ = m.returned_since(&m);
+                h.record(Arc::new(m));
+            }
+        }
+        if let Some(c) = h.chain(Epoch(r.epoch.saturating_sub(3)), Epoch(r.epoch)) {
+            assert!(c.windows(2).all(|w| w[0].epoch.0 + 1 == w[1].epoch.0));
+        }
+    }
     if let Some((p, k)) = Key::decode(data) {
         assert_eq!(Key::decode(&k.encode(p)), Some((p, k)));
     }
