@@ -280,21 +280,22 @@ where
     };
     // A node for a shard that lost its own: the next spare, else (if the rule allows)
     // the live node of this stripe with the fewest of its shards.
-    let mut fallback = |load: &[(SocketAddr, usize)], bad: &[SocketAddr]| -> Option<(SocketAddr, &'static str)> {
-        if let Some(a) = spares.pop_front() {
-            spares_used += 1;
-            return Some((a, "spare"));
-        }
-        if !rule.share_nodes {
-            return None;
-        }
-        let (a, _) = load
-            .iter()
-            .filter(|(a, _)| !bad.contains(a) && !down.contains(a) && !health.suspected(*a))
-            .min_by_key(|(_, c)| *c)?;
-        shared += 1;
-        Some((*a, "shared"))
-    };
+    let mut fallback =
+        |load: &[(SocketAddr, usize)], bad: &[SocketAddr], share: bool| -> Option<(SocketAddr, &'static str)> {
+            if let Some(a) = spares.pop_front() {
+                spares_used += 1;
+                return Some((a, "spare"));
+            }
+            if !rule.share_nodes || !share {
+                return None;
+            }
+            let (a, _) = load
+                .iter()
+                .filter(|(a, _)| !bad.contains(a) && !down.contains(a) && !health.suspected(*a))
+                .min_by_key(|(_, c)| *c)?;
+            shared += 1;
+            Some((*a, "shared"))
+        };
     let add = |load: &mut Vec<(SocketAddr, usize)>, node: SocketAddr, d: isize| match load
         .iter_mut()
         .find(|(a, _)| *a == node)
@@ -321,9 +322,19 @@ where
         }
     }
     for i in orphans {
-        bad.push(targets[i]);
-        // No other node: try its own (suspicion may be wrong).
-        let (node, how) = fallback(&load, &bad).unwrap_or((targets[i], "own"));
+        // A node the map says is down: a spare, else a live node of the stripe. One that
+        // is only suspected (slow, or a request failed): a spare, else its own node —
+        // suspicion may be wrong, and piling the shards of several suspected nodes onto
+        // the few others could leave a stripe that would not survive one more loss
+        // (seen on a loaded machine: six shards on two nodes, the write failed).
+        let share = down.contains(&targets[i]);
+        let (node, how) = match fallback(&load, &bad, share) {
+            Some(f) => {
+                bad.push(targets[i]);
+                f
+            }
+            None => (targets[i], "own"),
+        };
         spawn(i, node, shards[i].clone(), how);
         add(&mut load, node, 1);
         pending += 1;
@@ -356,7 +367,7 @@ where
                 if !bad.contains(&node) {
                     bad.push(node);
                 }
-                if let Some((other, how)) = fallback(&load, &bad) {
+                if let Some((other, how)) = fallback(&load, &bad, true) {
                     spawn(i, other, shards[i].clone(), how);
                     add(&mut load, other, 1);
                     pending += 1;

@@ -199,6 +199,12 @@ async fn write_and_delete_cycles_of_three_times_the_capacity_never_fill_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_full_cluster_says_enospc_keeps_everything_and_recovers() {
+    // The client's view of a failure (which shard, which node, what error) in the
+    // test's output: an EIO here once hid a placement that could not survive.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter("warn,shingle_client=debug")
+        .with_writer(std::io::stderr)
+        .try_init();
     let dir = tempfile::tempdir().expect("tempdir");
     let (_cluster, c) = start(dir.path()).await;
     let root = Creds::root();
