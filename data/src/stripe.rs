@@ -573,6 +573,84 @@ mod tests {
     use super::survives;
     use proptest::prelude::*;
 
+    /// A data node that stores every shard it is sent (an empty reply is a default
+    /// `WriteShardResponse`).
+    #[derive(Clone)]
+    struct AcceptAll;
+
+    impl shingle_transport::RpcChannel for AcceptAll {
+        async fn call_raw(
+            &self,
+            _peer: std::net::SocketAddr,
+            _kind: shingle_transport::MsgKind,
+            _payload: bytes::Bytes,
+            _opts: shingle_transport::CallOptions,
+        ) -> Result<bytes::Bytes, shingle_transport::TransportError> {
+            Ok(bytes::Bytes::new())
+        }
+    }
+
+    fn node(i: u16) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + i))
+    }
+
+    #[tokio::test]
+    async fn shards_of_suspected_nodes_stay_home_and_those_of_down_nodes_share() {
+        use super::{WriteRule, write_stripe};
+        let policy = crate::ec::EcPolicy::new(4, 2, 4096).expect("policy");
+        let targets: Vec<_> = (0..6).map(node).collect();
+        let rule = WriteRule {
+            tolerate: 1,
+            share_nodes: true,
+        };
+        let data = bytes::Bytes::from(vec![7u8; 4 * 4096]);
+        // Four of six nodes suspected (a loaded machine answering slowly), none down, no
+        // spare: moving their shards to the other two would put three on each, which
+        // one more loss would leave with three of four needed. They stay home.
+        let health = std::sync::Arc::new(shingle_transport::health::Health::default());
+        for i in 0..4 {
+            health.start(node(i)).finish(false);
+        }
+        assert!(health.suspected(node(0)));
+        let placed = write_stripe(
+            &AcceptAll,
+            &health,
+            policy,
+            &targets,
+            &[],
+            &[],
+            rule,
+            1,
+            0,
+            1,
+            data.clone(),
+        )
+        .await
+        .expect("stored");
+        assert_eq!(placed, targets.iter().copied().map(Some).collect::<Vec<_>>());
+        // A node the map says is down: its shard goes to the least loaded live node.
+        let health = std::sync::Arc::new(shingle_transport::health::Health::default());
+        let placed = write_stripe(
+            &AcceptAll,
+            &health,
+            policy,
+            &targets,
+            &[],
+            &[node(5)],
+            rule,
+            1,
+            1,
+            1,
+            data,
+        )
+        .await
+        .expect("stored");
+        assert_ne!(placed[5], Some(node(5)));
+        assert!(placed[5].is_some_and(|a| targets[..5].contains(&a)));
+        let held: Vec<_> = placed.iter().map(|p| p.map(|a| a.port())).collect();
+        assert!(survives(&held, 0, 4, 1));
+    }
+
     #[test]
     fn distinct_nodes_need_k_plus_tolerate_shards() {
         let held = |n: usize| (0..6).map(|i| (i < n).then_some(i)).collect::<Vec<_>>();
