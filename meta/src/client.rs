@@ -276,7 +276,18 @@ impl MetaClient {
                 let Some(addr) = primary.and_then(|n| v.addr(n)) else {
                     return Err(Errno::EIO);
                 };
-                match call(&self.client, addr, &req, self.timeout.min(Duration::from_secs(15))).await {
+                let sent = call(&self.client, addr, &req, self.timeout.min(Duration::from_secs(15)));
+                // A primary cut off by the network answers nothing until the call times
+                // out; once a newer map names another primary, the operation goes there
+                // instead (the old one is fenced, and the retry is exactly-once).
+                let answer = tokio::select! {
+                    r = sent => r,
+                    () = self.primary_moves(anchor, primary) => {
+                        debug!(partition = anchor.0, "the primary changed; retrying at the new one");
+                        return Err(Errno::EAGAIN);
+                    }
+                };
+                match answer {
                     Ok(r) => Ok(Ok(r)),
                     Err(CallError::Errno(e)) if e != Errno::EAGAIN => Ok(Err(e)),
                     Err(e) => {
@@ -294,6 +305,24 @@ impl MetaClient {
             }
         })
         .await
+    }
+
+    /// Resolves once a newer map than this client's names another primary than `was`
+    /// for partition `p`; never otherwise.
+    async fn primary_moves(&self, p: PartitionId, was: Option<NodeId>) {
+        let mut rx = self.maps.subscribe();
+        rx.borrow_and_update();
+        if self.view().primary(p) != was {
+            return;
+        }
+        loop {
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            if self.view().primary(p) != was {
+                return;
+            }
+        }
     }
 
     /// Looks up `name` in `parent` (one RPC unless the inode lives in another partition).

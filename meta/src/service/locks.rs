@@ -132,6 +132,22 @@ impl LockTable {
         n
     }
 
+    /// Forgets the locks on keys for which `moved(key)` holds (this node stopped hosting
+    /// them: their partition has another primary). Returns how many went. A node that
+    /// hosts them again later starts without them: their owners' releases could not
+    /// reach it while it was away, and would otherwise hold the keys for a lease.
+    pub fn forget_keys(&self, moved: impl Fn(u64) -> bool) -> usize {
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let before = held.len();
+        held.retain(|k, _| !moved(*k));
+        let n = before - held.len();
+        drop(held);
+        if n > 0 {
+            self.freed.notify_waiters();
+        }
+        n
+    }
+
     /// Forgets every lock (this node stopped being the host).
     pub fn clear(&self) {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -174,6 +190,16 @@ mod tests {
         assert_eq!(t.release_coordinators(|n, taken, _| n == 6 && taken <= seen_down), 1);
         assert!(t.lock(&[1], owner_id(7, 1), 0, lease, Duration::ZERO).await);
         assert!(!t.lock(&[2], owner_id(7, 1), 0, lease, Duration::ZERO).await);
+    }
+
+    #[tokio::test]
+    async fn keys_of_a_partition_no_longer_hosted_are_forgotten() {
+        let t = LockTable::default();
+        let lease = Duration::from_secs(30);
+        assert!(t.lock(&[10, 11, 20], owner_id(1, 1), 0, lease, Duration::ZERO).await);
+        assert_eq!(t.forget_keys(|k| k < 15), 2);
+        assert!(t.lock(&[10, 11], owner_id(2, 1), 0, lease, Duration::ZERO).await);
+        assert!(!t.lock(&[20], owner_id(2, 1), 0, lease, Duration::ZERO).await);
     }
 
     #[tokio::test]

@@ -259,6 +259,10 @@ impl MetaNode {
             for s in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).values() {
                 s.write_state().serving = false;
             }
+            // Its partitions may get other primaries, who host their locks from an empty
+            // table; what coordinators release meanwhile cannot reach this node, so the
+            // keys it holds would outlive their owners here when it hosts them again.
+            self.inner.locks.clear();
         } else if ok {
             self.inner.in_touch.store(true, Ordering::Relaxed);
         }
@@ -506,6 +510,25 @@ impl MetaNode {
             let mut st = s.write_state();
             if super::protocol::adopt_copy(&mut st, map.epoch, was, is, consecutive, promoted) {
                 debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
+            }
+        }
+        // Locks on the inodes of partitions this node no longer leads go: their new
+        // primary hosts them now (key 0, the rename lock, is partition 0's).
+        // After skipped epochs it may have lost a partition and got it back: its keys
+        // go too.
+        let lost: BTreeSet<u32> = (0..map.partitions)
+            .filter(|p| {
+                old.primary(PartitionId(*p)) == Some(me) && (!consecutive || new.primary(PartitionId(*p)) != Some(me))
+            })
+            .collect();
+        if !lost.is_empty() {
+            let gone = self.inner.locks.forget_keys(|k| lost.contains(&Ino(k).partition().0));
+            if gone > 0 {
+                debug!(
+                    locks = gone,
+                    partitions = lost.len(),
+                    "forgot the locks of partitions led elsewhere now"
+                );
             }
         }
         *view = new;
