@@ -604,6 +604,27 @@ mod tests {
             share_nodes: true,
         };
         let data = bytes::Bytes::from(vec![7u8; 4 * 4096]);
+        let store =
+            |health: std::sync::Arc<shingle_transport::health::Health>, down: Vec<std::net::SocketAddr>, stripe| {
+                let (targets, data) = (targets.clone(), data.clone());
+                async move {
+                    write_stripe(
+                        &AcceptAll,
+                        &health,
+                        policy,
+                        &targets,
+                        &[],
+                        &down,
+                        rule,
+                        1,
+                        stripe,
+                        1,
+                        data,
+                    )
+                    .await
+                    .expect("stored")
+                }
+            };
         // Four of six nodes suspected (a loaded machine answering slowly), none down, no
         // spare: moving their shards to the other two would put three on each, which
         // one more loss would leave with three of four needed. They stay home.
@@ -612,39 +633,10 @@ mod tests {
             health.start(node(i)).finish(false);
         }
         assert!(health.suspected(node(0)));
-        let placed = write_stripe(
-            &AcceptAll,
-            &health,
-            policy,
-            &targets,
-            &[],
-            &[],
-            rule,
-            1,
-            0,
-            1,
-            data.clone(),
-        )
-        .await
-        .expect("stored");
+        let placed = store(health, Vec::new(), 0).await;
         assert_eq!(placed, targets.iter().copied().map(Some).collect::<Vec<_>>());
         // A node the map says is down: its shard goes to the least loaded live node.
-        let health = std::sync::Arc::new(shingle_transport::health::Health::default());
-        let placed = write_stripe(
-            &AcceptAll,
-            &health,
-            policy,
-            &targets,
-            &[],
-            &[node(5)],
-            rule,
-            1,
-            1,
-            1,
-            data,
-        )
-        .await
-        .expect("stored");
+        let placed = store(std::sync::Arc::default(), vec![node(5)], 1).await;
         assert_ne!(placed[5], Some(node(5)));
         assert!(placed[5].is_some_and(|a| targets[..5].contains(&a)));
         let held: Vec<_> = placed.iter().map(|p| p.map(|a| a.port())).collect();
