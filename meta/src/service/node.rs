@@ -1636,7 +1636,7 @@ impl MetaNode {
         let Ok(slot) = self.primary_slot(p) else {
             return false;
         };
-        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
         let st = slot.read();
         st.serving && st.part.intents.keys().all(|id| inflight.contains(id))
     }
