@@ -6,11 +6,14 @@
 //!   which copies keep serving across a map change), pure and shared with the simulator.
 //! - [`store`]: durable copies in redb with group commit.
 //! - [`copy`]: partition copies moved in resumable pieces (install, takeover pull).
+//! - [`coordinator`]: the coordinator of one namespace operation (locks, reads, plans,
+//!   intents, the fence of stale coordinators), pure and shared with the simulator.
 //! - [`locks`]: inode locks of coordinators, with leases.
 //! - [`node`]: the service: reads, the coordinator of mutations (sparse views over
 //!   remote records, intents for multi-partition changes), primary/replica replication
 //!   with epoch fencing, catch-up and takeover.
 
+pub mod coordinator;
 pub mod copy;
 pub mod locks;
 pub mod node;

@@ -25,6 +25,7 @@
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
 
+use super::coordinator::{Coordination, Next, PlanRun, batch_ops, finish_ops, intent_ops, plan_run};
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
 use super::protocol::{Follow, Takeover};
@@ -34,8 +35,7 @@ use super::wire::*;
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::map::{ClusterMap, MapView};
 use crate::namespace::types::now_ns;
-use crate::namespace::{Creds, DirEntry, Errno, Intent, Namespace, Need, Plan};
-use crate::namespace::{DentryVal, InodeRec};
+use crate::namespace::{DirEntry, Errno, Intent, Namespace, Need, Plan};
 use bytes::Bytes;
 use shingle_transport::{CallContext, Code, PeerClient, Router, Status};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -1296,40 +1296,25 @@ impl MetaNode {
     }
 
     async fn coordinate(&self, req: &Op, owner: u64, held: &mut Vec<(NodeId, Vec<u64>)>) -> Result<OpReply, Retry> {
-        let (creds, op) = (&req.creds, &req.op);
         let v = self.view();
-        let parts = v.map.partitions;
-        let anchor = op.anchor(parts);
-        self.lock(&v, base_locks(op), owner, anchor, held).await?;
-        let mut cache = Cache::default();
-        let now = now_ns();
-        for _ in 0..64 {
-            let mut ns = Namespace::sparse(parts);
-            cache.fill(&mut ns);
-            let result = run(&mut ns, creds, op, req.id, now);
-            let needs = ns.needs();
-            if !needs.is_empty() {
-                self.fetch(&v, &needs, &mut cache).await?;
-                continue;
-            }
-            let extra: Vec<u64> = extra_locks(op, &cache)
-                .into_iter()
-                .filter(|k| !held.iter().any(|(_, ks)| ks.contains(k)))
-                .collect();
-            if !extra.is_empty() {
-                self.lock(&v, extra.clone(), owner, anchor, held).await?;
-                for k in extra {
-                    cache.inodes.remove(&Ino(k));
+        let mut c = Coordination::new(req.op.clone(), req.creds.clone(), req.id, now_ns(), v.map.partitions);
+        let anchor = c.anchor();
+        loop {
+            match c.next() {
+                Next::Lock(keys) => {
+                    self.lock(&v, keys.clone(), owner, anchor, held).await?;
+                    c.locked(&keys);
                 }
-                continue;
+                Next::Fetch(needs) => self.fetch(&v, &needs, &mut c).await?,
+                Next::Commit(plans, reply) => {
+                    for plan in plans {
+                        self.execute_plan(plan).await.map_err(Retry::Fail)?;
+                    }
+                    return Ok(reply);
+                }
+                Next::Fail(e) => return Err(Retry::Fail(errno_status(e))),
             }
-            let reply = result.map_err(|e| Retry::Fail(errno_status(e)))?;
-            for plan in ns.take_plans() {
-                self.execute_plan(plan).await.map_err(Retry::Fail)?;
-            }
-            return Ok(reply);
         }
-        Err(Retry::Fail(errno_status(Errno::EIO)))
     }
 
     async fn lock(
@@ -1398,7 +1383,7 @@ impl MetaNode {
         }
     }
 
-    async fn fetch(&self, v: &MapView, needs: &[Need], cache: &mut Cache) -> Result<(), Retry> {
+    async fn fetch(&self, v: &MapView, needs: &[Need], c: &mut Coordination) -> Result<(), Retry> {
         let mut by_node: BTreeMap<NodeId, Fetch> = BTreeMap::new();
         for n in needs {
             match n {
@@ -1412,8 +1397,8 @@ impl MetaNode {
                     by_node.entry(host).or_default().dentries.push((*parent, name.clone()));
                 }
                 Need::Counter(p) => {
-                    let c = self.alloc(*p).await.map_err(|_| Retry::Busy)?;
-                    cache.counters.insert(*p, c);
+                    let counter = self.alloc(*p).await.map_err(|_| Retry::Busy)?;
+                    c.provide_counter(*p, counter);
                 }
                 Need::Stripe(ino, stripe) => {
                     let host = v.primary(ino.partition()).ok_or(Retry::Busy)?;
@@ -1425,7 +1410,7 @@ impl MetaNode {
                     // at the new one), and its copy here has every finished operation.
                     let slot = self.primary_slot(*p).map_err(Retry::Fail)?;
                     let rec = slot.read().part.done.get(op).copied();
-                    cache.done.insert((*p, *op), rec);
+                    c.provide_done(*p, *op, rec);
                 }
             }
         }
@@ -1441,13 +1426,13 @@ impl MetaNode {
                         .map_err(|_| Retry::Busy)?
                 };
                 for (ino, r) in req.inodes.iter().zip(got.inodes) {
-                    cache.inodes.insert(*ino, r);
+                    c.provide_inode(*ino, r);
                 }
-                for (k, d) in req.dentries.into_iter().zip(got.dentries) {
-                    cache.dentries.insert(k, d);
+                for ((parent, name), d) in req.dentries.into_iter().zip(got.dentries) {
+                    c.provide_dentry(parent, name, d);
                 }
-                for (k, r) in req.stripes.into_iter().zip(got.stripes) {
-                    cache.stripes.insert(k, r);
+                for ((ino, stripe), r) in req.stripes.into_iter().zip(got.stripes) {
+                    c.provide_stripe(ino, stripe, r);
                 }
             }
         }
@@ -1519,36 +1504,29 @@ impl MetaNode {
         }
     }
 
-    async fn execute_plan(&self, (coord, steps): Plan) -> Result<(), Status> {
-        if steps.iter().all(|(p, _)| *p == coord) {
-            // One batch. A retry after a failed replication re-sends it to a primary
-            // that may already have applied it: relative steps then carry an id so
-            // they apply at most once (the markers are forgotten afterwards). Absolute
-            // steps carry none: writing the same values again is harmless while this
-            // coordinator holds its locks, and nobody redoes a batch without an intent.
-            let id = if steps.iter().any(|(_, m)| m.is_relative()) {
-                let counter = self.alloc(coord).await?;
-                Ino::new(coord, counter)
-                    .map(|i| i.0)
-                    .ok_or_else(|| errno_status(Errno::ENOSPC))?
-            } else {
-                0
-            };
-            let ops = steps
-                .into_iter()
-                .enumerate()
-                .map(|(i, (_, m))| PartOp::Apply {
-                    intent: if m.is_relative() { id } else { 0 },
-                    step: i as u16,
-                    m,
-                })
-                .collect();
-            self.execute_at(coord, ops).await?;
-            if id != 0 {
-                self.queue_forgets(coord, vec![id]);
+    async fn execute_plan(&self, plan: Plan) -> Result<(), Status> {
+        let coord = match plan_run(&plan) {
+            PlanRun::Batch { p, relative } => {
+                // A retry after a failed replication re-sends the batch to a primary
+                // that may already have applied it: relative steps then carry an id
+                // (the markers are forgotten afterwards).
+                let id = if relative {
+                    let counter = self.alloc(p).await?;
+                    Ino::new(p, counter)
+                        .map(|i| i.0)
+                        .ok_or_else(|| errno_status(Errno::ENOSPC))?
+                } else {
+                    0
+                };
+                self.execute_at(p, batch_ops(plan.1, id)).await?;
+                if id != 0 {
+                    self.queue_forgets(p, vec![id]);
+                }
+                return Ok(());
             }
-            return Ok(());
-        }
+            PlanRun::Intent { coord } => coord,
+        };
+        let steps = plan.1;
         let counter = self.alloc(coord).await?;
         let id = Ino::new(coord, counter)
             .map(|i| i.0)
@@ -1596,20 +1574,7 @@ impl MetaNode {
     /// Records (when `begin`) and applies every step of an intent; returns the other
     /// partitions it touched.
     async fn apply_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<Vec<PartitionId>, Status> {
-        let id = intent.id;
-        let mut by_part: BTreeMap<PartitionId, Vec<PartOp>> = BTreeMap::new();
-        for (i, (p, m)) in intent.steps.iter().enumerate() {
-            by_part.entry(*p).or_default().push(PartOp::Apply {
-                intent: id,
-                step: i as u16,
-                m: m.clone(),
-            });
-        }
-        let mut first = Vec::new();
-        if begin {
-            first.push(PartOp::Begin(intent.clone()));
-        }
-        first.extend(by_part.remove(&coord).unwrap_or_default());
+        let (first, by_part) = intent_ops(coord, intent, begin);
         self.execute_at(coord, first).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
         let results = crate::join::join_all(by_part.into_iter().map(|(p, ops)| self.execute_at(p, ops))).await;
@@ -1622,8 +1587,7 @@ impl MetaNode {
     /// Drops a finished intent's record and markers (in its partition now; in the
     /// `others` with their next batches).
     async fn finish_intent(&self, coord: PartitionId, id: u64, others: Vec<PartitionId>) -> Result<(), Status> {
-        self.execute_at(coord, vec![PartOp::Finish(id), PartOp::Forget(id)])
-            .await?;
+        self.execute_at(coord, finish_ops(id)).await?;
         for p in others {
             self.queue_forgets(p, vec![id]);
         }
@@ -1900,31 +1864,10 @@ fn to_status(e: CallError) -> Status {
     }
 }
 
-/// Refuses a batch from a coordinator that may no longer apply it: its node is not Up,
-/// or a step of an intent (or the intent's record) comes from another node than the
-/// primary of the intent's partition. That primary redoes intents left unfinished at
-/// once (`sweep_intents`); a coordinator that lost its partition must not go on
-/// applying steps meanwhile, or a step could apply again after the redo finished and
-/// forgot its at-most-once markers.
+/// Refuses a batch from a coordinator that may no longer apply it
+/// ([`super::coordinator::fence`]).
 fn fence(v: &MapView, from: NodeId, ops: &[PartOp]) -> Result<(), Status> {
-    if !v.map.is_up(from) {
-        return Err(fenced(format!("coordinator node {} is not Up", from.0)));
-    }
-    for op in ops {
-        let id = match op {
-            PartOp::Apply { intent, .. } if *intent != 0 => *intent,
-            PartOp::Begin(i) => i.id,
-            _ => continue,
-        };
-        let coord = Ino(id).partition();
-        if v.primary(coord) != Some(from) {
-            return Err(fenced(format!(
-                "node {} no longer coordinates the operations of partition {}",
-                from.0, coord.0
-            )));
-        }
-    }
-    Ok(())
+    super::coordinator::fence(v, from, ops).map_err(fenced)
 }
 
 /// The answer to a fenced coordinator ([`fence`]): final for it (it gives the operation
@@ -1943,208 +1886,11 @@ fn retryable(s: &Status) -> bool {
         || matches!(s.code, Code::ShuttingDown | Code::DeadlineExceeded)
 }
 
-/// Records a coordinator has fetched for one operation.
-#[derive(Default)]
-struct Cache {
-    inodes: BTreeMap<Ino, Option<InodeRec>>,
-    dentries: BTreeMap<(Ino, Vec<u8>), Option<DentryVal>>,
-    counters: BTreeMap<PartitionId, u64>,
-    stripes: BTreeMap<(Ino, u64), Option<crate::namespace::StripeRec>>,
-    done: BTreeMap<(PartitionId, u64), Option<crate::namespace::DoneOp>>,
-}
-
-impl Cache {
-    fn fill(&self, ns: &mut Namespace) {
-        for (ino, r) in &self.inodes {
-            ns.provide_inode(*ino, r.clone());
-        }
-        for ((parent, name), d) in &self.dentries {
-            ns.provide_dentry(*parent, name, *d);
-        }
-        for (p, c) in &self.counters {
-            ns.provide_counter(*p, *c);
-        }
-        for ((ino, stripe), r) in &self.stripes {
-            ns.provide_stripe(*ino, *stripe, r.clone());
-        }
-        for ((p, op), r) in &self.done {
-            ns.provide_done(*p, *op, *r);
-        }
-    }
-
-    fn entry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
-        self.dentries.get(&(parent, name.to_vec())).copied().flatten()
-    }
-}
-
 /// How often the sweep looks for intents to redo and locks of dead coordinators.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// How often markers queued for forgetting are flushed when no batch carried them.
 const FORGET_FLUSH: Duration = Duration::from_secs(1);
-
-/// The cross-directory rename lock (like the kernel's `s_vfs_rename_mutex`).
-const RENAME_LOCK: u64 = 0;
-
-/// Locks taken before reading: the directories whose entries change, or the inode.
-fn base_locks(op: &NsOp) -> Vec<u64> {
-    let mut k = match op {
-        NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![parent.0],
-        NsOp::Link { ino, newparent, .. } => vec![newparent.0, ino.0],
-        NsOp::Rename { parent, newparent, .. } if parent == newparent => vec![parent.0],
-        NsOp::Rename { parent, newparent, .. } => vec![RENAME_LOCK, parent.0, newparent.0],
-        NsOp::SetAttr { ino, .. }
-        | NsOp::SetXattr { ino, .. }
-        | NsOp::RemoveXattr { ino, .. }
-        | NsOp::SetLayout { ino, .. }
-        | NsOp::CommitWrite { ino, .. }
-        | NsOp::ReserveVersions { ino, .. }
-        | NsOp::HoldPurge { ino, .. }
-        | NsOp::Purged { ino }
-        | NsOp::RelocateShards { ino, .. } => vec![ino.0],
-    };
-    k.sort_unstable();
-    k.dedup();
-    k
-}
-
-/// Locks known only after reading entries: directories being removed or moved (their
-/// emptiness and ".." must not change underneath).
-fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
-    let dir = |e: Option<DentryVal>| e.filter(|d| d.kind == crate::namespace::FileKind::Dir).map(|d| d.ino.0);
-    match op {
-        NsOp::Rmdir { parent, name } => dir(cache.entry(*parent, name)).into_iter().collect(),
-        NsOp::Rename {
-            parent,
-            name,
-            newparent,
-            newname,
-            ..
-        } => dir(cache.entry(*parent, name))
-            .into_iter()
-            .chain(dir(cache.entry(*newparent, newname)))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Runs `op` on a (sparse) namespace, as client operation `id` when it is one run at
-/// most once ([`NsOp::once`]): a retry of one already done is answered as done.
-fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Result<OpReply, Errno> {
-    if id == 0 || !op.once() {
-        return run_op(ns, creds, op, now);
-    }
-    let anchor = op.anchor(ns.partition_count());
-    match ns.once(id, anchor, now, |ns| run_op(ns, creds, op, now))? {
-        Some(reply) => Ok(reply),
-        None => Ok(match op {
-            // What a link answers: the inode's attributes (as they are now).
-            NsOp::Link { ino, .. } => OpReply::Attr(ns.getattr(*ino)?),
-            _ => OpReply::Done,
-        }),
-    }
-}
-
-/// Runs `op` on a (sparse) namespace.
-fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
-    Ok(match op {
-        NsOp::Mknod {
-            parent,
-            name,
-            kind,
-            perm,
-            rdev,
-            target,
-            token,
-        } => OpReply::Attr(ns.mknod_once(
-            creds,
-            *parent,
-            name,
-            *kind,
-            *perm,
-            *rdev,
-            target.as_deref(),
-            now,
-            *token,
-        )?),
-        NsOp::Link {
-            ino,
-            newparent,
-            newname,
-        } => OpReply::Attr(ns.link(creds, *ino, *newparent, newname, now)?),
-        NsOp::Unlink {
-            parent,
-            name,
-            keep_secs,
-        } => {
-            let keep = (*keep_secs > 0).then(|| now.saturating_add(i64::from(*keep_secs) * 1_000_000_000));
-            ns.unlink_keep(creds, *parent, name, now, keep.unwrap_or(0))?;
-            OpReply::Done
-        }
-        NsOp::Rmdir { parent, name } => {
-            ns.rmdir(creds, *parent, name, now)?;
-            OpReply::Done
-        }
-        NsOp::Rename {
-            parent,
-            name,
-            newparent,
-            newname,
-            noreplace,
-            exchange,
-        } => {
-            let flags = NsOp::rename_flags(*noreplace, *exchange);
-            ns.rename(creds, *parent, name, *newparent, newname, flags, now)?;
-            OpReply::Done
-        }
-        NsOp::SetAttr { ino, set } => OpReply::Attr(ns.setattr(creds, *ino, set, now)?),
-        NsOp::SetXattr { ino, name, value, mode } => {
-            ns.setxattr(creds, *ino, name, value, NsOp::xattr_mode(*mode), now)?;
-            OpReply::Done
-        }
-        NsOp::RemoveXattr { ino, name } => {
-            ns.removexattr(creds, *ino, name, now)?;
-            OpReply::Done
-        }
-        NsOp::SetLayout { ino, policy } => {
-            ns.set_layout(creds, *ino, policy, now)?;
-            OpReply::Done
-        }
-        NsOp::CommitWrite {
-            ino,
-            policy,
-            size,
-            stripes,
-        } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
-        NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
-        NsOp::HoldPurge { ino, secs } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
-            ns.hold_purge(*ino, now.saturating_add(i64::from(*secs) * 1_000_000_000))?;
-            OpReply::Done
-        }
-        NsOp::Purged { ino } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
-            ns.purged(*ino)?;
-            OpReply::Done
-        }
-        NsOp::RelocateShards {
-            ino,
-            stripe,
-            version,
-            moves,
-        } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
-            ns.relocate_shards(*ino, *stripe, *version, moves)?;
-            OpReply::Done
-        }
-    })
-}
 
 fn random_u64() -> u64 {
     let mut b = [0u8; 8];

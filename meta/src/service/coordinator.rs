@@ -1,0 +1,587 @@
+//! The coordinator of one namespace operation, as a pure engine.
+//!
+//! A mutation is coordinated by the primary of its anchor partition: it locks the
+//! directories (or the inode) the operation changes, reads the records the operation
+//! needs from their partitions' primaries into a sparse [`Namespace`], runs the
+//! operation on it, and executes the changes it plans — one batch when they all fall in
+//! one partition, through an intent otherwise. [`Coordination`] holds that sequence
+//! without any I/O: it says what to do next ([`Next`]) and is told what came back; the
+//! metadata service (`node.rs`) drives it over the network and the simulator
+//! (`crate::sim`) over its simulated one. The batches a plan becomes and the fence a
+//! primary puts in front of coordinators are pure functions here as well.
+
+use crate::ids::{Ino, NodeId, PartitionId};
+use crate::map::MapView;
+use crate::namespace::{
+    Creds, DentryVal, DoneOp, Errno, FileKind, InodeRec, Intent, Mutation, Namespace, Need, Plan, StripeRec,
+};
+use crate::service::wire::PartOp;
+use crate::service::wire::{NsOp, OpReply};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The cross-directory rename lock (like the kernel's `s_vfs_rename_mutex`).
+pub const RENAME_LOCK: u64 = 0;
+
+/// How many read rounds one operation may take before it fails with `EIO` (each round
+/// fetches what the previous one found missing; real operations need a few).
+pub const MAX_ROUNDS: u32 = 64;
+
+/// What the driver of a [`Coordination`] does next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Next {
+    /// Take these keys (at the primaries of their partitions), then call
+    /// [`Coordination::locked`]. If any host refuses, release everything held and start
+    /// the operation again (a new [`Coordination`]).
+    Lock(Vec<u64>),
+    /// Read these records and hand them in with the `provide_*` methods.
+    Fetch(Vec<Need>),
+    /// Execute these plans in order ([`PlanRun`]), then answer the client with this.
+    Commit(Vec<Plan>, OpReply),
+    /// The operation fails with this error; nothing was changed.
+    Fail(Errno),
+}
+
+/// One namespace operation being coordinated.
+#[derive(Clone, Debug)]
+pub struct Coordination {
+    op: NsOp,
+    creds: Creds,
+    id: u64,
+    now: i64,
+    partitions: u32,
+    cache: Cache,
+    held: BTreeSet<u64>,
+    rounds: u32,
+}
+
+impl Coordination {
+    /// Coordination of `op` for `creds`, as client operation `id` (0: none), at time `now`.
+    pub fn new(op: NsOp, creds: Creds, id: u64, now: i64, partitions: u32) -> Self {
+        Coordination {
+            op,
+            creds,
+            id,
+            now,
+            partitions,
+            cache: Cache::default(),
+            held: BTreeSet::new(),
+            rounds: 0,
+        }
+    }
+
+    /// The operation.
+    pub fn op(&self) -> &NsOp {
+        &self.op
+    }
+
+    /// The partition the operation is anchored in (whose primary coordinates it).
+    pub fn anchor(&self) -> PartitionId {
+        self.op.anchor(self.partitions)
+    }
+
+    /// What to do next.
+    pub fn next(&mut self) -> Next {
+        let base: Vec<u64> = base_locks(&self.op)
+            .into_iter()
+            .filter(|k| !self.held.contains(k))
+            .collect();
+        if !base.is_empty() {
+            return Next::Lock(base);
+        }
+        if self.rounds >= MAX_ROUNDS {
+            return Next::Fail(Errno::EIO);
+        }
+        self.rounds += 1;
+        let mut ns = Namespace::sparse(self.partitions);
+        self.cache.fill(&mut ns);
+        let result = run(&mut ns, &self.creds, &self.op, self.id, self.now);
+        let needs = ns.needs();
+        if !needs.is_empty() {
+            return Next::Fetch(needs);
+        }
+        let extra: Vec<u64> = extra_locks(&self.op, &self.cache)
+            .into_iter()
+            .filter(|k| !self.held.contains(k))
+            .collect();
+        if !extra.is_empty() {
+            return Next::Lock(extra);
+        }
+        match result {
+            Ok(reply) => Next::Commit(ns.take_plans(), reply),
+            Err(e) => Next::Fail(e),
+        }
+    }
+
+    /// `keys` are held now. What was read of those inodes before they were locked is
+    /// read again.
+    pub fn locked(&mut self, keys: &[u64]) {
+        for k in keys {
+            self.held.insert(*k);
+            self.cache.inodes.remove(&Ino(*k));
+        }
+    }
+
+    /// The keys held (to release when the operation ends).
+    pub fn held(&self) -> impl Iterator<Item = u64> + '_ {
+        self.held.iter().copied()
+    }
+
+    /// An inode read (`None`: it does not exist).
+    pub fn provide_inode(&mut self, ino: Ino, rec: Option<InodeRec>) {
+        self.cache.inodes.insert(ino, rec);
+    }
+
+    /// An entry read.
+    pub fn provide_dentry(&mut self, parent: Ino, name: Vec<u8>, val: Option<DentryVal>) {
+        self.cache.dentries.insert((parent, name), val);
+    }
+
+    /// A fresh counter of a partition.
+    pub fn provide_counter(&mut self, p: PartitionId, counter: u64) {
+        self.cache.counters.insert(p, counter);
+    }
+
+    /// A stripe record read.
+    pub fn provide_stripe(&mut self, ino: Ino, stripe: u64, rec: Option<StripeRec>) {
+        self.cache.stripes.insert((ino, stripe), rec);
+    }
+
+    /// Whether client operation `op` is recorded as done in partition `p`.
+    pub fn provide_done(&mut self, p: PartitionId, op: u64, rec: Option<DoneOp>) {
+        self.cache.done.insert((p, op), rec);
+    }
+}
+
+/// How a plan is executed: one batch at its coordinating partition, or an intent.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PlanRun {
+    /// Every step is in partition `p`: one batch. When `relative` (a step adds to a
+    /// value, such as a link count), the batch needs an id (a fresh inode number of `p`,
+    /// [`batch_ops`]) so a retry that reaches a primary which already applied it does
+    /// not apply it twice.
+    Batch {
+        /// The partition.
+        p: PartitionId,
+        /// Whether the steps need an id.
+        relative: bool,
+    },
+    /// Steps in several partitions: an intent recorded in `coord` (its id a fresh inode
+    /// number of `coord`), [`intent_ops`].
+    Intent {
+        /// The coordinating partition.
+        coord: PartitionId,
+    },
+}
+
+/// How `plan` is executed.
+pub fn plan_run(plan: &Plan) -> PlanRun {
+    let (coord, steps) = plan;
+    if steps.iter().all(|(p, _)| p == coord) {
+        PlanRun::Batch {
+            p: *coord,
+            relative: steps.iter().any(|(_, m)| m.is_relative()),
+        }
+    } else {
+        PlanRun::Intent { coord: *coord }
+    }
+}
+
+/// The batch of a one-partition plan. Relative steps carry `id` (0 when none was
+/// needed) so they apply at most once; absolute steps carry none: writing the same
+/// values again is harmless while the coordinator holds its locks, and nobody redoes a
+/// batch without an intent.
+pub fn batch_ops(steps: Vec<(PartitionId, Mutation)>, id: u64) -> Vec<PartOp> {
+    steps
+        .into_iter()
+        .enumerate()
+        .map(|(i, (_, m))| PartOp::Apply {
+            intent: if m.is_relative() { id } else { 0 },
+            step: i as u16,
+            m,
+        })
+        .collect()
+}
+
+/// The batches of an intent: the first for its coordinating partition (the intent's
+/// record, when `begin`, and that partition's steps), which must be durable before any
+/// other; then one per other partition, in any order.
+pub fn intent_ops(
+    coord: PartitionId,
+    intent: &Intent,
+    begin: bool,
+) -> (Vec<PartOp>, BTreeMap<PartitionId, Vec<PartOp>>) {
+    let mut by_part: BTreeMap<PartitionId, Vec<PartOp>> = BTreeMap::new();
+    for (i, (p, m)) in intent.steps.iter().enumerate() {
+        by_part.entry(*p).or_default().push(PartOp::Apply {
+            intent: intent.id,
+            step: i as u16,
+            m: m.clone(),
+        });
+    }
+    let mut first = Vec::new();
+    if begin {
+        first.push(PartOp::Begin(intent.clone()));
+    }
+    first.extend(by_part.remove(&coord).unwrap_or_default());
+    (first, by_part)
+}
+
+/// The batch that finishes intent `id` in its coordinating partition: drops its record
+/// and its markers there (the other partitions forget theirs with later batches).
+pub fn finish_ops(id: u64) -> Vec<PartOp> {
+    vec![PartOp::Finish(id), PartOp::Forget(id)]
+}
+
+/// Why a primary refuses a batch from coordinator node `from`, if it does: the node is
+/// not Up, or a step of an intent (or the intent's record) comes from another node than
+/// the primary of the intent's partition. That primary redoes intents left unfinished
+/// at once; a coordinator that lost its partition must not go on applying steps
+/// meanwhile, or a step could apply again after the redo finished and forgot its
+/// at-most-once markers.
+pub fn fence(v: &MapView, from: NodeId, ops: &[PartOp]) -> Result<(), String> {
+    if !v.map.is_up(from) {
+        return Err(format!("coordinator node {} is not Up", from.0));
+    }
+    for op in ops {
+        let id = match op {
+            PartOp::Apply { intent, .. } if *intent != 0 => *intent,
+            PartOp::Begin(i) => i.id,
+            _ => continue,
+        };
+        let coord = Ino(id).partition();
+        if v.primary(coord) != Some(from) {
+            return Err(format!(
+                "node {} no longer coordinates the operations of partition {}",
+                from.0, coord.0
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Records a coordinator has fetched for one operation.
+#[derive(Clone, Debug, Default)]
+struct Cache {
+    inodes: BTreeMap<Ino, Option<InodeRec>>,
+    dentries: BTreeMap<(Ino, Vec<u8>), Option<DentryVal>>,
+    counters: BTreeMap<PartitionId, u64>,
+    stripes: BTreeMap<(Ino, u64), Option<StripeRec>>,
+    done: BTreeMap<(PartitionId, u64), Option<DoneOp>>,
+}
+
+impl Cache {
+    fn fill(&self, ns: &mut Namespace) {
+        for (ino, r) in &self.inodes {
+            ns.provide_inode(*ino, r.clone());
+        }
+        for ((parent, name), d) in &self.dentries {
+            ns.provide_dentry(*parent, name, *d);
+        }
+        for (p, c) in &self.counters {
+            ns.provide_counter(*p, *c);
+        }
+        for ((ino, stripe), r) in &self.stripes {
+            ns.provide_stripe(*ino, *stripe, r.clone());
+        }
+        for ((p, op), r) in &self.done {
+            ns.provide_done(*p, *op, *r);
+        }
+    }
+
+    fn entry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
+        self.dentries.get(&(parent, name.to_vec())).copied().flatten()
+    }
+}
+
+/// Locks taken before reading: the directories whose entries change, or the inode.
+fn base_locks(op: &NsOp) -> Vec<u64> {
+    let mut k = match op {
+        NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![parent.0],
+        NsOp::Link { ino, newparent, .. } => vec![newparent.0, ino.0],
+        NsOp::Rename { parent, newparent, .. } if parent == newparent => vec![parent.0],
+        NsOp::Rename { parent, newparent, .. } => vec![RENAME_LOCK, parent.0, newparent.0],
+        NsOp::SetAttr { ino, .. }
+        | NsOp::SetXattr { ino, .. }
+        | NsOp::RemoveXattr { ino, .. }
+        | NsOp::SetLayout { ino, .. }
+        | NsOp::CommitWrite { ino, .. }
+        | NsOp::ReserveVersions { ino, .. }
+        | NsOp::HoldPurge { ino, .. }
+        | NsOp::Purged { ino }
+        | NsOp::RelocateShards { ino, .. } => vec![ino.0],
+    };
+    k.sort_unstable();
+    k.dedup();
+    k
+}
+
+/// Locks known only after reading entries: directories being removed or moved (their
+/// emptiness and ".." must not change underneath).
+fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
+    let dir = |e: Option<DentryVal>| e.filter(|d| d.kind == FileKind::Dir).map(|d| d.ino.0);
+    match op {
+        NsOp::Rmdir { parent, name } => dir(cache.entry(*parent, name)).into_iter().collect(),
+        NsOp::Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            ..
+        } => dir(cache.entry(*parent, name))
+            .into_iter()
+            .chain(dir(cache.entry(*newparent, newname)))
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Runs `op` on a (sparse) namespace, as client operation `id` when it is one run at
+/// most once ([`NsOp::once`]): a retry of one already done is answered as done.
+fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Result<OpReply, Errno> {
+    if id == 0 || !op.once() {
+        return run_op(ns, creds, op, now);
+    }
+    let anchor = op.anchor(ns.partition_count());
+    match ns.once(id, anchor, now, |ns| run_op(ns, creds, op, now))? {
+        Some(reply) => Ok(reply),
+        None => Ok(match op {
+            // What a link answers: the inode's attributes (as they are now).
+            NsOp::Link { ino, .. } => OpReply::Attr(ns.getattr(*ino)?),
+            _ => OpReply::Done,
+        }),
+    }
+}
+
+/// Runs `op` on a (sparse) namespace.
+fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+    Ok(match op {
+        NsOp::Mknod {
+            parent,
+            name,
+            kind,
+            perm,
+            rdev,
+            target,
+            token,
+        } => OpReply::Attr(ns.mknod_once(
+            creds,
+            *parent,
+            name,
+            *kind,
+            *perm,
+            *rdev,
+            target.as_deref(),
+            now,
+            *token,
+        )?),
+        NsOp::Link {
+            ino,
+            newparent,
+            newname,
+        } => OpReply::Attr(ns.link(creds, *ino, *newparent, newname, now)?),
+        NsOp::Unlink {
+            parent,
+            name,
+            keep_secs,
+        } => {
+            let keep = (*keep_secs > 0).then(|| now.saturating_add(i64::from(*keep_secs) * 1_000_000_000));
+            ns.unlink_keep(creds, *parent, name, now, keep.unwrap_or(0))?;
+            OpReply::Done
+        }
+        NsOp::Rmdir { parent, name } => {
+            ns.rmdir(creds, *parent, name, now)?;
+            OpReply::Done
+        }
+        NsOp::Rename {
+            parent,
+            name,
+            newparent,
+            newname,
+            noreplace,
+            exchange,
+        } => {
+            let flags = NsOp::rename_flags(*noreplace, *exchange);
+            ns.rename(creds, *parent, name, *newparent, newname, flags, now)?;
+            OpReply::Done
+        }
+        NsOp::SetAttr { ino, set } => OpReply::Attr(ns.setattr(creds, *ino, set, now)?),
+        NsOp::SetXattr { ino, name, value, mode } => {
+            ns.setxattr(creds, *ino, name, value, NsOp::xattr_mode(*mode), now)?;
+            OpReply::Done
+        }
+        NsOp::RemoveXattr { ino, name } => {
+            ns.removexattr(creds, *ino, name, now)?;
+            OpReply::Done
+        }
+        NsOp::SetLayout { ino, policy } => {
+            ns.set_layout(creds, *ino, policy, now)?;
+            OpReply::Done
+        }
+        NsOp::CommitWrite {
+            ino,
+            policy,
+            size,
+            stripes,
+        } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
+        NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
+        NsOp::HoldPurge { ino, secs } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.hold_purge(*ino, now.saturating_add(i64::from(*secs) * 1_000_000_000))?;
+            OpReply::Done
+        }
+        NsOp::Purged { ino } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.purged(*ino)?;
+            OpReply::Done
+        }
+        NsOp::RelocateShards {
+            ino,
+            stripe,
+            version,
+            moves,
+        } => {
+            if creds.uid != 0 {
+                return Err(Errno::EPERM);
+            }
+            ns.relocate_shards(*ino, *stripe, *version, moves)?;
+            OpReply::Done
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> Creds {
+        Creds {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
+    /// Drives a coordination against a whole in-memory namespace, as a driver would
+    /// against the partitions' primaries; returns the steps it took.
+    fn drive(c: &mut Coordination, whole: &mut Namespace) -> (Vec<String>, Result<OpReply, Errno>) {
+        let mut trace = Vec::new();
+        loop {
+            match c.next() {
+                Next::Lock(keys) => {
+                    trace.push(format!("lock {keys:?}"));
+                    c.locked(&keys);
+                }
+                Next::Fetch(needs) => {
+                    trace.push(format!("fetch {}", needs.len()));
+                    for n in needs {
+                        match n {
+                            Need::Inode(ino) => {
+                                let rec = whole
+                                    .partition(ino.partition())
+                                    .and_then(|p| p.inodes.get(&ino).cloned());
+                                c.provide_inode(ino, rec);
+                            }
+                            Need::Dentry(parent, name) => {
+                                let p = crate::placement::dentry_partition(parent, &name, whole.partition_count());
+                                let val = whole.partition(p).and_then(|p| p.dentry(parent, &name));
+                                c.provide_dentry(parent, name, val);
+                            }
+                            Need::Counter(p) => c.provide_counter(p, 100 + u64::from(p.0)),
+                            Need::Stripe(ino, s) => c.provide_stripe(ino, s, None),
+                            Need::Done(p, op) => {
+                                let rec = whole.partition(p).and_then(|p| p.done.get(&op).copied());
+                                c.provide_done(p, op, rec);
+                            }
+                        }
+                    }
+                }
+                Next::Commit(plans, reply) => {
+                    trace.push(format!("commit {}", plans.len()));
+                    return (trace, Ok(reply));
+                }
+                Next::Fail(e) => return (trace, Err(e)),
+            }
+        }
+    }
+
+    fn mknod(parent: Ino, name: &str, kind: FileKind) -> NsOp {
+        NsOp::Mknod {
+            parent,
+            name: name.as_bytes().to_vec(),
+            kind,
+            perm: 0o755,
+            rdev: 0,
+            target: None,
+            token: 0,
+        }
+    }
+
+    #[test]
+    fn a_create_locks_its_directory_before_reading_and_plans_one_change() {
+        let mut whole = Namespace::format(8, 1);
+        let op = mknod(Ino::ROOT, "a", FileKind::File);
+        let mut c = Coordination::new(op, root(), 0, 1, 8);
+        let (trace, r) = drive(&mut c, &mut whole);
+        assert_eq!(trace[0], format!("lock {:?}", vec![Ino::ROOT.0]));
+        assert!(matches!(r, Ok(OpReply::Attr(_))), "{r:?}");
+        assert_eq!(trace.last().map(String::as_str), Some("commit 1"));
+        assert_eq!(c.held().collect::<Vec<_>>(), vec![Ino::ROOT.0]);
+    }
+
+    #[test]
+    fn an_rmdir_locks_the_directory_it_removes_once_it_knows_it() {
+        let mut whole = Namespace::format(8, 1);
+        let d = whole
+            .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
+            .unwrap();
+        let op = NsOp::Rmdir {
+            parent: Ino::ROOT,
+            name: b"d".to_vec(),
+        };
+        let mut c = Coordination::new(op, root(), 7, 2, 8);
+        let (trace, r) = drive(&mut c, &mut whole);
+        assert!(r.is_ok(), "{r:?}");
+        assert!(trace.contains(&format!("lock {:?}", vec![d.ino.0])), "{trace:?}");
+        let held: Vec<u64> = c.held().collect();
+        assert!(held.contains(&d.ino.0) && held.contains(&Ino::ROOT.0));
+    }
+
+    #[test]
+    fn a_failing_operation_plans_nothing() {
+        let mut whole = Namespace::format(8, 1);
+        let op = NsOp::Unlink {
+            parent: Ino::ROOT,
+            name: b"missing".to_vec(),
+            keep_secs: 0,
+        };
+        let mut c = Coordination::new(op, root(), 9, 2, 8);
+        assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn plans_become_one_batch_or_an_intent() {
+        let p = PartitionId(3);
+        let m = Mutation::DelDentry {
+            parent: Ino::ROOT,
+            name: b"x".to_vec(),
+        };
+        let one: Plan = (p, vec![(p, m.clone())]);
+        assert_eq!(plan_run(&one), PlanRun::Batch { p, relative: false });
+        let two: Plan = (p, vec![(p, m.clone()), (PartitionId(5), m.clone())]);
+        assert_eq!(plan_run(&two), PlanRun::Intent { coord: p });
+        let intent = Intent {
+            id: 42,
+            steps: two.1.clone(),
+        };
+        let (first, others) = intent_ops(p, &intent, true);
+        assert!(matches!(first[0], PartOp::Begin(_)));
+        assert_eq!(first.len(), 2);
+        assert_eq!(others.keys().copied().collect::<Vec<_>>(), vec![PartitionId(5)]);
+        let (again, _) = intent_ops(p, &intent, false);
+        assert_eq!(again.len(), 1, "a redo does not record the intent again");
+    }
+}
