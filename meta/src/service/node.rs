@@ -1300,7 +1300,7 @@ impl MetaNode {
         let mut c = Coordination::new(req.op.clone(), req.creds.clone(), req.id, now_ns(), v.map.partitions);
         let anchor = c.anchor();
         loop {
-            match c.next() {
+            match c.step() {
                 Next::Lock(keys) => {
                     self.lock(&v, keys.clone(), owner, anchor, held).await?;
                     c.locked(&keys);

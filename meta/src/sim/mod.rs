@@ -16,7 +16,13 @@
 //!   disk holds, disks whose writes fail;
 //! - a manager that marks silent nodes Down and returning nodes Up, its maps reaching
 //!   nodes at their next heartbeat (so a node can skip epochs);
-//! - clients that write names and allocate inode numbers, retrying through failures.
+//! - clients that write names and allocate inode numbers, retrying through failures;
+//! - with [`Config::ns_clients`], clients running namespace operations (create, mkdir,
+//!   link, unlink, rmdir, rename) in directories of their own, coordinated by the
+//!   service's own engine ([`crate::service::coordinator`]): locks, reads, one batch or
+//!   an intent per plan, the fence, the sweep that redoes intents left behind. Each
+//!   answer is checked against the client's model (a retry must return the first
+//!   result), and once healed every directory against its model, link counts included.
 //!
 //! Checked all along: every acknowledged mutation is in the copy of every primary that
 //! acknowledges later (and, once the world heals, in every member's copy, all copies
@@ -42,6 +48,12 @@ pub enum Bug {
     /// them when none was complete: it can start from a copy missing acknowledged
     /// batches.
     TakeoverWithoutAllMembers,
+    /// Coordinators ignore operation ids: a retry of an operation whose answer was lost
+    /// runs again (a retried unlink answers ENOENT, a retried link EEXIST).
+    ForgetDone,
+    /// Primaries apply batches from coordinators that lost their partition
+    /// (`coordinator::fence` skipped).
+    NoFence,
 }
 
 impl Bug {
@@ -50,14 +62,21 @@ impl Bug {
         match self {
             Bug::PromotedKeepsServing => "promoted-keeps-serving",
             Bug::TakeoverWithoutAllMembers => "takeover-without-all-members",
+            Bug::ForgetDone => "forget-done",
+            Bug::NoFence => "no-fence",
         }
     }
 
     /// Parses [`Bug::name`].
     pub fn parse(s: &str) -> Option<Bug> {
-        [Bug::PromotedKeepsServing, Bug::TakeoverWithoutAllMembers]
-            .into_iter()
-            .find(|b| b.name() == s)
+        [
+            Bug::PromotedKeepsServing,
+            Bug::TakeoverWithoutAllMembers,
+            Bug::ForgetDone,
+            Bug::NoFence,
+        ]
+        .into_iter()
+        .find(|b| b.name() == s)
     }
 }
 
@@ -72,8 +91,11 @@ pub struct Config {
     pub partitions: u32,
     /// Client operations to finish (acknowledged or given up).
     pub ops: u64,
-    /// Clients, each with one operation in flight.
+    /// Clients writing names and allocating numbers, each with one operation in flight.
     pub clients: u32,
+    /// Clients running namespace operations (create, mkdir, link, unlink, rmdir,
+    /// rename) in two directories of their own, each with one operation in flight.
+    pub ns_clients: u32,
     /// Inject faults (crashes, cuts, failed writes, lossy network).
     pub faults: bool,
     /// At most this many nodes crashed or cut off at once.
@@ -101,6 +123,7 @@ impl Default for Config {
             partitions: 16,
             ops: 400,
             clients: 8,
+            ns_clients: 0,
             faults: true,
             max_down: 2,
             joins: 1,
@@ -115,8 +138,8 @@ impl Config {
     /// The command that replays this run.
     pub fn replay(&self) -> String {
         let mut s = format!(
-            "shingle sim --seed {} --nodes {} --partitions {} --ops {} --clients {} --max-down {} --joins {}",
-            self.seed, self.nodes, self.partitions, self.ops, self.clients, self.max_down, self.joins
+            "shingle sim --seed {} --nodes {} --partitions {} --ops {} --clients {} --ns-clients {} --max-down {} --joins {}",
+            self.seed, self.nodes, self.partitions, self.ops, self.clients, self.ns_clients, self.max_down, self.joins
         );
         if !self.faults {
             s.push_str(" --no-faults");
@@ -139,6 +162,10 @@ impl Config {
 pub struct Report {
     /// Operations acknowledged to clients.
     pub acked: u64,
+    /// Namespace operations acknowledged (included in `acked`).
+    pub ns_ops: u64,
+    /// Intents a primary redid for a coordinator that left them.
+    pub intents_redone: u64,
     /// Operations a client gave up on (the partition had no serving primary for long).
     pub gave_up: u64,
     /// Messages sent while the cluster formed (first takeovers and installs).

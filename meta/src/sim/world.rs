@@ -1,14 +1,16 @@
 //! The simulated world: the event loop, the network, nodes, the manager and clients.
 
+mod ns;
+
 use super::{Bug, Config, Failure, Report, Rng};
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::map::{ClusterMap, MapCommand, MapView, NodeInfo, NodeState, Roles};
-use crate::namespace::{DentryVal, FileKind, Mutation, Partition};
+use crate::namespace::{DentryVal, Errno, FileKind, Mutation, Need, Partition};
 use crate::service::copy::CopyId;
 use crate::service::protocol::{Follow, Takeover, TakeoverPlan, adopt_copy};
 use crate::service::replica::{Key, PartMeta, Replica};
 use crate::service::store::Write;
-use crate::service::wire::{PartOp, Pulled, ReplicaAck, Replicate};
+use crate::service::wire::{NsOp, OpReply, PartOp, Pulled, ReplicaAck, Replicate};
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, VecDeque};
 use std::rc::Rc;
@@ -28,18 +30,21 @@ const COPY_TIMEOUT: Ms = 30_000;
 const CLIENT_TIMEOUT: Ms = 3_000;
 const GIVE_UP: Ms = 60_000;
 const HEAL_LIMIT: Ms = 120_000;
-const LOG_LINES: usize = 60;
+const LOG_LINES: usize = 200;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Addr {
     Node(NodeId),
     Client(usize),
+    NsClient(usize),
 }
 
 #[derive(Clone, Debug)]
 enum Op {
     Put(Vec<u8>),
     Alloc,
+    /// A coordinator's batch (steps of a namespace operation), from node `.1`.
+    Batch(Vec<PartOp>, NodeId),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,6 +54,8 @@ enum Fail {
     Timeout,
     Disk,
     Late,
+    /// The coordinator may no longer apply this batch (`coordinator::fence`).
+    Fenced,
 }
 
 #[derive(Clone, Debug)]
@@ -79,6 +86,30 @@ enum Msg {
         epoch: Epoch,
         p: PartitionId,
     },
+    /// A client's namespace operation, to the primary of its anchor.
+    Ns {
+        epoch: Epoch,
+        op: NsOp,
+        id: u64,
+    },
+    Lock {
+        keys: Vec<u64>,
+        owner: u64,
+        anchor: PartitionId,
+    },
+    /// Whether a partition's primary redid every intent left in it.
+    Settled {
+        epoch: Epoch,
+        p: PartitionId,
+    },
+    Unlock {
+        keys: Vec<u64>,
+        owner: u64,
+    },
+    Fetch {
+        epoch: Epoch,
+        needs: Vec<Need>,
+    },
 }
 
 impl Msg {
@@ -90,6 +121,11 @@ impl Msg {
             Msg::SyncMe { .. } => "sync-me",
             Msg::Pull { .. } => "pull",
             Msg::PullCopy { .. } => "pull-copy",
+            Msg::Ns { .. } => "namespace-op",
+            Msg::Lock { .. } => "lock",
+            Msg::Unlock { .. } => "unlock",
+            Msg::Settled { .. } => "settled",
+            Msg::Fetch { .. } => "fetch",
         }
     }
 }
@@ -101,6 +137,9 @@ enum Body {
     Done,
     Position(Pulled),
     Copy(CopyId, Box<Partition>),
+    Ns(Result<OpReply, Errno>),
+    Locked(bool),
+    Fetched(Vec<ns::Rec>),
 }
 
 #[derive(Clone, Debug)]
@@ -110,16 +149,37 @@ enum Packet {
 }
 
 enum Ev {
-    Net { from: Addr, to: Addr, pkt: Packet },
-    Timeout { at: Addr, inc: u64, call: u64 },
-    Disk { node: NodeId, inc: u64 },
-    Tick { node: NodeId, inc: u64 },
+    Net {
+        from: Addr,
+        to: Addr,
+        pkt: Packet,
+    },
+    Timeout {
+        at: Addr,
+        inc: u64,
+        call: u64,
+    },
+    Disk {
+        node: NodeId,
+        inc: u64,
+    },
+    Tick {
+        node: NodeId,
+        inc: u64,
+    },
     Manager,
     Fault,
     Restart(NodeId),
     Heal(NodeId),
     Join,
     Client(usize),
+    NsClient(usize),
+    Work {
+        node: NodeId,
+        inc: u64,
+        k: u64,
+        wait: ns::Wait,
+    },
 }
 
 /// Who waits for a reply: the caller's address and call number.
@@ -179,6 +239,10 @@ enum Pending {
     Pull(PartitionId, NodeId),
     PullCopy(PartitionId),
     SyncMe(PartitionId),
+    /// A request of namespace work item `.0` (attempt `.1`).
+    Work(u64, u32, ns::Wait),
+    /// Whether the partition of dead coordinators' operations settled.
+    Settled(PartitionId),
 }
 
 type Disk = BTreeMap<PartitionId, (PartMeta, BTreeMap<Key, Vec<u8>>)>;
@@ -198,6 +262,7 @@ struct Node {
     next_call: u64,
     ticks: u64,
     caught_up_at: Epoch,
+    ns: ns::NsNode,
 }
 
 struct Client {
@@ -246,6 +311,8 @@ struct World {
     nodes: BTreeMap<NodeId, Node>,
     heard: BTreeMap<NodeId, Ms>,
     clients: Vec<Client>,
+    ns_clients: Vec<ns::NsClient>,
+    ns_inos: BTreeSet<Ino>,
     issued: u64,
     finished: u64,
     next_name: u64,
@@ -306,6 +373,8 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         nodes: BTreeMap::new(),
         heard: BTreeMap::new(),
         clients: Vec::new(),
+        ns_clients: Vec::new(),
+        ns_inos: BTreeSet::new(),
         issued: 0,
         finished: 0,
         next_name: 0,
@@ -338,6 +407,11 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         });
         let at = w.rng.below(50);
         w.at(at, Ev::Client(c));
+    }
+    for c in 0..cfg.ns_clients as usize {
+        w.ns_clients.push(ns::NsClient::new(view.clone()));
+        let at = w.rng.below(50);
+        w.at(at, Ev::NsClient(c));
     }
     if cfg.faults {
         let at = 500 + w.rng.below(1500);
@@ -412,6 +486,8 @@ impl World {
             Ev::Heal(n) => self.heal_cut(n),
             Ev::Join => self.join(),
             Ev::Client(c) => self.client_go(c),
+            Ev::NsClient(c) => self.ns_client_go(c),
+            Ev::Work { node, inc, k, wait } => self.ns_timer(node, inc, k, wait),
         }
         true
     }
@@ -459,7 +535,10 @@ impl World {
             // Checked once per heartbeat of virtual time: it looks at every partition.
             if checked.is_none_or(|t| self.now >= t + HEARTBEAT) {
                 checked = Some(self.now);
-                if self.converged() && self.mass_at.is_none_or(|_| self.report.repair_ms.is_some()) {
+                if self.converged()
+                    && self.ns_quiet().is_none()
+                    && self.mass_at.is_none_or(|_| self.report.repair_ms.is_some())
+                {
                     break;
                 }
             }
@@ -467,7 +546,7 @@ impl World {
                 return Err(self.failed(format!(
                     "not every partition had all members serving {} s after {since}: {}",
                     HEAL_LIMIT / 1000,
-                    self.unconverged()
+                    self.ns_quiet().unwrap_or_else(|| self.unconverged())
                 )));
             }
             if let Some(what) = self.failure.take() {
@@ -518,9 +597,16 @@ impl World {
             let first = &self.nodes[&members[0]].slots[&p].r.part;
             for m in &members[1..] {
                 let other = &self.nodes[m].slots[&p].r.part;
-                if other.dentries != first.dentries || other.intents != first.intents {
+                if other.dentries != first.dentries || other.intents != first.intents || other.inodes != first.inodes {
+                    let diff: Vec<String> = first
+                        .inodes
+                        .iter()
+                        .filter(|(i, r)| other.inodes.get(i) != Some(r))
+                        .map(|(i, r)| format!("{:#x}: {:?} vs {:?}", i.0, r.attr, other.inodes.get(i).map(|o| &o.attr)))
+                        .take(2)
+                        .collect();
                     return Err(self.failed(format!(
-                        "partition {}: members {} and {} hold different copies after healing",
+                        "partition {}: members {} and {} hold different copies after healing (inodes {diff:?})",
                         p.0, members[0].0, m.0
                     )));
                 }
@@ -543,7 +629,7 @@ impl World {
                 }
             }
         }
-        Ok(())
+        self.ns_final_checks().map_err(|what| self.failed(what))
     }
 
     // ------------------------------------------------------------ network
@@ -587,6 +673,11 @@ impl World {
                     self.client_reply(c, call, res);
                 }
             }
+            Addr::NsClient(c) => {
+                if let Packet::Rep { call, res } = pkt {
+                    self.ns_client_reply(c, call, res);
+                }
+            }
             Addr::Node(n) => {
                 if self.nodes.get(&n).is_none_or(|n| n.cut || !n.alive) {
                     self.report.dropped += 1;
@@ -625,6 +716,7 @@ impl World {
     fn timeout(&mut self, at: Addr, inc: u64, call: u64) {
         match at {
             Addr::Client(c) => self.client_reply(c, call, Err(Fail::Timeout)),
+            Addr::NsClient(c) => self.ns_client_reply(c, call, Err(Fail::Timeout)),
             Addr::Node(n) => {
                 if self.nodes.get(&n).is_some_and(|x| x.alive && x.inc == inc) {
                     self.reply(n, call, Err(Fail::Timeout));
@@ -692,6 +784,7 @@ impl World {
             next_call: 0,
             ticks: 0,
             caught_up_at: Epoch(0),
+            ns: ns::NsNode::default(),
         };
         self.nodes.insert(id, node);
         self.heard.insert(id, self.now);
@@ -731,6 +824,7 @@ impl World {
         if due {
             self.catch_up(n);
         }
+        self.ns_tick(n);
     }
 
     /// `adopt` of node.rs; with [`Config::map_history`], every epoch in between in turn.
@@ -1010,6 +1104,12 @@ impl World {
 
     /// Handles a request; `Err` answers it at once.
     fn request_inner(&mut self, n: NodeId, to: ReplyTo, msg: Msg) -> Result<(), Fail> {
+        if matches!(
+            msg,
+            Msg::Ns { .. } | Msg::Lock { .. } | Msg::Unlock { .. } | Msg::Fetch { .. } | Msg::Settled { .. }
+        ) {
+            return self.ns_request(n, to, msg);
+        }
         let (p, epoch) = match &msg {
             Msg::Exec { p, epoch, .. }
             | Msg::Install { p, epoch, .. }
@@ -1017,6 +1117,9 @@ impl World {
             | Msg::Pull { p, epoch }
             | Msg::PullCopy { p, epoch } => (*p, *epoch),
             Msg::Replicate(r) => (r.partition, r.epoch),
+            Msg::Ns { .. } | Msg::Lock { .. } | Msg::Unlock { .. } | Msg::Fetch { .. } | Msg::Settled { .. } => {
+                unreachable!("handled above")
+            }
         };
         self.check_epoch(n, epoch)?;
         // The epoch this request is handled in (`check_epoch` may have moved it on).
@@ -1025,6 +1128,10 @@ impl World {
             self.primary_check(n, p)?;
             let (ops, value) = match op {
                 Op::Put(name) => (vec![put(name)], None),
+                Op::Batch(ops, from) => {
+                    self.ns_fence(n, from, &ops)?;
+                    (ops, None)
+                }
                 Op::Alloc => {
                     let (c, raise) = self.slot_or_create(n, p).r.next_counter();
                     match raise {
@@ -1060,7 +1167,14 @@ impl World {
             return Ok(());
         }
         match msg {
-            Msg::Exec { .. } => unreachable!("handled above"),
+            Msg::Exec { .. }
+            | Msg::Ns { .. }
+            | Msg::Lock { .. }
+            | Msg::Unlock { .. }
+            | Msg::Fetch { .. }
+            | Msg::Settled { .. } => {
+                unreachable!("handled above")
+            }
             Msg::Replicate(req) => match slot.r.follow(req.state_epoch, req.lsn, &req.ops) {
                 Follow::Already => self.respond(n, to, Ok(Body::Ack(ReplicaAck::Done))),
                 Follow::NeedInstall => self.respond(n, to, Ok(Body::Ack(ReplicaAck::NeedInstall))),
@@ -1298,6 +1412,8 @@ impl World {
         };
         match pending {
             Pending::SyncMe(p) => self.slot_or_create(n, p).syncing = false,
+            Pending::Work(k, attempt, wait) => self.ns_reply(n, k, attempt, wait, res),
+            Pending::Settled(p) => self.ns_settled(n, p, res),
             Pending::Replicate(p, to) => {
                 let epoch = self.nodes[&n].view.map.epoch;
                 let slot = self.slot_or_create(n, p);
@@ -1485,6 +1601,7 @@ impl World {
         node.inc += 1;
         node.slots.clear();
         node.calls.clear();
+        node.ns = ns::NsNode::default();
         let torn = node.disk_q.len();
         node.disk_q.clear();
         self.note(format!("node {} crashes ({torn} writes lost)", n.0));
@@ -1628,6 +1745,7 @@ impl World {
                         }
                     }
                     (Op::Alloc, None) => self.violation("an allocation answered without a number".into()),
+                    (Op::Batch(..), _) => {}
                 }
                 let d = self.rng.below(5);
                 self.at(d, Ev::Client(c));
