@@ -5,10 +5,9 @@
 //! (default 1), and goes on for at least `SHINGLE_SIM_SECONDS` (default 0): a fixed
 //! set of seeds in CI, so a run does not depend on the machine's speed.
 //!
-//! Namespace clients are left out of the batch (`ns_clients: 0`): with them the
-//! simulator finds failures of the coordinator not fixed yet (decision 0009, "Known
-//! gaps"; `shingle sim --seed 4 --nodes 7 --partitions 8 --ops 300 --clients 6
-//! --ns-clients 3`).
+//! Each world also runs namespace clients (create, mkdir, link, unlink, rmdir, rename
+//! through the coordinator engine, checked against a model); a second batch runs mostly
+//! those.
 //!
 //! Nodes joining are left out of the batch (`joins: 0`): a join moves a partition's
 //! copies, and a join with two failures can still lose acknowledged writes (decision
@@ -29,7 +28,7 @@ fn small(seed: u64) -> Config {
         partitions: 4 << (seed % 3),
         ops: 300,
         clients: 6,
-        ns_clients: 0,
+        ns_clients: 3,
         faults: true,
         max_down: 2,
         joins: 0,
@@ -63,15 +62,50 @@ fn a_batch_of_seeds_keeps_every_invariant() {
     );
 }
 
-/// Runs seeds from 1 with `bug` put back until one fails; the seed that found it.
-fn find(bug: Bug, seeds: u64) -> Option<(u64, String)> {
+/// A world of mostly namespace clients for seed `seed`.
+fn namespace_heavy(seed: u64) -> Config {
+    Config {
+        nodes: 6,
+        partitions: 8,
+        ops: 400,
+        clients: 2,
+        ns_clients: 8,
+        ..small(seed)
+    }
+}
+
+#[test]
+fn a_batch_of_namespace_seeds_keeps_every_invariant() {
+    let first = env_u64("SHINGLE_SIM_SEED", 1);
+    let count = env_u64("SHINGLE_SIM_NS_SEEDS", 150);
+    let (mut acked, mut redone) = (0, 0);
+    for seed in first..first + count {
+        match sim::run(&namespace_heavy(seed)) {
+            Ok(r) => {
+                acked += r.ns_ops;
+                redone += r.intents_redone;
+            }
+            Err(f) => panic!("{f}"),
+        }
+    }
+    eprintln!("{count} seeds from {first}: {acked} namespace operations acknowledged, {redone} intents redone");
+}
+
+/// Runs seeds from 1 of `world` with `bug` put back until one fails; the seed that
+/// found it.
+fn find_in(world: fn(u64) -> Config, bug: Bug, seeds: u64) -> Option<(u64, String)> {
     (1..=seeds).find_map(|seed| {
         let cfg = Config {
             bug: Some(bug),
-            ..small(seed)
+            ..world(seed)
         };
         sim::run(&cfg).err().map(|f| (seed, f.what))
     })
+}
+
+/// Runs seeds from 1 with `bug` put back until one fails; the seed that found it.
+fn find(bug: Bug, seeds: u64) -> Option<(u64, String)> {
+    find_in(small, bug, seeds)
 }
 
 /// A copy promoted to primary that keeps serving continues its old primary's batch
@@ -89,6 +123,38 @@ fn the_simulator_finds_a_promoted_copy_that_keeps_serving() {
 #[test]
 fn the_simulator_finds_a_takeover_that_does_not_wait_for_every_member() {
     let (seed, what) = find(Bug::TakeoverWithoutAllMembers, 300).expect("found within 300 seeds");
+    eprintln!("seed {seed}: {what}");
+}
+
+/// Coordinators that ignore operation ids run a retried operation again: an unlink
+/// whose answer was lost answers ENOENT, a link EEXIST.
+#[test]
+fn the_simulator_finds_retries_that_are_not_exactly_once() {
+    let (seed, what) = find_in(namespace_heavy, Bug::ForgetDone, 100).expect("found within 100 seeds");
+    eprintln!("seed {seed}: {what}");
+}
+
+/// A retry answered "done" while the intent that recorded it is still pending sees a
+/// half-applied change (a link answers the old link count).
+#[test]
+fn the_simulator_finds_operations_answered_before_their_intent_finished() {
+    let (seed, what) = find_in(namespace_heavy, Bug::DoneBeforeFinished, 100).expect("found within 100 seeds");
+    eprintln!("seed {seed}: {what}");
+}
+
+/// A primary that keeps serving after a batch failed to reach a member lets a retry
+/// find its operation done in a batch the next primary never had.
+#[test]
+fn the_simulator_finds_a_primary_serving_what_its_members_lack() {
+    let (seed, what) = find_in(namespace_heavy, Bug::ServeAfterFailedBatch, 600).expect("found within 600 seeds");
+    eprintln!("seed {seed}: {what}");
+}
+
+/// A coordinator that lost its partition and got it back goes on sending the steps of
+/// an intent another primary has redone and finished: they apply twice.
+#[test]
+fn the_simulator_finds_a_coordinator_driving_across_reigns() {
+    let (seed, what) = find_in(namespace_heavy, Bug::DriveAcrossReigns, 600).expect("found within 600 seeds");
     eprintln!("seed {seed}: {what}");
 }
 

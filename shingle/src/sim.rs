@@ -50,7 +50,7 @@ pub struct SimArgs {
     #[arg(long)]
     pub map_history: bool,
     /// Put a protocol bug back: promoted-keeps-serving, takeover-without-all-members,
-    /// forget-done, no-fence.
+    /// forget-done, done-before-finished, serve-after-failed-batch, drive-across-reigns.
     #[arg(long)]
     pub bug: Option<String>,
 }

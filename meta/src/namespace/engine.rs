@@ -483,6 +483,18 @@ impl Namespace {
         self.mknod_once(creds, parent, name, kind, perm, rdev, target, now, 0)
     }
 
+    /// The attributes of the inode a create with `token` made, if `parent`/`name` still
+    /// names it (`ENOENT` otherwise): what a retried create answers once the create is
+    /// recorded as done.
+    pub fn created(&self, parent: Ino, name: &[u8], token: u64) -> NsResult<Attr> {
+        let e = self.entry(parent, name).ok_or(Errno::ENOENT)?;
+        let r = self.rec(e.ino)?;
+        if token == 0 || r.created_by != token {
+            return Err(Errno::ENOENT);
+        }
+        Ok(r.attr.clone())
+    }
+
     /// [`Namespace::mknod`] that is exactly-once under retries: the new inode records
     /// `token` (non-zero, unique per create), and a retry whose first attempt did create
     /// the entry (its coordinator failed before answering, and the create was redone)

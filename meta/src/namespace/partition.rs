@@ -365,6 +365,17 @@ impl Partition {
         }
     }
 
+    /// Whether client operation `op` is recorded as done by an intent still pending
+    /// here: its record is durable but some of its steps in other partitions may not be
+    /// applied yet, so the operation is not done for a retry to see.
+    pub fn done_pending(&self, op: u64) -> bool {
+        self.intents.values().any(|i| {
+            i.steps
+                .iter()
+                .any(|(p, m)| *p == self.id && matches!(m, Mutation::Done { op: o, .. } if *o == op))
+        })
+    }
+
     /// Looks up an entry.
     pub fn dentry(&self, parent: Ino, name: &[u8]) -> Option<DentryVal> {
         self.dentries.get(&(parent, name.to_vec())).copied()

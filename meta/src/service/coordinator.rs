@@ -347,6 +347,12 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Resul
         None => Ok(match op {
             // What a link answers: the inode's attributes (as they are now).
             NsOp::Link { ino, .. } => OpReply::Attr(ns.getattr(*ino)?),
+            // A create: the inode it made, if its name still leads there. Without the
+            // record a late copy of a create whose name was removed since would make
+            // the name again.
+            NsOp::Mknod {
+                parent, name, token, ..
+            } => OpReply::Attr(ns.created(*parent, name, *token)?),
             _ => OpReply::Done,
         }),
     }

@@ -135,6 +135,11 @@ struct Inner {
     repair: Mutex<RepairStats>,
     /// Operations whose at-most-once markers can be forgotten, by partition.
     forgets: Mutex<BTreeMap<PartitionId, Vec<u64>>>,
+    /// Client operations (by id) being coordinated here: a second attempt of one (its
+    /// client retried while the first still ran) waits for the first's answer instead
+    /// of running beside it — a straggler that ran after its client moved on could
+    /// undo what the client did next.
+    running: Mutex<HashMap<u64, Arc<Answer>>>,
     /// Copies being received in pieces, by partition.
     staging: Mutex<Staging>,
     /// Encoded copies a primary taking over is pulling in pieces, by partition.
@@ -229,6 +234,7 @@ impl MetaNode {
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
+            running: Mutex::new(HashMap::new()),
             staging: Mutex::new(Staging::new(staging)),
             snapshots: Mutex::new(HashMap::new()),
         });
@@ -644,6 +650,18 @@ impl MetaNode {
         debug!(partition = p.0, epoch = v.map.epoch.0, "primary serving");
         // What earlier primaries left unfinished here is redone now (they are fenced).
         self.inner.sweep_now.notify_one();
+        if members.len() > 1 {
+            // Members still serving an earlier reign's copy install this one now, not at
+            // the next write: an idle partition would otherwise keep copies apart that a
+            // later takeover must choose between.
+            let node = self.clone();
+            let me = self.me();
+            tokio::spawn(async move {
+                if let Err(e) = node.primary_write(p, Vec::new(), me, None).await {
+                    debug!(partition = p.0, error = %e, "levelling the members after a takeover failed");
+                }
+            });
+        }
         Ok(())
     }
 
@@ -734,7 +752,13 @@ impl MetaNode {
         }
         let failed = remote.into_iter().find_map(Result::err);
         if let Some(e) = failed {
-            // The markers may not have been forgotten on every member: say it again.
+            // A member may have missed the batch this copy holds: until every member
+            // has it, nothing here may be read as if it were durable (a retry would find
+            // its operation "done" in a batch the next primary never saw). The copy
+            // stops serving; the catch-up takes over again, which makes every member
+            // install this copy in a new reign. The markers may not have been forgotten
+            // on every member either: say it again.
+            slot.write_state().serving = false;
             self.queue_forgets(p, forgets);
             return Err(e);
         }
@@ -1263,6 +1287,29 @@ impl MetaNode {
     // ---------------------------------------------------------------- coordinator
 
     async fn on_op(&self, req: Op) -> Result<OpReply, Status> {
+        if req.id == 0 {
+            return self.on_op_once(req).await;
+        }
+        let id = req.id;
+        let cell = self
+            .inner
+            .running
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(id)
+            .or_default()
+            .clone();
+        // One attempt runs; one arriving meanwhile gets its answer. If the running one
+        // is dropped (its caller went away), a waiting one runs instead.
+        let r = cell.get_or_init(|| self.on_op_once(req)).await.clone();
+        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        if running.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+            running.remove(&id);
+        }
+        r
+    }
+
+    async fn on_op_once(&self, req: Op) -> Result<OpReply, Status> {
         self.check_epoch(req.epoch).await?;
         let v = self.view();
         let anchor = req.op.anchor(v.map.partitions);
@@ -1409,7 +1456,14 @@ impl MetaNode {
                     // is this node (or the operation goes back to the client to retry
                     // at the new one), and its copy here has every finished operation.
                     let slot = self.primary_slot(*p).map_err(Retry::Fail)?;
-                    let rec = slot.read().part.done.get(op).copied();
+                    let st = slot.read();
+                    // Recorded by an intent not finished yet: not done until it is (its
+                    // redo is under way); answering now would show a half-applied change.
+                    if st.part.done_pending(*op) {
+                        return Err(Retry::Busy);
+                    }
+                    let rec = st.part.done.get(op).copied();
+                    drop(st);
                     c.provide_done(*p, *op, rec);
                 }
             }
@@ -1459,9 +1513,49 @@ impl MetaNode {
 
     /// Executes a batch at the primary of `p`, retrying through map changes.
     async fn execute_at(&self, p: PartitionId, ops: Vec<PartOp>) -> Result<(), Status> {
+        self.execute_in(p, ops, None).await
+    }
+
+    /// The reign of this node's copy of `p` if it is the serving primary copy.
+    fn lead_reign(&self, p: PartitionId) -> Option<Epoch> {
+        let slot = self.primary_slot(p).ok()?;
+        let st = slot.read();
+        st.serving.then_some(st.meta.state_epoch)
+    }
+
+    /// [`MetaNode::execute_at`] for a step of an intent this node leads from partition
+    /// `coord` in reign `reign`: every try first checks that this node still leads
+    /// `coord` in that reign. If it lost the partition and got it back, another primary
+    /// may have redone and finished the intent meanwhile and its markers are forgotten:
+    /// a step sent again now would apply twice. The fence at the target cannot tell
+    /// (this node is the primary again), so the coordinator stops itself.
+    async fn execute_led(
+        &self,
+        p: PartitionId,
+        ops: Vec<PartOp>,
+        coord: PartitionId,
+        reign: Epoch,
+    ) -> Result<(), Status> {
+        self.execute_in(p, ops, Some((coord, reign))).await
+    }
+
+    async fn execute_in(
+        &self,
+        p: PartitionId,
+        ops: Vec<PartOp>,
+        led: Option<(PartitionId, Epoch)>,
+    ) -> Result<(), Status> {
         self.retrying(p, |node, addr, epoch| {
             let ops = ops.clone();
             async move {
+                if let Some((coord, reign)) = led
+                    && self.lead_reign(coord) != Some(reign)
+                {
+                    return Err(fenced(format!(
+                        "this node no longer leads partition {} in the reign its operation began in",
+                        coord.0
+                    )));
+                }
                 if node == self.me() {
                     self.primary_write(p, ops, node, None).await
                 } else {
@@ -1531,9 +1625,10 @@ impl MetaNode {
         let id = Ino::new(coord, counter)
             .map(|i| i.0)
             .ok_or_else(|| errno_status(Errno::ENOSPC))?;
+        let reign = self.lead_reign(coord).ok_or_else(|| errno_status(Errno::EAGAIN))?;
         self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
         let intent = Intent { id, steps };
-        match self.apply_intent(coord, &intent, true).await {
+        match self.apply_intent(coord, &intent, true, reign).await {
             Ok(others) => {
                 // Every step is durable on its partition's copies: the operation is
                 // done and is answered now. Finishing the intent only drops its record
@@ -1543,7 +1638,7 @@ impl MetaNode {
                 // node's own sweep leaves it alone.
                 let node = self.clone();
                 tokio::spawn(async move {
-                    if let Err(e) = node.finish_intent(coord, id, others).await {
+                    if let Err(e) = node.finish_intent(coord, id, others, reign).await {
                         debug!(intent = id, error = %e, "finishing an intent failed; the sweep will");
                     }
                     node.inner
@@ -1567,17 +1662,29 @@ impl MetaNode {
 
     /// Records (when `begin`) and applies every step of an intent, then finishes it.
     async fn drive_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<(), Status> {
-        let others = self.apply_intent(coord, intent, begin).await?;
-        self.finish_intent(coord, intent.id, others).await
+        let reign = self.lead_reign(coord).ok_or_else(|| errno_status(Errno::EAGAIN))?;
+        let others = self.apply_intent(coord, intent, begin, reign).await?;
+        self.finish_intent(coord, intent.id, others, reign).await
     }
 
     /// Records (when `begin`) and applies every step of an intent; returns the other
     /// partitions it touched.
-    async fn apply_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<Vec<PartitionId>, Status> {
+    async fn apply_intent(
+        &self,
+        coord: PartitionId,
+        intent: &Intent,
+        begin: bool,
+        reign: Epoch,
+    ) -> Result<Vec<PartitionId>, Status> {
         let (first, by_part) = intent_ops(coord, intent, begin);
-        self.execute_at(coord, first).await?;
+        self.execute_led(coord, first, coord, reign).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
-        let results = crate::join::join_all(by_part.into_iter().map(|(p, ops)| self.execute_at(p, ops))).await;
+        let results = crate::join::join_all(
+            by_part
+                .into_iter()
+                .map(|(p, ops)| self.execute_led(p, ops, coord, reign)),
+        )
+        .await;
         for r in results {
             r?;
         }
@@ -1586,8 +1693,14 @@ impl MetaNode {
 
     /// Drops a finished intent's record and markers (in its partition now; in the
     /// `others` with their next batches).
-    async fn finish_intent(&self, coord: PartitionId, id: u64, others: Vec<PartitionId>) -> Result<(), Status> {
-        self.execute_at(coord, finish_ops(id)).await?;
+    async fn finish_intent(
+        &self,
+        coord: PartitionId,
+        id: u64,
+        others: Vec<PartitionId>,
+        reign: Epoch,
+    ) -> Result<(), Status> {
+        self.execute_led(coord, finish_ops(id), coord, reign).await?;
         for p in others {
             self.queue_forgets(p, vec![id]);
         }
@@ -1847,6 +1960,9 @@ impl MetaNode {
         })
     }
 }
+
+/// The answer of a client operation, set once by the attempt that runs it.
+type Answer = tokio::sync::OnceCell<Result<OpReply, Status>>;
 
 enum Retry {
     /// Locks busy or a host unreachable: release everything and try again.

@@ -345,12 +345,14 @@ pub enum NsOp {
 impl NsOp {
     /// Whether a retry of this operation is answered from the record of its first try
     /// ([`crate::namespace::Namespace::once`]): those whose second run would see the
-    /// first's effect as an error. A create has its own token instead
-    /// ([`NsOp::Mknod`]); the others set absolute values and may run twice.
+    /// first's effect as an error, or which a late copy would redo after others undid
+    /// it (a create whose name was removed since; its token still finds the inode it
+    /// made for a retry, [`NsOp::Mknod`]). The others set absolute values and may run
+    /// twice.
     pub fn once(&self) -> bool {
         matches!(
             self,
-            NsOp::Unlink { .. } | NsOp::Rmdir { .. } | NsOp::Rename { .. } | NsOp::Link { .. }
+            NsOp::Mknod { .. } | NsOp::Unlink { .. } | NsOp::Rmdir { .. } | NsOp::Rename { .. } | NsOp::Link { .. }
         )
     }
 

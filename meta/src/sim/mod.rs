@@ -51,9 +51,18 @@ pub enum Bug {
     /// Coordinators ignore operation ids: a retry of an operation whose answer was lost
     /// runs again (a retried unlink answers ENOENT, a retried link EEXIST).
     ForgetDone,
-    /// Primaries apply batches from coordinators that lost their partition
-    /// (`coordinator::fence` skipped).
-    NoFence,
+    /// A retry that finds its operation recorded as done is answered at once, even
+    /// while the intent that recorded it is still pending (a link answers the old link
+    /// count).
+    DoneBeforeFinished,
+    /// A primary whose batch did not reach every member keeps serving: what it holds
+    /// beyond its members is read as durable (a retry finds its operation done in a
+    /// batch the next primary never had).
+    ServeAfterFailedBatch,
+    /// A coordinator goes on driving its intent after losing the partition and getting
+    /// it back, though another primary may have redone and finished it meanwhile (its
+    /// steps apply twice: a link count off by one).
+    DriveAcrossReigns,
 }
 
 impl Bug {
@@ -63,7 +72,9 @@ impl Bug {
             Bug::PromotedKeepsServing => "promoted-keeps-serving",
             Bug::TakeoverWithoutAllMembers => "takeover-without-all-members",
             Bug::ForgetDone => "forget-done",
-            Bug::NoFence => "no-fence",
+            Bug::DoneBeforeFinished => "done-before-finished",
+            Bug::ServeAfterFailedBatch => "serve-after-failed-batch",
+            Bug::DriveAcrossReigns => "drive-across-reigns",
         }
     }
 
@@ -73,7 +84,9 @@ impl Bug {
             Bug::PromotedKeepsServing,
             Bug::TakeoverWithoutAllMembers,
             Bug::ForgetDone,
-            Bug::NoFence,
+            Bug::DoneBeforeFinished,
+            Bug::ServeAfterFailedBatch,
+            Bug::DriveAcrossReigns,
         ]
         .into_iter()
         .find(|b| b.name() == s)

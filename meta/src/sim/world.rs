@@ -220,7 +220,7 @@ enum Queued {
     Req(Addr, u64, Msg),
     Write {
         ops: Vec<PartOp>,
-        reply: ReplyTo,
+        reply: Option<ReplyTo>,
         value: Option<u64>,
         deadline: Ms,
     },
@@ -598,16 +598,56 @@ impl World {
             for m in &members[1..] {
                 let other = &self.nodes[m].slots[&p].r.part;
                 if other.dentries != first.dentries || other.intents != first.intents || other.inodes != first.inodes {
-                    let diff: Vec<String> = first
+                    let mut diff: Vec<String> = first
                         .inodes
                         .iter()
                         .filter(|(i, r)| other.inodes.get(i) != Some(r))
-                        .map(|(i, r)| format!("{:#x}: {:?} vs {:?}", i.0, r.attr, other.inodes.get(i).map(|o| &o.attr)))
-                        .take(2)
+                        .map(|(i, r)| {
+                            format!(
+                                "inode {:#x}: {:?} / {:?}",
+                                i.0,
+                                r.attr,
+                                other.inodes.get(i).map(|o| &o.attr)
+                            )
+                        })
                         .collect();
+                    diff.extend(
+                        first
+                            .dentries
+                            .iter()
+                            .filter(|(k, d)| other.dentries.get(k) != Some(d))
+                            .map(|(k, d)| {
+                                format!(
+                                    "entry {:#x}/{}: {d:?} / {:?}",
+                                    k.0.0,
+                                    String::from_utf8_lossy(&k.1),
+                                    other.dentries.get(k)
+                                )
+                            }),
+                    );
+                    diff.extend(
+                        other
+                            .dentries
+                            .iter()
+                            .filter(|(k, _)| !first.dentries.contains_key(k))
+                            .map(|(k, d)| {
+                                format!("entry {:#x}/{}: None / {d:?}", k.0.0, String::from_utf8_lossy(&k.1))
+                            }),
+                    );
+                    if first.intents != other.intents {
+                        diff.push(format!(
+                            "intents {:x?} / {:x?}",
+                            first.intents.keys().collect::<Vec<_>>(),
+                            other.intents.keys().collect::<Vec<_>>()
+                        ));
+                    }
+                    diff.truncate(4);
                     return Err(self.failed(format!(
-                        "partition {}: members {} and {} hold different copies after healing (inodes {diff:?})",
-                        p.0, members[0].0, m.0
+                        "partition {}: members {} and {} hold different copies after healing: {}",
+                        p.0,
+                        members[0].0,
+                        m.0,
+                        diff.join("; ")
                     )));
                 }
             }
@@ -649,7 +689,26 @@ impl World {
             self.report.dropped += 1;
             return;
         }
-        let copies = if self.faults_on && self.rng.chance(5) { 2 } else { 1 };
+        // The transport is reliable and in order within a connection: a request
+        // arrives at most once, and retries are the caller's own (and are simulated).
+        // Replication messages may still come twice here, to show the protocol takes a
+        // batch, a copy or a question twice without harm.
+        let twice_ok = matches!(
+            &pkt,
+            Packet::Req {
+                msg: Msg::Replicate(_)
+                    | Msg::Install { .. }
+                    | Msg::Pull { .. }
+                    | Msg::PullCopy { .. }
+                    | Msg::SyncMe { .. },
+                ..
+            }
+        );
+        let copies = if self.faults_on && self.rng.chance(5) && twice_ok {
+            2
+        } else {
+            1
+        };
         for _ in 0..copies {
             let mut delay = 1 + self.rng.below(3);
             if self.rng.chance(30) {
@@ -1043,7 +1102,7 @@ impl World {
                     reply,
                     value,
                     deadline,
-                } => self.lead(n, p, ops, Some(reply), value, deadline),
+                } => self.lead(n, p, ops, reply, value, deadline),
             }
             if self.slot_or_create(n, p).task.is_some() {
                 return;
@@ -1147,7 +1206,7 @@ impl World {
             if slot.task.is_some() {
                 slot.queue.push_back(Queued::Write {
                     ops,
-                    reply: to,
+                    reply: Some(to),
                     value,
                     deadline,
                 });
@@ -1275,6 +1334,7 @@ impl World {
     }
 
     fn lead_progress(&mut self, n: NodeId, p: PartitionId) {
+        let keep_serving = self.cfg.bug == Some(Bug::ServeAfterFailedBatch);
         let slot = self.slot_or_create(n, p);
         let Some(Task::Lead {
             reply,
@@ -1297,6 +1357,11 @@ impl World {
             slot.r.serving = false;
             Err(Fail::Disk)
         } else if let Some(f) = fail {
+            // A member may have missed the batch: the copy stops serving until a
+            // takeover has every member install it (node.rs `primary_write`).
+            if !keep_serving {
+                slot.r.serving = false;
+            }
             Err(f)
         } else {
             Ok(Body::Exec(value))
@@ -1394,6 +1459,17 @@ impl World {
                 let epoch = *epoch;
                 let reign = slot.r.meta.state_epoch;
                 if ok && self.serve_in(n, p, epoch) {
+                    // Members still serving an earlier reign's copy install this one at
+                    // once (an empty batch), as node.rs `take_over` does.
+                    if self.nodes[&n].view.members(p).len() > 1 {
+                        let deadline = self.now + REPLICATE_TIMEOUT;
+                        self.slot_or_create(n, p).queue.push_front(Queued::Write {
+                            ops: Vec::new(),
+                            reply: None,
+                            value: None,
+                            deadline,
+                        });
+                    }
                     self.report.takeovers += 1;
                     self.note(format!(
                         "node {} serves partition {} as primary, reign {:#x}",

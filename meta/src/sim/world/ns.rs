@@ -64,6 +64,8 @@ pub(super) struct NsNode {
     inflight: BTreeSet<u64>,
     /// When each node was last seen going Down.
     down_at: BTreeMap<NodeId, Ms>,
+    /// Client operations being coordinated here, by id (`running` of node.rs).
+    running: BTreeMap<u64, u64>,
 }
 
 pub(super) enum Work {
@@ -74,6 +76,8 @@ pub(super) enum Work {
 pub(super) struct CoordWork {
     c: Coordination,
     client: ReplyTo,
+    /// Later attempts of the same operation that arrived while this one ran.
+    also: Vec<ReplyTo>,
     op: NsOp,
     id: u64,
     owner: u64,
@@ -93,6 +97,10 @@ pub(super) struct CoordWork {
 
 pub(super) struct DriveWork {
     coord: PartitionId,
+    /// The reign of this node's copy of `coord` when the drive began: if that changes
+    /// (the node lost the partition and got it back), another primary may have redone
+    /// and finished the intent, and the drive stops (`execute_led` of node.rs).
+    reign: crate::ids::Epoch,
     intent: Intent,
     stage: Stage,
     waiting: usize,
@@ -527,8 +535,17 @@ impl World {
         Ok(())
     }
 
-    /// Whether no client operation is in flight and no intent is pending anywhere.
+    /// What namespace work is still going on (`None`: none): an intent pending, a
+    /// coordinator or intent at work, a batch being replicated.
     pub(super) fn ns_quiet(&self) -> Option<String> {
+        for node in self.nodes.values().filter(|n| n.alive) {
+            if let Some(k) = node.ns.work.keys().next() {
+                return Some(format!("node {}: namespace work {k} under way", node.id.0));
+            }
+            if let Some((p, _)) = node.slots.iter().find(|(_, s)| s.task.is_some()) {
+                return Some(format!("node {}: partition {} busy", node.id.0, p.0));
+            }
+        }
         for p in 0..self.view.map.partitions {
             let p = PartitionId(p);
             if let Some(m) = self.view.members(p).first()
@@ -552,12 +569,20 @@ impl World {
                 let anchor = op.anchor(parts);
                 self.primary_check(n, anchor)?;
                 let id = if self.cfg.bug == Some(Bug::ForgetDone) { 0 } else { id };
+                if id != 0
+                    && let Some(k) = self.nodes[&n].ns.running.get(&id).copied()
+                    && let Some(w) = self.coord(n, k)
+                {
+                    w.also.push(to);
+                    return Ok(());
+                }
                 let now_ns = self.now as i64 * 1_000_000;
                 let k = self.new_work(n);
                 let owner = owner_id(n.0, k);
                 let w = CoordWork {
                     c: Coordination::new(op.clone(), root(), id, now_ns, parts),
                     client: to,
+                    also: Vec::new(),
                     op,
                     id,
                     owner,
@@ -572,7 +597,16 @@ impl World {
                     pause: 2,
                     attempt: 0,
                 };
-                self.ns_node(n).work.insert(k, Work::Coord(Box::new(w)));
+                self.note(format!(
+                    "node {} coordinates {} as work {k} (id {id:#x})",
+                    n.0,
+                    brief(&w.op)
+                ));
+                let ns = self.ns_node(n);
+                ns.work.insert(k, Work::Coord(Box::new(w)));
+                if id != 0 {
+                    ns.running.insert(id, k);
+                }
                 self.coord_next(n, k);
                 Ok(())
             }
@@ -655,9 +689,6 @@ impl World {
 
     /// The fence of `Execute` batches ([`fence`]).
     pub(super) fn ns_fence(&self, n: NodeId, from: NodeId, ops: &[PartOp]) -> Result<(), Fail> {
-        if self.cfg.bug == Some(Bug::NoFence) {
-            return Ok(());
-        }
         fence(&self.nodes[&n].view, from, ops).map_err(|_| Fail::Fenced)
     }
 
@@ -736,7 +767,11 @@ impl World {
                             if self.primary_check(n, *p).is_err() {
                                 return self.coord_busy(n, k);
                             }
-                            let rec = self.nodes[&n].slots[p].r.part.done.get(op).copied();
+                            let part = &self.nodes[&n].slots[p].r.part;
+                            if part.done_pending(*op) && self.cfg.bug != Some(Bug::DoneBeforeFinished) {
+                                return self.coord_busy(n, k);
+                            }
+                            let rec = part.done.get(op).copied();
                             let (p, op) = (*p, *op);
                             self.coord(n, k).expect("exists").c.provide_done(p, op, rec);
                         }
@@ -768,7 +803,10 @@ impl World {
                 }
             }
             Next::Commit(plans, reply) => {
+                let what: Vec<String> = plans.iter().map(|(c, steps)| format!("{}:{:?}", c.0, steps)).collect();
                 w.plans = plans.into();
+                self.note(format!("node {} work {k} commits {}", n.0, what.join("; ")));
+                let w = self.coord(n, k).expect("exists");
                 w.reply = Some(reply);
                 self.coord_plan(n, k);
             }
@@ -842,7 +880,12 @@ impl World {
         let Some(Work::Coord(w)) = self.ns_node(n).work.remove(&k) else {
             return;
         };
+        self.note(format!("node {} work {k} ends: {res:?}", n.0));
+        self.ns_node(n).running.remove(&w.id);
         self.unlock_all(n, w.held, w.owner);
+        for to in w.also {
+            self.respond(n, to, res.clone());
+        }
         self.respond(n, w.client, res);
     }
 
@@ -861,6 +904,14 @@ impl World {
     }
 
     fn send_exec(&mut self, n: NodeId, k: u64, p: PartitionId, ops: Vec<PartOp>) {
+        if let Some(Work::Drive(w)) = self.nodes[&n].ns.work.get(&k) {
+            let (coord, reign) = (w.coord, w.reign);
+            let leads =
+                self.primary_check(n, coord).is_ok() && self.nodes[&n].slots[&coord].r.meta.state_epoch == reign;
+            if !leads && self.cfg.bug != Some(Bug::DriveAcrossReigns) {
+                return self.work_failed(n, k);
+            }
+        }
         let v = self.nodes[&n].view.clone();
         let Some(host) = v.primary(p) else {
             return self.work_retry(n, k, Wait::Exec(p, ops));
@@ -906,9 +957,14 @@ impl World {
     /// Work `k` cannot go on: a coordination answers its client "try again"; an intent
     /// is left to the sweep.
     fn work_failed(&mut self, n: NodeId, k: u64) {
+        self.note(format!("node {} work {k} fails", n.0));
         match self.ns_node(n).work.remove(&k) {
             Some(Work::Coord(w)) => {
+                self.ns_node(n).running.remove(&w.id);
                 self.unlock_all(n, w.held, w.owner);
+                for to in w.also {
+                    self.respond(n, to, Err(Fail::Again));
+                }
                 self.respond(n, w.client, Err(Fail::Again));
             }
             Some(Work::Drive(w)) => {
@@ -1024,12 +1080,24 @@ impl World {
     fn drive_start(&mut self, n: NodeId, coord: PartitionId, intent: Intent, parent: Option<u64>, begin: bool) {
         let k = self.new_work(n);
         let id = intent.id;
+        self.note(format!(
+            "node {} work {k} drives intent {id:#x} in {} (parent {parent:?}, begin {begin})",
+            n.0, coord.0
+        ));
         let (first, _) = intent_ops(coord, &intent, begin);
         let deadline = self.now + WORK_TIMEOUT;
+        if self.primary_check(n, coord).is_err() {
+            if let Some(parent) = parent {
+                self.work_failed(n, parent);
+            }
+            return;
+        }
+        let reign = self.nodes[&n].slots[&coord].r.meta.state_epoch;
         let ns = self.ns_node(n);
         ns.inflight.insert(id);
         let w = DriveWork {
             coord,
+            reign,
             intent,
             stage: Stage::First,
             waiting: 1,
