@@ -113,11 +113,15 @@ impl Coordination {
     }
 
     /// `keys` are held now. What was read of those inodes before they were locked is
-    /// read again.
+    /// read again; after the rename lock, every inode (a directory's ancestry, read to
+    /// refuse a move into its own subtree, may have changed before it was held).
     pub fn locked(&mut self, keys: &[u64]) {
         for k in keys {
             self.held.insert(*k);
             self.cache.inodes.remove(&Ino(*k));
+        }
+        if keys.contains(&RENAME_LOCK) {
+            self.cache.inodes.clear();
         }
     }
 
@@ -298,8 +302,7 @@ fn base_locks(op: &NsOp) -> Vec<u64> {
     let mut k = match op {
         NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![parent.0],
         NsOp::Link { ino, newparent, .. } => vec![newparent.0, ino.0],
-        NsOp::Rename { parent, newparent, .. } if parent == newparent => vec![parent.0],
-        NsOp::Rename { parent, newparent, .. } => vec![RENAME_LOCK, parent.0, newparent.0],
+        NsOp::Rename { parent, newparent, .. } => vec![parent.0, newparent.0],
         NsOp::SetAttr { ino, .. }
         | NsOp::SetXattr { ino, .. }
         | NsOp::RemoveXattr { ino, .. }
@@ -316,7 +319,11 @@ fn base_locks(op: &NsOp) -> Vec<u64> {
 }
 
 /// Locks known only after reading entries: directories being removed or moved (their
-/// emptiness and ".." must not change underneath).
+/// emptiness and ".." must not change underneath), and the rename lock when a
+/// directory moves to another directory (two such moves at once could each pass the
+/// check that the target is not inside the directory moved, and make a cycle between
+/// them). Files moving between directories do not take it: they cannot make a cycle,
+/// and a cluster-wide lock would put every such rename in one queue.
 fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
     let dir = |e: Option<DentryVal>| e.filter(|d| d.kind == FileKind::Dir).map(|d| d.ino.0);
     match op {
@@ -326,11 +333,20 @@ fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
             name,
             newparent,
             newname,
+            exchange,
             ..
-        } => dir(cache.entry(*parent, name))
-            .into_iter()
-            .chain(dir(cache.entry(*newparent, newname)))
-            .collect(),
+        } => {
+            let moved = dir(cache.entry(*parent, name));
+            let replaced = dir(cache.entry(*newparent, newname));
+            // An exchange moves the target into the source's directory as well.
+            let crosses = parent != newparent && (moved.is_some() || (*exchange && replaced.is_some()));
+            crosses
+                .then_some(RENAME_LOCK)
+                .into_iter()
+                .chain(moved)
+                .chain(replaced)
+                .collect()
+        }
         _ => Vec::new(),
     }
 }

@@ -641,6 +641,18 @@ impl MetaNode {
             Write::install(p, &st)
         };
         self.inner.store.commit(vec![write]).await.map_err(|e| e.to_string())?;
+        // Every other member installs this copy before it serves: until they hold it,
+        // what it has beyond them (a batch its members missed) is not durable, and a
+        // retry must not find its operation done in it. An idle partition would also
+        // keep copies apart that a later takeover must choose between.
+        let levels = members[1..].iter().filter_map(|n| v.addr(*n)).map(|addr| async move {
+            self.send_copy(addr, v.map.epoch, p, slot, self.inner.cfg.replicate_timeout * 5)
+                .await
+                .map_err(|e| format!("member {addr} did not take the new reign's copy: {e}"))
+        });
+        for r in crate::join::join_all(levels).await {
+            r?;
+        }
         if !self.serve_in(slot, v.map.epoch) {
             return Err(format!(
                 "the map changed during the takeover of epoch {}",
@@ -650,18 +662,6 @@ impl MetaNode {
         debug!(partition = p.0, epoch = v.map.epoch.0, "primary serving");
         // What earlier primaries left unfinished here is redone now (they are fenced).
         self.inner.sweep_now.notify_one();
-        if members.len() > 1 {
-            // Members still serving an earlier reign's copy install this one now, not at
-            // the next write: an idle partition would otherwise keep copies apart that a
-            // later takeover must choose between.
-            let node = self.clone();
-            let me = self.me();
-            tokio::spawn(async move {
-                if let Err(e) = node.primary_write(p, Vec::new(), me, None).await {
-                    debug!(partition = p.0, error = %e, "levelling the members after a takeover failed");
-                }
-            });
-        }
         Ok(())
     }
 

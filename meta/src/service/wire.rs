@@ -574,7 +574,7 @@ meta_rpc!(Alloc, 0x0404, u64);
 /// Takes (or releases) inode locks at their host (the primary of each inode's partition).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lock {
-    /// Keys (inode numbers; 0 is the cross-directory rename lock).
+    /// Keys (inode numbers; 0 is the rename lock of directories moving between directories).
     pub keys: Vec<u64>,
     /// The operation holding them.
     pub owner: u64,

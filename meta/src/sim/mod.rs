@@ -55,9 +55,10 @@ pub enum Bug {
     /// while the intent that recorded it is still pending (a link answers the old link
     /// count).
     DoneBeforeFinished,
-    /// A primary whose batch did not reach every member keeps serving: what it holds
-    /// beyond its members is read as durable (a retry finds its operation done in a
-    /// batch the next primary never had).
+    /// A primary serves a copy its members do not all hold: it keeps serving after a
+    /// batch that did not reach one, and serves after a takeover before they installed
+    /// its copy. What it holds beyond them is read as durable (a retry finds its
+    /// operation done in a batch the next primary never had).
     ServeAfterFailedBatch,
     /// A coordinator goes on driving its intent after losing the partition and getting
     /// it back, though another primary may have redone and finished it meanwhile (its

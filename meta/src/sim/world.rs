@@ -180,6 +180,7 @@ enum Ev {
         k: u64,
         wait: ns::Wait,
     },
+    LockWait(NodeId, u64, Box<ns::LockWait>),
 }
 
 /// Who waits for a reply: the caller's address and call number.
@@ -189,6 +190,8 @@ enum Stage {
     Positions,
     Copy,
     Persist,
+    /// The other members install the new reign's copy before it serves.
+    Level,
 }
 
 enum Task {
@@ -488,6 +491,7 @@ impl World {
             Ev::Client(c) => self.client_go(c),
             Ev::NsClient(c) => self.ns_client_go(c),
             Ev::Work { node, inc, k, wait } => self.ns_timer(node, inc, k, wait),
+            Ev::LockWait(node, inc, w) => self.ns_lock_wait(node, inc, *w),
         }
         true
     }
@@ -1457,29 +1461,46 @@ impl World {
                 ..
             }) => {
                 let epoch = *epoch;
-                let reign = slot.r.meta.state_epoch;
-                if ok && self.serve_in(n, p, epoch) {
-                    // Members still serving an earlier reign's copy install this one at
-                    // once (an empty batch), as node.rs `take_over` does.
-                    if self.nodes[&n].view.members(p).len() > 1 {
-                        let deadline = self.now + REPLICATE_TIMEOUT;
-                        self.slot_or_create(n, p).queue.push_front(Queued::Write {
-                            ops: Vec::new(),
-                            reply: None,
-                            value: None,
-                            deadline,
-                        });
-                    }
-                    self.report.takeovers += 1;
-                    self.note(format!(
-                        "node {} serves partition {} as primary, reign {:#x}",
-                        n.0, p.0, reign.0
-                    ));
+                if ok {
+                    self.takeover_level(n, p, epoch);
+                } else {
+                    self.release(n, p);
                 }
-                self.release(n, p);
             }
             _ => {}
         }
+    }
+
+    /// Every other member installs a takeover's copy before it serves (node.rs
+    /// `take_over`): what it holds beyond them is not durable until then.
+    fn takeover_level(&mut self, n: NodeId, p: PartitionId, epoch: Epoch) {
+        let v = self.nodes[&n].view.clone();
+        let others: Vec<NodeId> = v.members(p).into_iter().filter(|m| *m != n).collect();
+        if v.map.epoch != epoch || others.is_empty() || self.cfg.bug == Some(Bug::ServeAfterFailedBatch) {
+            return self.takeover_serve(n, p, epoch);
+        }
+        let msg = install_of(&self.nodes[&n].slots[&p].r, epoch);
+        let slot = self.slot_or_create(n, p);
+        if let Some(Task::TakeOver { stage, waiting, .. }) = &mut slot.task {
+            *stage = Stage::Level;
+            *waiting = others.len();
+        }
+        for m in others {
+            self.call(n, m, msg.clone(), Pending::Install(p), REPLICATE_TIMEOUT * 5);
+        }
+    }
+
+    /// A takeover's copy is on every member: it serves (if the map is still at `epoch`).
+    fn takeover_serve(&mut self, n: NodeId, p: PartitionId, epoch: Epoch) {
+        let reign = self.slot_or_create(n, p).r.meta.state_epoch;
+        if self.serve_in(n, p, epoch) {
+            self.report.takeovers += 1;
+            self.note(format!(
+                "node {} serves partition {} as primary, reign {:#x}",
+                n.0, p.0, reign.0
+            ));
+        }
+        self.release(n, p);
     }
 
     fn reply(&mut self, n: NodeId, call: u64, res: Result<Body, Fail>) {
@@ -1528,6 +1549,23 @@ impl World {
                         let r = res.map(|_| Body::Done);
                         self.respond(n, to, r);
                         self.release(n, p);
+                    }
+                    Some(Task::TakeOver {
+                        stage: Stage::Level,
+                        waiting,
+                        epoch,
+                        ..
+                    }) => {
+                        let epoch = *epoch;
+                        if res.is_err() {
+                            // A member did not take it: not serving; the catch-up tries
+                            // again (with the map that drops the member, if it is gone).
+                            return self.release(n, p);
+                        }
+                        *waiting -= 1;
+                        if *waiting == 0 {
+                            self.takeover_serve(n, p, epoch);
+                        }
                     }
                     _ => {}
                 }

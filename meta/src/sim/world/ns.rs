@@ -44,6 +44,18 @@ pub(super) enum Rec {
     Stripe(Option<StripeRec>),
 }
 
+/// How long a lock request waits for busy keys before it is refused.
+const LOCK_WAIT: Ms = 200;
+
+/// A lock request waiting for busy keys.
+pub(super) struct LockWait {
+    to: ReplyTo,
+    keys: Vec<u64>,
+    owner: u64,
+    anchor: PartitionId,
+    until: Ms,
+}
+
 /// A lock held at a node.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Held {
@@ -611,29 +623,14 @@ impl World {
                 Ok(())
             }
             Msg::Lock { keys, owner, anchor } => {
-                let v = self.nodes[&n].view.clone();
-                let now = self.now;
-                if !v.map.is_up(NodeId(owner_node(owner))) {
-                    self.respond(n, to, Ok(Body::Locked(false)));
-                    return Ok(());
-                }
-                let ns = self.ns_node(n);
-                ns.locks.retain(|_, h| h.until > now);
-                let free = keys.iter().all(|k| ns.locks.get(k).is_none_or(|h| h.owner == owner));
-                if free {
-                    for k in &keys {
-                        ns.locks.insert(
-                            *k,
-                            Held {
-                                owner,
-                                until: now + LOCK_LEASE,
-                                taken: now,
-                                anchor,
-                            },
-                        );
-                    }
-                }
-                self.respond(n, to, Ok(Body::Locked(free)));
+                let wait = LockWait {
+                    to,
+                    keys,
+                    owner,
+                    anchor,
+                    until: self.now + LOCK_WAIT,
+                };
+                self.try_lock(n, wait);
                 Ok(())
             }
             Msg::Unlock { keys, owner } => {
@@ -684,6 +681,49 @@ impl World {
                 Ok(())
             }
             _ => unreachable!("only namespace messages come here"),
+        }
+    }
+
+    /// Takes the keys of a lock request for its owner if they are free (or its own),
+    /// else looks again a little later until the request's wait is over (the service's
+    /// lock host waits up to 200 ms for busy keys before it refuses).
+    fn try_lock(&mut self, n: NodeId, w: LockWait) {
+        let v = self.nodes[&n].view.clone();
+        let now = self.now;
+        if !v.map.is_up(NodeId(owner_node(w.owner))) {
+            return self.respond(n, w.to, Ok(Body::Locked(false)));
+        }
+        let ns = self.ns_node(n);
+        ns.locks.retain(|_, h| h.until > now);
+        let free = w
+            .keys
+            .iter()
+            .all(|k| ns.locks.get(k).is_none_or(|h| h.owner == w.owner));
+        if free {
+            for k in &w.keys {
+                ns.locks.insert(
+                    *k,
+                    Held {
+                        owner: w.owner,
+                        until: now + LOCK_LEASE,
+                        taken: now,
+                        anchor: w.anchor,
+                    },
+                );
+            }
+            return self.respond(n, w.to, Ok(Body::Locked(true)));
+        }
+        if now >= w.until {
+            return self.respond(n, w.to, Ok(Body::Locked(false)));
+        }
+        let inc = self.nodes[&n].inc;
+        self.at(10, Ev::LockWait(n, inc, Box::new(w)));
+    }
+
+    /// A lock request waiting at node `n` looks again.
+    pub(super) fn ns_lock_wait(&mut self, n: NodeId, inc: u64, w: LockWait) {
+        if self.nodes.get(&n).is_some_and(|x| x.alive && x.inc == inc && !x.cut) {
+            self.try_lock(n, w);
         }
     }
 
