@@ -5,10 +5,12 @@
 //! every answer against a model of their directories: a retry after a lost reply or a
 //! dead coordinator must return the first result (not `EEXIST` or `ENOENT`). The nodes
 //! coordinate them with the service's own engine ([`Coordination`]), as `node.rs`
-//! drives it: locks at the keys' primaries (with leases, refused to coordinators that
-//! are not Up, freed some time after their coordinator was seen Down), reads from the
-//! primaries, one batch or an intent per plan, the fence in front of stale
-//! coordinators, and the sweep that redoes intents a coordinator left.
+//! drives it: one attempt per operation id at a time; locks at the keys' primaries
+//! (waiting up to 200 ms, with leases, refused to coordinators that are not Up, freed
+//! once the partition of a dead coordinator's operation has settled); reads from the
+//! primaries; one batch or an intent per plan, an intent driven only within the reign
+//! it began in; the fence in front of stale coordinators; and the sweep that redoes
+//! intents a coordinator left.
 //!
 //! Once the world healed, each model must equal its directories (names, inodes, link
 //! counts), no intent is left, and no inode number was handed out twice.
@@ -119,7 +121,6 @@ pub(super) struct DriveWork {
     deadline: Ms,
     /// The coordination that waits for the steps to be applied.
     parent: Option<u64>,
-    others: Vec<PartitionId>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1105,9 +1106,9 @@ impl World {
                 let _ = wait;
                 self.work_failed(n, k);
             }
-            (Wait::Exec(p, _), Ok(Body::Exec(_))) => match self.ns_node(n).work.get(&k) {
+            (Wait::Exec(..), Ok(Body::Exec(_))) => match self.ns_node(n).work.get(&k) {
                 Some(Work::Coord(_)) => self.coord_plan(n, k),
-                Some(Work::Drive(_)) => self.drive_applied(n, k, p),
+                Some(Work::Drive(_)) => self.drive_applied(n, k),
                 None => {}
             },
             (wait @ (Wait::Id(_) | Wait::Exec(..)), _) => self.work_retry(n, k, wait),
@@ -1143,14 +1144,13 @@ impl World {
             waiting: 1,
             deadline,
             parent,
-            others: Vec::new(),
         };
         ns.work.insert(k, Work::Drive(Box::new(w)));
         self.send_exec(n, k, coord, first);
     }
 
-    /// A batch of intent work `k` is applied in `p`.
-    fn drive_applied(&mut self, n: NodeId, k: u64, _p: PartitionId) {
+    /// A batch of intent work `k` is applied.
+    fn drive_applied(&mut self, n: NodeId, k: u64) {
         let deadline = self.now + WORK_TIMEOUT;
         let Some(w) = self.drive(n, k) else { return };
         w.waiting -= 1;
@@ -1160,20 +1160,19 @@ impl World {
         match w.stage {
             Stage::First => {
                 let (_, others) = intent_ops(w.coord, &w.intent, false);
-                w.others = others.keys().copied().collect();
                 w.stage = Stage::Others;
                 w.waiting = others.len();
                 if others.is_empty() {
                     w.waiting = 1;
-                    return self.drive_applied(n, k, PartitionId(0));
+                    return self.drive_applied(n, k);
                 }
                 for (p, ops) in others {
                     self.send_exec(n, k, p, ops);
                 }
             }
             Stage::Others => {
-                // Every step is durable: the operation is done and its client answered;
-                // finishing only drops the intent's record.
+                // Every step is durable: the operation is done and its client is answered
+                // now; finishing only drops the intent's record.
                 w.stage = Stage::Finish;
                 w.waiting = 1;
                 w.deadline = deadline;
