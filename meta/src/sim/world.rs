@@ -602,42 +602,11 @@ impl World {
             for m in &members[1..] {
                 let other = &self.nodes[m].slots[&p].r.part;
                 if other.dentries != first.dentries || other.intents != first.intents || other.inodes != first.inodes {
-                    let mut diff: Vec<String> = first
-                        .inodes
-                        .iter()
-                        .filter(|(i, r)| other.inodes.get(i) != Some(r))
-                        .map(|(i, r)| {
-                            format!(
-                                "inode {:#x}: {:?} / {:?}",
-                                i.0,
-                                r.attr,
-                                other.inodes.get(i).map(|o| &o.attr)
-                            )
-                        })
-                        .collect();
-                    diff.extend(
-                        first
-                            .dentries
-                            .iter()
-                            .filter(|(k, d)| other.dentries.get(k) != Some(d))
-                            .map(|(k, d)| {
-                                format!(
-                                    "entry {:#x}/{}: {d:?} / {:?}",
-                                    k.0.0,
-                                    String::from_utf8_lossy(&k.1),
-                                    other.dentries.get(k)
-                                )
-                            }),
-                    );
-                    diff.extend(
-                        other
-                            .dentries
-                            .iter()
-                            .filter(|(k, _)| !first.dentries.contains_key(k))
-                            .map(|(k, d)| {
-                                format!("entry {:#x}/{}: None / {d:?}", k.0.0, String::from_utf8_lossy(&k.1))
-                            }),
-                    );
+                    let name = |k: &(Ino, Vec<u8>)| format!("{:#x}/{}", k.0.0, String::from_utf8_lossy(&k.1));
+                    let mut diff = differing(&first.inodes, &other.inodes, |i| format!("inode {:#x}", i.0));
+                    diff.extend(differing(&first.dentries, &other.dentries, |k| {
+                        format!("entry {}", name(k))
+                    }));
                     if first.intents != other.intents {
                         diff.push(format!(
                             "intents {:x?} / {:x?}",
@@ -1878,6 +1847,20 @@ impl World {
             }
         }
     }
+}
+
+/// The keys where two maps differ, each with both values (`None` where one lacks it),
+/// for a failure message.
+fn differing<K: Ord, V: PartialEq + std::fmt::Debug>(
+    a: &BTreeMap<K, V>,
+    b: &BTreeMap<K, V>,
+    key: impl Fn(&K) -> String,
+) -> Vec<String> {
+    let keys: BTreeSet<&K> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| a.get(*k) != b.get(*k))
+        .map(|k| format!("{}: {:?} / {:?}", key(k), a.get(k), b.get(k)))
+        .collect()
 }
 
 fn put(name: Vec<u8>) -> PartOp {

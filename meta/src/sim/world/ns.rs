@@ -1030,6 +1030,15 @@ impl World {
             .retain(|_, h| h.anchor != p || down_at.get(&NodeId(owner_node(h.owner))).is_none_or(|t| h.taken > *t));
     }
 
+    /// One read of coordination `k` came back: once all have, its next step.
+    fn coord_read(&mut self, n: NodeId, k: u64) {
+        let Some(w) = self.coord(n, k) else { return };
+        w.waiting -= 1;
+        if w.waiting == 0 {
+            self.coord_next(n, k);
+        }
+    }
+
     /// A reply to a request of work `k`.
     pub(super) fn ns_reply(&mut self, n: NodeId, k: u64, attempt: u32, wait: Wait, res: Result<Body, Fail>) {
         if self.coord(n, k).is_some_and(|w| w.attempt != attempt) {
@@ -1062,25 +1071,14 @@ impl World {
                         _ => {}
                     }
                 }
-                w.waiting -= 1;
-                if w.waiting == 0 {
-                    self.coord_next(n, k);
-                }
-            }
-            (Wait::Fetch(_), _) => {
-                if self.coord(n, k).is_some() {
-                    self.coord_busy(n, k);
-                }
+                self.coord_read(n, k);
             }
             (Wait::Counter(p), Ok(Body::Exec(Some(counter)))) => {
                 let Some(w) = self.coord(n, k) else { return };
                 w.c.provide_counter(p, counter);
-                w.waiting -= 1;
-                if w.waiting == 0 {
-                    self.coord_next(n, k);
-                }
+                self.coord_read(n, k);
             }
-            (Wait::Counter(_), _) => {
+            (Wait::Fetch(_) | Wait::Counter(_), _) => {
                 if self.coord(n, k).is_some() {
                     self.coord_busy(n, k);
                 }
