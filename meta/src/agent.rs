@@ -195,6 +195,9 @@ impl MapWatch {
 
 type TouchFn = Box<dyn Fn(bool) + Send + Sync>;
 
+/// The shortest time between two rounds of heartbeats of one agent.
+const KICK_GAP: Duration = Duration::from_millis(10);
+
 async fn follow(
     client: PeerClient,
     cfg: WatchConfig,
@@ -205,12 +208,19 @@ async fn follow(
 ) {
     let mut last_ok = Instant::now();
     let mut told_ok = true;
+    let mut last_round = Instant::now();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval) => {}
             _ = kick.notified() => {}
             _ = tx.closed() => return,
         }
+        // Kicks (callers waiting for a newer map) come as often as their retries; the
+        // managers are asked at most every KICK_GAP for them.
+        if let Some(left) = KICK_GAP.checked_sub(last_round.elapsed()) {
+            tokio::time::sleep(left).await;
+        }
+        last_round = Instant::now();
         let known = tx.borrow().epoch;
         let mut newest = known;
         let mut any = false;

@@ -127,16 +127,23 @@ pub struct ManagerConfig {
 }
 
 impl ManagerConfig {
-    /// A configuration with production defaults: heartbeat 100 ms, elections after
-    /// 400–800 ms of silence, a snapshot every 1000 entries, proposals given 10 s.
+    /// A configuration with production defaults: heartbeat 40 ms, elections after
+    /// 120–240 ms of silence, a snapshot every 1000 entries, proposals given 10 s.
+    ///
+    /// Raft (openraft 0.9) holds an election only once the last leader's lease (the
+    /// longest election timeout) has also run out, so a dead leader is replaced 360–480
+    /// ms after its last heartbeat; every metadata mutation on a partition the dead
+    /// leader's node was a member of waits that long for the map that marks it Down
+    /// (with 400–800 ms it was 1.2–1.6 s). A manager silent that long (a stalled host)
+    /// costs an election, nothing more.
     pub fn new(node_id: u64, addr: SocketAddr, dir: PathBuf) -> Self {
         ManagerConfig {
             node_id,
             addr,
             dir,
-            heartbeat_ms: 100,
-            election_timeout_min_ms: 400,
-            election_timeout_max_ms: 800,
+            heartbeat_ms: 40,
+            election_timeout_min_ms: 120,
+            election_timeout_max_ms: 240,
             snapshot_every_logs: 1000,
             propose_timeout_ms: 10_000,
             down_after_ms: 4_000,
@@ -387,7 +394,11 @@ impl ManagerSlot {
             async move {
                 let m = s.get()?;
                 let req = decode_request(&payload)?;
-                encode_reply(&m.raft.append_entries(req).await)
+                let r = m.raft.append_entries(req).await;
+                if r.is_ok() {
+                    *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                }
+                encode_reply(&r)
             }
         };
         let s = self.clone();
@@ -605,6 +616,11 @@ struct Inner {
     /// sent after that bring it back Up (those already in flight came from the dead
     /// process).
     refused: Mutex<BTreeMap<u64, Instant>>,
+    /// When the leader's last AppendEntries (a heartbeat) was taken here.
+    leader_heard: Mutex<Instant>,
+    /// Raft's heartbeat interval and leader lease (the longest election timeout).
+    heartbeat: Duration,
+    lease: Duration,
 }
 
 impl Inner {
@@ -813,6 +829,9 @@ impl Manager {
             down_on_refused: config.down_on_refused,
             probed: Mutex::new(BTreeMap::new()),
             refused: Mutex::new(BTreeMap::new()),
+            leader_heard: Mutex::new(Instant::now()),
+            heartbeat: Duration::from_millis(config.heartbeat_ms),
+            lease: Duration::from_millis(config.election_timeout_max_ms),
         });
         if let Err(e) = slot.attach(inner.clone()) {
             let _ = inner.raft.shutdown().await;
@@ -820,6 +839,7 @@ impl Manager {
         }
         tokio::spawn(log_role_changes(inner.raft.metrics()));
         tokio::spawn(watch_liveness(Arc::downgrade(&inner)));
+        tokio::spawn(elect_when_leader_gone(Arc::downgrade(&inner)));
         let epoch = inner.map_rx.borrow().epoch;
         info!(
             id = config.node_id,
@@ -1004,8 +1024,29 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
     let mut leader_since: Option<Instant> = None;
     // When each node was first seen Down by this leader.
     let mut down_since: BTreeMap<u64, Instant> = BTreeMap::new();
+    let Some(mut metrics) = inner.upgrade().map(|m| m.raft.metrics()) else {
+        return;
+    };
+    let mut tick = tokio::time::Instant::now();
     loop {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // Every 100 ms, and at once when this member becomes leader: the nodes the old
+        // leader died with are probed without waiting for the next tick.
+        tick += Duration::from_millis(100);
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep_until(tick) => break,
+                r = metrics.changed() => {
+                    if r.is_err() {
+                        return;
+                    }
+                    let leads = metrics.borrow_and_update().state == ServerState::Leader;
+                    if leads && leader_since.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        tick = tick.max(tokio::time::Instant::now());
         let Some(m) = inner.upgrade() else { return };
         if m.raft.metrics().borrow().state != ServerState::Leader {
             leader_since = None;
@@ -1079,12 +1120,72 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
     }
 }
 
+/// On a follower: when the leader's heartbeats stop and its address refuses
+/// connections (nothing listens: the process is gone), calls an election as soon as
+/// the leader's lease has run out, instead of after the lease *and* a randomized
+/// election timeout (openraft 0.9 waits both; voters refuse any candidate within the
+/// lease). Every mutation of a partition the dead leader's node was a member of waits
+/// for the map the next leader publishes, so this is time those mutations stall. The
+/// followers are staggered by id (15 ms apart) so that two do not split the vote. A
+/// leader that merely went quiet (slow, cut off) is left to Raft's own timers.
+async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
+    let Some((heartbeat, lease)) = inner.upgrade().map(|m| (m.heartbeat, m.lease)) else {
+        return;
+    };
+    loop {
+        tokio::time::sleep(heartbeat).await;
+        let Some(m) = inner.upgrade() else { return };
+        let (state, leader, addr) = {
+            let rm = m.raft.metrics().borrow().clone();
+            let leader = rm.current_leader.filter(|l| *l != m.id);
+            let addr = leader.and_then(|l| {
+                rm.membership_config
+                    .nodes()
+                    .find(|(id, _)| **id == l)
+                    .map(|(_, n)| n.addr)
+            });
+            (rm.state, leader, addr)
+        };
+        let (Some(leader), Some(addr), ServerState::Follower) = (leader, addr, state) else {
+            continue;
+        };
+        let heard = *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner());
+        if heard.elapsed() < m.heartbeat * 2 {
+            continue;
+        }
+        let refused = matches!(
+            tokio::time::timeout(m.heartbeat, tokio::net::TcpStream::connect(addr)).await,
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        if !refused {
+            continue;
+        }
+        let stagger = Duration::from_millis(10 + 15 * (m.id % 4));
+        drop(m);
+        tokio::time::sleep_until((heard + lease + stagger).into()).await;
+        let Some(m) = inner.upgrade() else { return };
+        let still = *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner()) == heard
+            && m.raft.metrics().borrow().current_leader == Some(leader);
+        if still {
+            info!(leader, "the leader's address refuses connections; calling an election");
+            let _ = m.raft.trigger().elect().await;
+            drop(m);
+            // Raft's own timers take it from here if this one does not settle it.
+            tokio::time::sleep(lease * 2).await;
+        }
+    }
+}
+
 /// On the leader: a node reported unreachable by `by` is probed with a TCP connect; a
 /// refused connection means no process listens at its address, so it is marked Down
 /// now rather than after `down_after` of heartbeat silence (partitions it led get a new
-/// primary within a round trip of the map). A probe that times out or connects proves
-/// nothing and leaves the node to the heartbeat detector. A node is probed at most
-/// every 250 ms.
+/// primary within a round trip of the map). A probe that connects is tried again 50,
+/// 100 and 200 ms later: a process being killed still accepts connections for a moment
+/// after its peers saw theirs reset (a reported node "answered" that way and was left
+/// to the heartbeat detector, so partitions it was a member of stalled their writes
+/// for half a second until the next report). A probe that times out, or connects every
+/// time, proves nothing and leaves the node to the heartbeat detector. A node is probed
+/// at most every 250 ms.
 async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
     use crate::map::NodeState;
     let addr = match m.map_rx.borrow().nodes.get(&id) {
@@ -1102,10 +1203,19 @@ async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
         }
         probed.insert(id.0, now);
     }
-    let refused = matches!(
-        tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await,
-        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
-    );
+    let mut refused = false;
+    for again in [0, 50, 100, 200] {
+        tokio::time::sleep(Duration::from_millis(again)).await;
+        match tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                refused = true;
+                break;
+            }
+            Ok(Ok(_)) => {}
+            // Timed out or failed otherwise: nothing to learn from trying again soon.
+            _ => break,
+        }
+    }
     if !refused {
         debug!(node = id.0, %addr, reporter = %by, "reported node answers or cannot be told; left to heartbeats");
         return;

@@ -149,6 +149,8 @@ struct Inner {
     watch: std::sync::OnceLock<crate::agent::MapWatch>,
     /// Wakes the sweep at once (a takeover may have found operations to redo).
     sweep_now: tokio::sync::Notify,
+    /// A copy here stopped serving outside a map change: catch up now.
+    catch_up_now: tokio::sync::Notify,
 }
 
 /// The namespace service of one node. Clones share it.
@@ -231,6 +233,7 @@ impl MetaNode {
             map_rx: maps,
             watch: std::sync::OnceLock::new(),
             sweep_now: tokio::sync::Notify::new(),
+            catch_up_now: tokio::sync::Notify::new(),
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
@@ -458,15 +461,32 @@ impl MetaNode {
 
     async fn follow_map(&self) {
         let mut rx = self.inner.map_rx.clone();
+        let mut again = CATCH_UP_FIRST;
         loop {
             let map = rx.borrow_and_update().clone();
             self.adopt(map);
-            self.catch_up().await;
+            let done = self.catch_up().await;
             if self.inner.stopped.load(Ordering::Relaxed) {
                 return;
             }
-            // Re-check now and then: a catch-up that failed is retried.
-            let _ = tokio::time::timeout(Duration::from_millis(300), rx.changed()).await;
+            // Re-check now and then; a catch-up that failed is retried soon (20 ms
+            // doubling to 300 ms): its partitions serve nothing meanwhile, and each try
+            // reports a dead member to the managers again.
+            again = if done { CATCH_UP_LAST } else { again };
+            if !done && let Some(w) = self.inner.watch.get() {
+                // What it waits for (a dead member marked Down) comes with a newer map.
+                w.kick();
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(again) => {}
+                _ = rx.changed() => {}
+                () = self.inner.catch_up_now.notified() => {}
+            }
+            again = if done {
+                CATCH_UP_FIRST
+            } else {
+                (again * 2).min(CATCH_UP_LAST)
+            };
         }
     }
 
@@ -555,12 +575,13 @@ impl MetaNode {
         ok
     }
 
-    /// Brings every copy this node should serve up to date.
-    async fn catch_up(&self) {
+    /// Brings every copy this node should serve up to date; false when one is not.
+    async fn catch_up(&self) -> bool {
         let v = self.view();
         if v.map.epoch.0 == 0 || !v.map.is_up(self.me()) {
-            return;
+            return true;
         }
+        let mut done = true;
         let me = self.me();
         for p in v.placement.partitions_of(me) {
             let members = v.members(p);
@@ -577,9 +598,11 @@ impl MetaNode {
                 self.ask_install(p, &v, members[0]).await
             };
             if let Err(e) = r {
+                done = false;
                 debug!(partition = p.0, error = %e, "catch-up not done yet");
             }
         }
+        done
     }
 
     /// This node became primary of `p` without a serving copy: take the best copy of
@@ -746,6 +769,7 @@ impl MetaNode {
         if let Err(e) = local {
             // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
             slot.write_state().serving = false;
+            self.inner.catch_up_now.notify_one();
             warn!(partition = p.0, error = %e, "cannot persist a batch; partition stops serving here");
             self.queue_forgets(p, forgets);
             return Err(store_failed(e));
@@ -759,6 +783,7 @@ impl MetaNode {
             // install this copy in a new reign. The markers may not have been forgotten
             // on every member either: say it again.
             slot.write_state().serving = false;
+            self.inner.catch_up_now.notify_one();
             self.queue_forgets(p, forgets);
             return Err(e);
         }
@@ -923,6 +948,7 @@ impl MetaNode {
         };
         if let Err(e) = self.inner.store.commit(vec![write]).await {
             slot.write_state().serving = false;
+            self.inner.catch_up_now.notify_one();
             return Err(store_failed(e));
         }
         // Following the primary's stream in order: complete for this reign.
@@ -2004,6 +2030,10 @@ fn retryable(s: &Status) -> bool {
 
 /// How often the sweep looks for intents to redo and locks of dead coordinators.
 const SWEEP_EVERY: Duration = Duration::from_millis(250);
+
+/// How soon a catch-up that failed is tried again, at first and at most.
+const CATCH_UP_FIRST: Duration = Duration::from_millis(20);
+const CATCH_UP_LAST: Duration = Duration::from_millis(300);
 
 /// How often markers queued for forgetting are flushed when no batch carried them.
 const FORGET_FLUSH: Duration = Duration::from_secs(1);

@@ -253,14 +253,18 @@ async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize
 }
 
 async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) -> Result<(), String> {
+    // Where a slow read spent its time: lookup, open, read (ms).
+    let t = Instant::now();
     let a = client
         .lookup(dir, name.as_bytes())
         .await
         .map_err(|e| format!("lookup {name}: {e}"))?;
+    let lookup_ms = t.elapsed().as_secs_f64() * 1e3;
     let f = client
         .open(&Creds::root(), a.ino)
         .await
         .map_err(|e| format!("open {name}: {e}"))?;
+    let open_ms = t.elapsed().as_secs_f64() * 1e3 - lookup_ms;
     let mut got = Vec::with_capacity(len);
     while got.len() < len {
         let b = f
@@ -271,6 +275,16 @@ async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize)
             break;
         }
         got.extend_from_slice(&b);
+    }
+    let total_ms = t.elapsed().as_secs_f64() * 1e3;
+    if total_ms > 100.0 {
+        tracing::warn!(
+            name,
+            lookup_ms,
+            open_ms,
+            read_ms = total_ms - lookup_ms - open_ms,
+            "slow read"
+        );
     }
     if got != content(seed, len) {
         return Err(format!("{name}: contents differ ({} of {len} bytes read)", got.len()));
