@@ -1126,8 +1126,9 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
 /// election timeout (openraft 0.9 waits both; voters refuse any candidate within the
 /// lease). Every mutation of a partition the dead leader's node was a member of waits
 /// for the map the next leader publishes, so this is time those mutations stall. The
-/// followers are staggered by id (15 ms apart) so that two do not split the vote. A
-/// leader that merely went quiet (slow, cut off) is left to Raft's own timers.
+/// followers are staggered by id (30 ms apart) so that two do not split the vote, and
+/// one that was asked for its vote meanwhile stands back. A leader that merely went
+/// quiet (slow, cut off) is left to Raft's own timers.
 async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
     let Some((heartbeat, lease)) = inner.upgrade().map(|m| (m.heartbeat, m.lease)) else {
         return;
@@ -1135,7 +1136,7 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
     loop {
         tokio::time::sleep(heartbeat).await;
         let Some(m) = inner.upgrade() else { return };
-        let (state, leader, addr) = {
+        let (state, leader, addr, term) = {
             let rm = m.raft.metrics().borrow().clone();
             let leader = rm.current_leader.filter(|l| *l != m.id);
             let addr = leader.and_then(|l| {
@@ -1144,7 +1145,7 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
                     .find(|(id, _)| **id == l)
                     .map(|(_, n)| n.addr)
             });
-            (rm.state, leader, addr)
+            (rm.state, leader, addr, rm.current_term)
         };
         let (Some(leader), Some(addr), ServerState::Follower) = (leader, addr, state) else {
             continue;
@@ -1160,12 +1161,17 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
         if !refused {
             continue;
         }
-        let stagger = Duration::from_millis(10 + 15 * (m.id % 4));
+        // 50 ms past our own lease: the other voters heard the leader's last heartbeat a
+        // little later than we did, and refuse any candidate until theirs ran out too.
+        let stagger = Duration::from_millis(50 + 30 * (m.id % 4));
         drop(m);
         tokio::time::sleep_until((heard + lease + stagger).into()).await;
         let Some(m) = inner.upgrade() else { return };
+        // Nobody else began campaigning meanwhile (a vote asked of this member raised
+        // its term): a second candidate would only split the vote.
         let still = *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner()) == heard
-            && m.raft.metrics().borrow().current_leader == Some(leader);
+            && m.raft.metrics().borrow().current_leader == Some(leader)
+            && m.raft.metrics().borrow().current_term == term;
         if still {
             info!(leader, "the leader's address refuses connections; calling an election");
             let _ = m.raft.trigger().elect().await;

@@ -145,6 +145,18 @@ impl Replica {
         Ok(())
     }
 
+    /// As primary: a member may have missed the batch of map epoch `led_in` just led
+    /// (its replication failed), and the map is now at `now`. The copy stops serving
+    /// until a takeover has every member install it; it stays complete in `now` when
+    /// that is still `led_in` — the primary of an epoch holds every batch acknowledged
+    /// in it, so its takeover needs no other copy. Without that, when the member that
+    /// took the first try of that takeover stopped serving for a map change, the
+    /// partition waited for the dead member's return (5 s in a debug-build bench run).
+    pub fn batch_missed_a_member(&mut self, led_in: Epoch, now: Epoch) {
+        self.serving = false;
+        self.complete_at = (led_in == now).then_some(now);
+    }
+
     /// As primary: every member made this batch durable. Its counter marks are now on
     /// every copy a later primary can start from, so numbers below them can be handed
     /// out without a batch of their own.

@@ -1308,6 +1308,7 @@ impl World {
 
     fn lead_progress(&mut self, n: NodeId, p: PartitionId) {
         let keep_serving = self.cfg.bug == Some(Bug::ServeAfterFailedBatch);
+        let now = self.nodes[&n].view.map.epoch;
         let slot = self.slot_or_create(n, p);
         let Some(Task::Lead {
             reply,
@@ -1333,7 +1334,7 @@ impl World {
             // A member may have missed the batch: the copy stops serving until a
             // takeover has every member install it (node.rs `primary_write`).
             if !keep_serving {
-                slot.r.serving = false;
+                slot.r.batch_missed_a_member(epoch, now);
             }
             Err(f)
         } else {

@@ -70,6 +70,14 @@ pub struct FailoverBenchArgs {
     /// nothing acknowledged while it is cut off.
     #[arg(long, value_name = "PREFIX")]
     pub netns: Option<String>,
+    /// Fail when a read or a lookup took longer than this (ms) in any phase after the
+    /// first kill, restarts and heal included (the target is 100).
+    #[arg(long, value_name = "MS")]
+    pub max_read_stall_ms: Option<f64>,
+    /// Fail when a write (create, write, fsync, close) took longer than this (ms) in any
+    /// phase after the first kill (the target for a primary's death is 500).
+    #[arg(long, value_name = "MS")]
+    pub max_write_stall_ms: Option<f64>,
 }
 
 /// Arguments of the writer that runs inside a partitioned host.
@@ -414,7 +422,7 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
 }
 
 /// Per-phase figures.
-#[derive(Debug, serde::Serialize)]
+#[derive(Debug, Default, serde::Serialize)]
 struct Phase {
     name: &'static str,
     secs: f64,
@@ -429,6 +437,36 @@ struct Phase {
     writes: usize,
     failed_writes: usize,
     write_max_ms: f64,
+}
+
+/// The phases whose longest read, lookup or write broke a bound (none when unset).
+fn stall_problems(phases: &[Phase], read_ms: Option<f64>, write_ms: Option<f64>) -> Vec<String> {
+    let mut out = Vec::new();
+    for p in phases {
+        if let Some(max) = read_ms {
+            if p.read_max_ms > max {
+                out.push(format!(
+                    "{}: a read took {:.1} ms (bound {max} ms)",
+                    p.name, p.read_max_ms
+                ));
+            }
+            if p.lookup_max_ms > max {
+                out.push(format!(
+                    "{}: a lookup took {:.1} ms (bound {max} ms)",
+                    p.name, p.lookup_max_ms
+                ));
+            }
+        }
+        if let Some(max) = write_ms
+            && p.write_max_ms > max
+        {
+            out.push(format!(
+                "{}: a write took {:.1} ms (bound {max} ms)",
+                p.name, p.write_max_ms
+            ));
+        }
+    }
+    out
 }
 
 fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
@@ -1080,6 +1118,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     if let Some(e) = three_err {
         problems.push(e);
     }
+    problems.extend(stall_problems(&phases[1..], a.max_read_stall_ms, a.max_write_stall_ms));
     if !bad.is_empty() {
         problems.push(format!(
             "{} files lost or corrupt: {:?}",
@@ -1091,4 +1130,36 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         bail!("failover invariants broken:\n  {}", problems.join("\n  "));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stall_bounds_name_each_phase_and_operation_that_broke_them() {
+        let phases = [
+            Phase {
+                name: "one-data-down",
+                read_max_ms: 99.0,
+                lookup_max_ms: 120.0,
+                write_max_ms: 400.0,
+                ..Phase::default()
+            },
+            Phase {
+                name: "leader-down",
+                read_max_ms: 101.0,
+                lookup_max_ms: 3.0,
+                write_max_ms: 501.0,
+                ..Phase::default()
+            },
+        ];
+        assert!(stall_problems(&phases, None, None).is_empty());
+        let got = stall_problems(&phases, Some(100.0), Some(500.0));
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(got[0].starts_with("one-data-down: a lookup took 120.0 ms"), "{got:?}");
+        assert!(got[1].starts_with("leader-down: a read took 101.0 ms"), "{got:?}");
+        assert!(got[2].starts_with("leader-down: a write took 501.0 ms"), "{got:?}");
+        assert_eq!(stall_problems(&phases, Some(200.0), Some(600.0)), Vec::<String>::new());
+    }
 }
