@@ -155,7 +155,9 @@ fn the_simulator_finds_a_primary_serving_what_its_members_lack() {
 /// an intent another primary has redone and finished: they apply twice.
 #[test]
 fn the_simulator_finds_a_coordinator_driving_across_reigns() {
-    let (seed, what) = find_in(namespace_heavy, Bug::DriveAcrossReigns, 1000).expect("found within 1000 seeds");
+    // Found at seed 904 (docs/benchmarks.md); the limit leaves room for protocol changes
+    // that shift which seed first loses and regains a partition mid-intent.
+    let (seed, what) = find_in(namespace_heavy, Bug::DriveAcrossReigns, 2000).expect("found within 2000 seeds");
     eprintln!("seed {seed}: {what}");
 }
 
