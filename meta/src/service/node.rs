@@ -1630,7 +1630,11 @@ impl MetaNode {
                     // partition served again.
                     tokio::select! {
                         () = tokio::time::sleep(pause) => pause = (pause * 2).min(RETRY_LAST),
-                        _ = maps.changed() => pause = RETRY_FIRST,
+                        r = maps.changed() => match r {
+                            Ok(()) => pause = RETRY_FIRST,
+                            // The node is stopping: no map will come; keep the pace.
+                            Err(_) => tokio::time::sleep(pause).await,
+                        },
                         () = served => pause = RETRY_FIRST,
                     }
                 }
