@@ -638,7 +638,7 @@ impl MetaNode {
                     };
                     (n, self.call_peer(addr, &req, Duration::from_secs(2)).await)
                 });
-            for (n, got) in crate::join::join_all(asks).await {
+            for (n, got) in self.unless_map_moves(v.map.epoch, crate::join::join_all(asks)).await? {
                 match got {
                     Ok(pos) => {
                         if let Err(e) = tally.answer(n, &pos) {
@@ -652,7 +652,9 @@ impl MetaNode {
         let plan = tally.decide()?;
         if let Some(n) = plan.pull {
             let addr = v.addr(n).ok_or("member without address")?;
-            let (copy, part) = self.pull_copy(addr, v.map.epoch, p).await?;
+            let (copy, part) = self
+                .unless_map_moves(v.map.epoch, self.pull_copy(addr, v.map.epoch, p))
+                .await??;
             slot.write_state().install(&copy, part)?;
             info!(partition = p.0, from = n.0, "took the newest copy from a member");
         }
@@ -677,7 +679,10 @@ impl MetaNode {
                 .await
                 .map_err(|e| format!("member {addr} did not take the new reign's copy: {e}"))
         });
-        for r in crate::join::join_all(levels).await {
+        for r in self
+            .unless_map_moves(v.map.epoch, crate::join::join_all(levels))
+            .await?
+        {
             r?;
         }
         if !self.serve_in(slot, v.map.epoch) {
@@ -692,6 +697,25 @@ impl MetaNode {
         Ok(())
     }
 
+    /// Runs `fut` unless this node learns a map newer than `epoch` first: a catch-up of
+    /// `epoch` is moot then, and waiting on (a member cut off by the network answers
+    /// nothing until a 10 s timeout) held up this node's catch-up of every partition —
+    /// in the network-namespace rig a create waited 12 s for a member the map had
+    /// marked Down 2 s after the cut.
+    async fn unless_map_moves<T>(&self, epoch: Epoch, fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+        let mut rx = self.inner.map_rx.clone();
+        let moved = async move {
+            if rx.wait_for(|m| m.epoch > epoch).await.is_err() {
+                // The node is stopping: no map will come.
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            r = fut => Ok(r),
+            () = moved => Err(format!("the map changed during the catch-up of epoch {}", epoch.0)),
+        }
+    }
+
     async fn ask_install(&self, p: PartitionId, v: &MapView, primary: NodeId) -> Result<(), String> {
         let addr = v.addr(primary).ok_or("primary without address")?;
         let req = SyncMe {
@@ -699,8 +723,8 @@ impl MetaNode {
             partition: p,
             node: self.me(),
         };
-        self.call_peer(addr, &req, Duration::from_secs(30))
-            .await
+        self.unless_map_moves(v.map.epoch, self.call_peer(addr, &req, Duration::from_secs(30)))
+            .await?
             .map_err(|e| e.to_string())
     }
 
