@@ -42,18 +42,24 @@ cargo nextest run --workspace --no-fail-fast
 
 # The stall bounds of issue 15 on a release build (the nextest run checks a debug build
 # against bounds five times wider): no read or lookup over 100 ms and no write over
-# 500 ms in any phase after the first kill. A miss is measured once more before it
-# fails the run: this machine is shared, and one descheduled process is not a stall.
+# 500 ms in any phase after the first kill. A run that broke an invariant (a failed
+# operation, a lost file) fails at once. A run that kept them all but missed a bound
+# exits 3 and is measured again, up to three runs in all: this machine is shared, and
+# a process descheduled for a few hundred milliseconds is not a stall of ours.
 step "failover stall bounds on a release build (shingle bench failover)"
 cargo build --release -p shingle
 failover_bounds() {
   target/release/shingle bench failover --files 16 --file-kib 1024 --phase-secs 5 \
     --max-read-stall-ms 100 --max-write-stall-ms 500
 }
-if ! failover_bounds; then
-  echo "check: a failover bound was missed; measuring once more"
-  failover_bounds || fail "shingle bench failover missed its stall bounds twice"
-fi
+for try in 1 2 3; do
+  rc=0
+  failover_bounds || rc=$?
+  [ "$rc" = 0 ] && break
+  [ "$rc" = 3 ] || fail "shingle bench failover broke an invariant (exit $rc)"
+  [ "$try" = 3 ] && fail "shingle bench failover missed its stall bounds in three runs"
+  echo "check: run $try missed a stall bound (every invariant held); measuring again"
+done
 
 # fsx and pjdfstest (written by others) and SQLite against a real FUSE mount of a
 # `shingle dev` cluster.

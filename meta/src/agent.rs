@@ -130,6 +130,14 @@ impl MapWatch {
         self.rx.clone()
     }
 
+    /// Commits `cmd` through the managers (any of them forwards to the leader), then
+    /// asks for the newer map.
+    pub async fn propose(&self, cmd: &MapCommand) -> Result<Epoch, ManagerError> {
+        let r = propose(&self.client, &self.managers, cmd).await;
+        self.kick.notify_one();
+        r
+    }
+
     /// Asks for a refresh now, without waiting for it.
     pub fn kick(&self) {
         self.kick.notify_one();

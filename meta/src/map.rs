@@ -67,6 +67,35 @@ pub enum MapCommand {
         /// The node.
         id: NodeId,
     },
+    /// The primary of moving partitions saw every one of their replicas make a batch
+    /// durable in map epoch `checked_in`: they leave their earlier holders (see
+    /// [`PartitionMove`]). A partition whose replicas, or their states, changed after
+    /// `checked_in` stays as it is.
+    MoveDone {
+        /// The partitions.
+        partitions: Vec<PartitionId>,
+        /// The epoch their primary checked every replica in.
+        checked_in: Epoch,
+    },
+}
+
+/// A metadata partition whose placement moved (a node joined, left, or changed domain):
+/// its earlier replicas stay replicas, first in order, beside the new ones, until its
+/// primary has shown every replica holds the partition ([`MapCommand::MoveDone`]).
+///
+/// Without it a join could move a partition away from its only up-to-date copies:
+/// with two of three replicas Down, batches are acknowledged by the one left, and when
+/// placement drops that one the new replicas can only start from what the Down ones
+/// held (found by the simulator: `shingle sim --seed 59 --nodes 8 --partitions 8 --ops 300
+/// --clients 6 --ns-clients 0 --max-down 2 --joins 3`). Ceph keeps a placement group's
+/// acting set (pg_temp) on its old OSDs while it backfills, for the same reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PartitionMove {
+    /// The replicas the partition had before it moved, in their order.
+    pub holders: Vec<NodeId>,
+    /// The last epoch that changed the partition's replicas, their states or where it is
+    /// moving to: a [`MapCommand::MoveDone`] checked before it changes nothing.
+    pub since: Epoch,
 }
 
 /// Why a command was refused.
@@ -105,6 +134,9 @@ pub struct ClusterMap {
     pub pg_width: u8,
     /// The nodes.
     pub nodes: BTreeMap<NodeId, NodeInfo>,
+    /// Partitions still held by their replicas from before a placement change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub moves: BTreeMap<PartitionId, PartitionMove>,
 }
 
 impl ClusterMap {
@@ -118,11 +150,17 @@ impl ClusterMap {
             replication,
             pg_width,
             nodes: BTreeMap::new(),
+            moves: BTreeMap::new(),
         }
     }
 
     /// Applies a command; returns the new epoch (unchanged when the command changed nothing).
     pub fn apply(&mut self, cmd: &MapCommand) -> Result<Epoch, MapError> {
+        // What placement was before a change of nodes, to see which partitions move.
+        let before = match cmd {
+            MapCommand::MoveDone { .. } => None,
+            _ => Some(self.clone()),
+        };
         let changed = match cmd {
             MapCommand::Register(info) => {
                 if let Some(other) = self.nodes.values().find(|n| n.addr == info.addr && n.id != info.id) {
@@ -149,11 +187,124 @@ impl ClusterMap {
                 self.nodes.remove(id);
                 true
             }
+            MapCommand::MoveDone { partitions, checked_in } => {
+                let before = self.moves.len();
+                for p in partitions {
+                    if self.moves.get(p).is_some_and(|m| m.since <= *checked_in) {
+                        self.moves.remove(p);
+                    }
+                }
+                self.moves.len() != before
+            }
         };
         if changed {
             self.epoch = Epoch(self.epoch.0 + 1);
+            if let Some(before) = before {
+                let node = match cmd {
+                    MapCommand::Register(n) => n.id,
+                    MapCommand::SetState { id, .. } | MapCommand::Remove { id } => *id,
+                    MapCommand::MoveDone { .. } => unreachable!("no node changes"),
+                };
+                self.track_moves(&before, node);
+            }
         }
         Ok(self.epoch)
+    }
+
+    /// The metadata candidates: nodes with the meta role that are not Out.
+    fn meta_candidates(&self) -> Vec<Candidate<'_>> {
+        self.nodes
+            .values()
+            .filter(|n| n.state != NodeState::Out && n.roles.meta)
+            .map(|n| Candidate {
+                id: n.id,
+                domain: n.domain.as_str(),
+            })
+            .collect()
+    }
+
+    /// Where rendezvous hashing places partition `p` (moves aside).
+    fn wanted(&self, candidates: &[Candidate<'_>], p: u32) -> Vec<NodeId> {
+        placement::place(
+            placement::KIND_PARTITION,
+            u64::from(p),
+            candidates,
+            usize::from(self.replication),
+        )
+    }
+
+    /// The replicas of partition `p`: its earlier holders first while it moves.
+    fn replicas(&self, candidates: &[Candidate<'_>], p: u32) -> Vec<NodeId> {
+        let wanted = self.wanted(candidates, p);
+        match self.moves.get(&PartitionId(p)) {
+            None => wanted,
+            Some(m) => {
+                let mut all = m.holders.clone();
+                all.extend(wanted.into_iter().filter(|n| !m.holders.contains(n)));
+                all
+            }
+        }
+    }
+
+    /// After `node` changed (this map's epoch was just bumped): partitions whose wanted
+    /// replicas no longer include every holder start moving; moves whose replicas
+    /// include `node`, or whose destination changed, restart their check.
+    fn track_moves(&mut self, before: &ClusterMap, node: NodeId) {
+        let old_candidates = before.meta_candidates();
+        let candidates = self.meta_candidates();
+        let epoch = self.epoch;
+        if old_candidates == candidates {
+            let touched: Vec<PartitionId> = self
+                .moves
+                .iter()
+                .filter(|(p, m)| m.holders.contains(&node) || self.wanted(&candidates, p.0).contains(&node))
+                .map(|(p, _)| *p)
+                .collect();
+            drop(candidates);
+            for p in touched {
+                if let Some(m) = self.moves.get_mut(&p) {
+                    m.since = epoch;
+                }
+            }
+            return;
+        }
+        // A candidate added and nothing else changed (a join): a partition whose wanted
+        // replicas do not include it is placed as before (rendezvous hashing), so only
+        // those that do (about R/N of them) need the old placement worked out.
+        let added = (candidates.len() == old_candidates.len() + 1)
+            .then(|| candidates.iter().find(|c| !old_candidates.contains(c)))
+            .flatten()
+            .map(|c| c.id)
+            .filter(|_| old_candidates.iter().all(|c| candidates.contains(c)));
+        let mut moves = BTreeMap::new();
+        for p in 0..self.partitions {
+            let wanted = self.wanted(&candidates, p);
+            let moving = before.moves.get(&PartitionId(p));
+            if moving.is_none() && added.is_some_and(|n| !wanted.contains(&n)) {
+                continue;
+            }
+            // Every replica it had may hold batches the others missed (a moving
+            // partition's new replicas too); those that left the candidates (Out,
+            // removed, no meta role) hold nothing to wait for.
+            let held = before.replicas(&old_candidates, p);
+            let holders: Vec<NodeId> = held
+                .iter()
+                .copied()
+                .filter(|n| candidates.iter().any(|c| c.id == *n))
+                .collect();
+            if holders.iter().all(|n| wanted.contains(n)) {
+                continue;
+            }
+            // A move whose replicas stay the same keeps its check.
+            let now = holders.iter().chain(wanted.iter().filter(|n| !holders.contains(n)));
+            let since = match moving {
+                Some(m) if now.eq(held.iter()) => m.since,
+                _ => epoch,
+            };
+            moves.insert(PartitionId(p), PartitionMove { holders, since });
+        }
+        drop(candidates);
+        self.moves = moves;
     }
 
     /// The address of a node.
@@ -184,30 +335,19 @@ impl ClusterMap {
 
     /// Derives the placement of every partition and group.
     pub fn placement(&self) -> Placement {
-        let candidates = |pick: fn(&Roles) -> bool| -> Vec<Candidate<'_>> {
-            self.nodes
-                .values()
-                .filter(|n| n.state != NodeState::Out && pick(&n.roles))
-                .map(|n| Candidate {
-                    id: n.id,
-                    domain: n.domain.as_str(),
-                })
-                .collect()
-        };
-        let meta = candidates(|r| r.meta);
-        let data = candidates(|r| r.data);
+        let meta = self.meta_candidates();
+        let data: Vec<Candidate<'_>> = self
+            .nodes
+            .values()
+            .filter(|n| n.state != NodeState::Out && n.roles.data)
+            .map(|n| Candidate {
+                id: n.id,
+                domain: n.domain.as_str(),
+            })
+            .collect();
         Placement {
             epoch: self.epoch,
-            partitions: (0..self.partitions)
-                .map(|p| {
-                    placement::place(
-                        placement::KIND_PARTITION,
-                        u64::from(p),
-                        &meta,
-                        usize::from(self.replication),
-                    )
-                })
-                .collect(),
+            partitions: (0..self.partitions).map(|p| self.replicas(&meta, p)).collect(),
             pgs: (0..self.pgs)
                 .map(|g| placement::place(placement::KIND_PG, u64::from(g), &data, usize::from(self.pg_width)))
                 .collect(),
@@ -357,6 +497,25 @@ mod tests {
         }
     }
 
+    /// A map of nodes 1..=n whose partitions all settled where they are placed.
+    fn formed(partitions: u32, n: u64) -> ClusterMap {
+        let mut m = ClusterMap::new("c1", partitions, partitions / 2, 3, 6);
+        for i in 1..=n {
+            m.apply(&MapCommand::Register(node(i))).expect("register");
+            if i <= 3 {
+                assert!(m.moves.is_empty(), "placement only grows up to three nodes");
+            }
+        }
+        let partitions = m.moves.keys().copied().collect();
+        m.apply(&MapCommand::MoveDone {
+            partitions,
+            checked_in: m.epoch,
+        })
+        .expect("done");
+        assert!(m.moves.is_empty());
+        m
+    }
+
     #[test]
     fn epochs_move_only_on_change_and_commands_are_checked() {
         let mut m = ClusterMap::new("c1", 64, 32, 3, 6);
@@ -394,10 +553,7 @@ mod tests {
 
     #[test]
     fn down_nodes_keep_their_place_and_out_nodes_lose_it() {
-        let mut m = ClusterMap::new("c1", 128, 64, 3, 6);
-        for i in 1..=8 {
-            m.apply(&MapCommand::Register(node(i))).expect("register");
-        }
+        let mut m = formed(128, 8);
         let p0 = m.placement();
         m.apply(&MapCommand::SetState {
             id: NodeId(4),
@@ -414,6 +570,88 @@ mod tests {
         assert!(p2.partitions_of(NodeId(4)).is_empty());
         assert!((0..64).all(|g| p2.pg(PgId(g)).len() == 6 && !p2.pg(PgId(g)).contains(&NodeId(4))));
         assert!((0..128).all(|p| p2.partition(PartitionId(p)).len() == 3));
+    }
+
+    #[test]
+    fn a_moved_partition_keeps_its_holders_until_its_move_is_done() {
+        let mut m = formed(64, 6);
+        let p0 = m.placement();
+        m.apply(&MapCommand::Register(node(7))).expect("join");
+        let p1 = m.placement();
+        assert!(!m.moves.is_empty(), "a join moves some partitions");
+        for p in 0..64 {
+            let (was, is) = (p0.partition(PartitionId(p)), p1.partition(PartitionId(p)));
+            assert_eq!(&is[..was.len()], was, "partition {p}: its holders stay first");
+            match m.moves.get(&PartitionId(p)) {
+                Some(mv) => {
+                    assert_eq!(mv.holders, was);
+                    assert_eq!(is.len(), 4);
+                    assert_eq!(is[3], NodeId(7));
+                }
+                None => assert_eq!(is.len(), 3),
+            }
+        }
+        let (&p, mv) = m.moves.iter().next().expect("one moves");
+        let checked = mv.since;
+        // A replica that changes state after the check keeps the move.
+        let holder = mv.holders[0];
+        m.apply(&MapCommand::SetState {
+            id: holder,
+            state: NodeState::Down,
+        })
+        .expect("down");
+        let e = m.epoch;
+        assert_eq!(
+            m.apply(&MapCommand::MoveDone {
+                partitions: vec![p],
+                checked_in: checked
+            })
+            .expect("refused quietly"),
+            e
+        );
+        assert!(m.moves.contains_key(&p));
+        let e = m
+            .apply(&MapCommand::MoveDone {
+                partitions: vec![p],
+                checked_in: e,
+            })
+            .expect("done");
+        assert!(!m.moves.contains_key(&p));
+        assert_eq!(m.placement().partition(p).len(), 3);
+        assert!(!m.placement().partition(p).contains(&holder) || m.wanted(&m.meta_candidates(), p.0).contains(&holder));
+        assert_eq!(m.epoch, e);
+        // Maps travel as JSON, with or without moves.
+        let json = serde_json::to_string(&m).expect("serialise");
+        assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("parse"), m);
+        let mut still = m.clone();
+        still.moves.clear();
+        let plain = serde_json::to_string(&still).expect("serialise");
+        assert!(!plain.contains("moves"), "an older reader sees the same shape");
+    }
+
+    #[test]
+    fn holders_that_leave_are_not_waited_for() {
+        let mut m = formed(64, 6);
+        m.apply(&MapCommand::Register(node(7))).expect("join");
+        let moving = m.moves.len();
+        assert!(moving > 0);
+        // Node 7 leaves for good before any move finished: the partitions are back
+        // where they were, nothing moves.
+        m.apply(&MapCommand::SetState {
+            id: NodeId(7),
+            state: NodeState::Out,
+        })
+        .expect("out");
+        assert!(m.moves.is_empty(), "{:?}", m.moves);
+        // A holder going Out: its partitions get a new replica without a move, the
+        // others it held still being replicas.
+        m.apply(&MapCommand::SetState {
+            id: NodeId(2),
+            state: NodeState::Out,
+        })
+        .expect("out");
+        assert!(m.moves.values().all(|mv| !mv.holders.contains(&NodeId(2))));
+        assert!((0..64).all(|p| !m.placement().partition(PartitionId(p)).contains(&NodeId(2))));
     }
 
     fn at(epoch: u64) -> std::sync::Arc<ClusterMap> {

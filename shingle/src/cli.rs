@@ -348,12 +348,14 @@ pub(crate) struct Health {
     pub(crate) repair: shingle_meta::service::wire::RepairStats,
     /// Meta nodes whose repair scan has not finished a pass on the current map.
     scanning: usize,
+    /// Metadata partitions still held by their replicas from before a placement change.
+    pub(crate) moving: usize,
 }
 
 impl Health {
-    /// Healthy, and no rebalance moves left.
+    /// Healthy, and no rebalance moves (shards or partitions) left.
     pub(crate) fn settled(&self) -> bool {
-        self.healthy && self.repair.moves_todo <= self.repair.moved && !self.repair.running
+        self.healthy && self.repair.moves_todo <= self.repair.moved && !self.repair.running && self.moving == 0
     }
 
     /// One line: state, a progress bar of the rebuild, and what keeps it degraded.
@@ -388,6 +390,10 @@ impl Health {
             }
         ) + &if r.moves_todo > r.moved {
             format!("; rebalancing {}/{} shards", r.moved, r.moves_todo)
+        } else {
+            String::new()
+        } + &if self.moving > 0 {
+            format!("; {} partitions moving", self.moving)
         } else {
             String::new()
         }
@@ -436,6 +442,7 @@ pub(crate) async fn cluster_health(client: &Client) -> Health {
         partitions: v.map.partitions,
         repair,
         scanning,
+        moving: v.map.moves.len(),
     }
 }
 
@@ -491,14 +498,15 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         "nodes_down": down, "inodes": inodes, "namespace_reachable": root_ok,
         "raw_capacity_bytes": cap, "raw_used_bytes": used, "nodes": nodes,
         "repair": serde_json::to_value(&h.repair)?,
+        "partitions_moving": h.moving,
     });
     if json {
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     println!(
-        "cluster {}  epoch {}  {}  ({} of {} partitions serving, {} nodes not up)",
-        v.map.cluster_id, v.map.epoch.0, health, primaries, v.map.partitions, down
+        "cluster {}  epoch {}  {}  ({} of {} partitions serving, {} moving, {} nodes not up)",
+        v.map.cluster_id, v.map.epoch.0, health, primaries, v.map.partitions, h.moving, down
     );
     println!(
         "capacity {:.1} GiB raw, {:.1} GiB used; {} inodes; default ec({},{})",

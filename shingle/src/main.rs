@@ -167,6 +167,13 @@ fn main() -> Result<()> {
     if let Some(t) = &traces {
         t.shutdown();
     }
+    if let Err(e) = &result
+        && let Some(miss) = e.downcast_ref::<bench::failover::StallBoundsMissed>()
+    {
+        // Every child process is gone (the runtime and the bench's cluster were dropped).
+        eprintln!("Error: {miss}");
+        std::process::exit(bench::failover::STALL_EXIT);
+    }
     result
 }
 

@@ -64,6 +64,11 @@ pub enum Bug {
     /// it back, though another primary may have redone and finished it meanwhile (its
     /// steps apply twice: a link count off by one).
     DriveAcrossReigns,
+    /// A partition whose placement moved leaves its earlier replicas at once (no
+    /// [`crate::map::PartitionMove`]): with two of its replicas Down, a join can drop
+    /// the only up-to-date copy, and the new replicas start from what the Down ones
+    /// held.
+    MoveWithoutHolders,
 }
 
 impl Bug {
@@ -76,6 +81,7 @@ impl Bug {
             Bug::DoneBeforeFinished => "done-before-finished",
             Bug::ServeAfterFailedBatch => "serve-after-failed-batch",
             Bug::DriveAcrossReigns => "drive-across-reigns",
+            Bug::MoveWithoutHolders => "move-without-holders",
         }
     }
 
@@ -88,6 +94,7 @@ impl Bug {
             Bug::DoneBeforeFinished,
             Bug::ServeAfterFailedBatch,
             Bug::DriveAcrossReigns,
+            Bug::MoveWithoutHolders,
         ]
         .into_iter()
         .find(|b| b.name() == s)

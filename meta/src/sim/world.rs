@@ -203,6 +203,9 @@ enum Task {
         disk_ok: bool,
         fail: Option<Fail>,
         req: Replicate,
+        /// An empty batch that checks a moving partition's replicas: once every one
+        /// made it durable, the move is done.
+        settles: bool,
     },
     /// Waits for a batch to be durable; the copy serves if the map is still at the epoch.
     Follow(ReplyTo, Epoch),
@@ -265,6 +268,9 @@ struct Node {
     next_call: u64,
     ticks: u64,
     caught_up_at: Epoch,
+    /// Moving partitions whose replicas all made an empty batch durable, with the map
+    /// epoch it was led in: told to the managers together at the next tick.
+    moves_done: Vec<(PartitionId, Epoch)>,
     ns: ns::NsNode,
 }
 
@@ -354,9 +360,13 @@ fn info(id: NodeId) -> NodeInfo {
 /// Runs one simulation; `Err` when an invariant broke.
 pub fn run(cfg: &Config) -> Result<Report, Failure> {
     let mut map = ClusterMap::new("sim", cfg.partitions, 1, 3, 1);
+    // The nodes are there before any partition holds anything: nothing moves while
+    // they register (and working out the moves of 300 registrations would cost more
+    // than the rest of the run).
     for i in 1..=cfg.nodes {
-        map.apply(&MapCommand::Register(info(NodeId(u64::from(i)))))
-            .expect("fresh ids and addresses");
+        let id = NodeId(u64::from(i));
+        map.nodes.insert(id, info(id));
+        map.epoch = Epoch(map.epoch.0 + 1);
     }
     let view = Arc::new(MapView::new(map.clone()));
     let mut views = Views {
@@ -573,6 +583,9 @@ impl World {
             .values()
             .filter(|n| n.state == NodeState::Up && n.roles.meta)
             .count();
+        if let Some((p, m)) = v.map.moves.iter().next() {
+            return format!("partition {} still moving off {:?}", p.0, m.holders);
+        }
         for p in 0..v.map.partitions {
             let p = PartitionId(p);
             let members = v.members(p);
@@ -816,6 +829,7 @@ impl World {
             next_call: 0,
             ticks: 0,
             caught_up_at: Epoch(0),
+            moves_done: Vec::new(),
             ns: ns::NsNode::default(),
         };
         self.nodes.insert(id, node);
@@ -947,6 +961,32 @@ impl World {
                     node: n,
                 };
                 self.call(n, members[0], msg, Pending::SyncMe(p), COPY_TIMEOUT);
+            }
+        }
+        self.finish_moves(n, &v);
+    }
+
+    /// `finish_moves` of node.rs: the primary of a moving partition leads an empty
+    /// batch; once every replica made it durable, the managers hear the move is done.
+    fn finish_moves(&mut self, n: NodeId, v: &MapView) {
+        let done = std::mem::take(&mut self.nodes.get_mut(&n).expect("exists").moves_done);
+        if let Some(checked_in) = done.iter().map(|(_, e)| *e).min() {
+            self.publish(MapCommand::MoveDone {
+                partitions: done.iter().map(|(p, _)| *p).collect(),
+                checked_in,
+            });
+        }
+        for p in v.map.moves.keys().copied() {
+            if v.primary(p) != Some(n) || v.map.moves[&p].since > v.map.epoch {
+                continue;
+            }
+            let slot = self.slot_or_create(n, p);
+            if !slot.r.serving || slot.task.is_some() {
+                continue;
+            }
+            self.lead(n, p, Vec::new(), None, None, self.now + CLIENT_TIMEOUT);
+            if let Some(Task::Lead { settles, .. }) = &mut self.slot_or_create(n, p).task {
+                *settles = true;
             }
         }
     }
@@ -1154,6 +1194,11 @@ impl World {
             }
         };
         self.check_epoch(n, epoch)?;
+        // What makes a copy serve comes from a sender of this very epoch
+        // (`check_epoch_exact` of node.rs).
+        if matches!(msg, Msg::Replicate(_) | Msg::Install { .. }) && self.nodes[&n].view.map.epoch != epoch {
+            return Err(Fail::Stale);
+        }
         // The epoch this request is handled in (`check_epoch` may have moved it on).
         let epoch = self.nodes[&n].view.map.epoch;
         if let Msg::Exec { op, deadline, .. } = msg {
@@ -1293,6 +1338,7 @@ impl World {
             disk_ok: false,
             fail: None,
             req: req.clone(),
+            settles: false,
         });
         self.persist(n, p, write);
         for m in others {
@@ -1318,11 +1364,13 @@ impl World {
             disk_ok,
             fail,
             req,
+            settles,
         }) = &slot.task
         else {
             return;
         };
         let (reply, value, disk_ok, fail, reign, epoch) = (*reply, *value, *disk_ok, *fail, req.state_epoch, req.epoch);
+        let settles = *settles;
         if disk_ok && fail.is_none() {
             let ops = req.ops.clone();
             slot.r.acknowledged(&ops);
@@ -1347,6 +1395,9 @@ impl World {
                 n.0, p.0, reign.0
             ));
             self.check_ack(n, p, epoch, reign);
+        }
+        if settles && res.is_ok() {
+            self.nodes.get_mut(&n).expect("exists").moves_done.push((p, epoch));
         }
         if let Some(to) = reply {
             self.respond(n, to, res);
@@ -1581,6 +1632,9 @@ impl World {
         if self.map.apply(&cmd).is_err() || self.map.epoch == before {
             return;
         }
+        if self.cfg.bug == Some(Bug::MoveWithoutHolders) {
+            self.map.moves.clear();
+        }
         let v = Arc::new(MapView::new(self.map.clone()));
         self.views.add(v.clone());
         self.view = v;
@@ -1685,6 +1739,7 @@ impl World {
         node.inc += 1;
         node.slots.clear();
         node.calls.clear();
+        node.moves_done.clear();
         node.ns = ns::NsNode::default();
         let torn = node.disk_q.len();
         node.disk_q.clear();

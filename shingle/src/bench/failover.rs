@@ -1118,7 +1118,6 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     if let Some(e) = three_err {
         problems.push(e);
     }
-    problems.extend(stall_problems(&phases[1..], a.max_read_stall_ms, a.max_write_stall_ms));
     if !bad.is_empty() {
         problems.push(format!(
             "{} files lost or corrupt: {:?}",
@@ -1129,8 +1128,34 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     if !problems.is_empty() {
         bail!("failover invariants broken:\n  {}", problems.join("\n  "));
     }
+    let stalls = stall_problems(&phases[1..], a.max_read_stall_ms, a.max_write_stall_ms);
+    if !stalls.is_empty() {
+        return Err(StallBoundsMissed(stalls).into());
+    }
     Ok(())
 }
+
+/// The run kept every invariant (no failed operation, nothing lost) but an operation
+/// took longer than `--max-read-stall-ms` / `--max-write-stall-ms`. The command exits
+/// with [`STALL_EXIT`] for it, so a script can tell a slow run on a busy machine from
+/// a broken one.
+#[derive(Debug)]
+pub struct StallBoundsMissed(pub Vec<String>);
+
+/// The exit code of a run that missed only its stall bounds.
+pub const STALL_EXIT: i32 = 3;
+
+impl std::fmt::Display for StallBoundsMissed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stall bounds missed (every invariant held):\n  {}",
+            self.0.join("\n  ")
+        )
+    }
+}
+
+impl std::error::Error for StallBoundsMissed {}
 
 #[cfg(test)]
 mod tests {
