@@ -24,6 +24,7 @@ use crate::map::MapView;
 use crate::namespace::{
     Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
 };
+use crate::pause::Pause;
 use crate::service::wire::*;
 use shingle_transport::hedge::{self, Attempt};
 use shingle_transport::{Health, PeerClient};
@@ -121,7 +122,7 @@ impl MetaClient {
         Fut: std::future::Future<Output = Result<Result<T, Errno>, Errno>>,
     {
         let deadline = Instant::now() + self.timeout;
-        let mut pause = Duration::from_millis(5);
+        let mut pause = Pause::new(Duration::from_millis(5), Duration::from_millis(200));
         let mut tries = 0u32;
         loop {
             let v = self.view();
@@ -139,10 +140,10 @@ impl MetaClient {
                 Span::current().record("retries", tries - 1);
                 return Err(last);
             }
-            if self.newer_map_within(&v, pause).await {
-                pause = Duration::from_millis(5);
+            if self.newer_map_within(&v, pause.get()).await {
+                pause.reset();
             } else {
-                pause = (pause * 2).min(Duration::from_millis(200));
+                pause.grow();
             }
         }
     }

@@ -26,6 +26,7 @@ pub mod join;
 pub mod manager;
 pub mod map;
 pub mod namespace;
+pub mod pause;
 pub mod placement;
 pub mod service;
 pub mod sim;

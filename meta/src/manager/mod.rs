@@ -1154,11 +1154,7 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
         if heard.elapsed() < m.heartbeat * 2 {
             continue;
         }
-        let refused = matches!(
-            tokio::time::timeout(m.heartbeat, tokio::net::TcpStream::connect(addr)).await,
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused
-        );
-        if !refused {
+        if probe(addr, m.heartbeat).await != Probe::Refused {
             continue;
         }
         // 50 ms past our own lease: the other voters heard the leader's last heartbeat a
@@ -1179,6 +1175,26 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
             // Raft's own timers take it from here if this one does not settle it.
             tokio::time::sleep(lease * 2).await;
         }
+    }
+}
+
+/// What a TCP connect to a peer's address tells of its process.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Probe {
+    /// Nothing listens there: the process is gone (its host answered for it).
+    Refused,
+    /// Something accepted the connection (possibly a process being killed).
+    Accepted,
+    /// Timed out or failed otherwise: the host may be cut off, or busy.
+    Unknown,
+}
+
+/// Connects to `addr` once, for at most `wait`.
+async fn probe(addr: SocketAddr, wait: Duration) -> Probe {
+    match tokio::time::timeout(wait, tokio::net::TcpStream::connect(addr)).await {
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => Probe::Refused,
+        Ok(Ok(_)) => Probe::Accepted,
+        _ => Probe::Unknown,
     }
 }
 
@@ -1212,14 +1228,14 @@ async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
     let mut refused = false;
     for again in [0, 50, 100, 200] {
         tokio::time::sleep(Duration::from_millis(again)).await;
-        match tokio::time::timeout(Duration::from_millis(500), tokio::net::TcpStream::connect(addr)).await {
-            Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+        match probe(addr, Duration::from_millis(500)).await {
+            Probe::Refused => {
                 refused = true;
                 break;
             }
-            Ok(Ok(_)) => {}
-            // Timed out or failed otherwise: nothing to learn from trying again soon.
-            _ => break,
+            Probe::Accepted => {}
+            // Nothing to learn from trying again soon.
+            Probe::Unknown => break,
         }
     }
     if !refused {

@@ -36,6 +36,7 @@ use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::map::{ClusterMap, MapCommand, MapView};
 use crate::namespace::types::now_ns;
 use crate::namespace::{DirEntry, Errno, Intent, Namespace, Need, Plan};
+use crate::pause::Pause;
 use bytes::Bytes;
 use shingle_transport::{CallContext, Code, PeerClient, Router, Status};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -485,7 +486,7 @@ impl MetaNode {
 
     async fn follow_map(&self) {
         let mut rx = self.inner.map_rx.clone();
-        let mut again = CATCH_UP_FIRST;
+        let mut again = Pause::new(CATCH_UP_FIRST, CATCH_UP_LAST);
         loop {
             let map = rx.borrow_and_update().clone();
             self.adopt(map);
@@ -496,21 +497,21 @@ impl MetaNode {
             // Re-check now and then; a catch-up that failed is retried soon (20 ms
             // doubling to 300 ms): its partitions serve nothing meanwhile, and each try
             // reports a dead member to the managers again.
-            again = if done { CATCH_UP_LAST } else { again };
             if !done && let Some(w) = self.inner.watch.get() {
                 // What it waits for (a dead member marked Down) comes with a newer map.
                 w.kick();
             }
+            let wait = if done { again.last() } else { again.get() };
             tokio::select! {
-                _ = tokio::time::sleep(again) => {}
+                _ = tokio::time::sleep(wait) => {}
                 _ = rx.changed() => {}
                 () = self.inner.catch_up_now.notified() => {}
             }
-            again = if done {
-                CATCH_UP_FIRST
+            if done {
+                again.reset();
             } else {
-                (again * 2).min(CATCH_UP_LAST)
-            };
+                again.grow();
+            }
         }
     }
 
@@ -1714,7 +1715,7 @@ impl MetaNode {
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
         let deadline = Instant::now() + self.inner.cfg.op_timeout;
-        let mut pause = RETRY_FIRST;
+        let mut pause = Pause::new(RETRY_FIRST, RETRY_LAST);
         let mut maps = self.inner.map_rx.clone();
         loop {
             maps.borrow_and_update();
@@ -1732,13 +1733,13 @@ impl MetaNode {
                     // Sleeping a long back-off instead cost a commit 240 ms after its
                     // partition served again.
                     tokio::select! {
-                        () = tokio::time::sleep(pause) => pause = (pause * 2).min(RETRY_LAST),
+                        () = tokio::time::sleep(pause.get()) => pause.grow(),
                         r = maps.changed() => match r {
-                            Ok(()) => pause = RETRY_FIRST,
+                            Ok(()) => pause.reset(),
                             // The node is stopping: no map will come; keep the pace.
-                            Err(_) => tokio::time::sleep(pause).await,
+                            Err(_) => tokio::time::sleep(pause.get()).await,
                         },
-                        () = served => pause = RETRY_FIRST,
+                        () = served => pause.reset(),
                     }
                 }
                 r => return r,
