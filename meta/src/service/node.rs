@@ -693,21 +693,9 @@ impl MetaNode {
     /// the members that had one, then start a new reign.
     async fn take_over(&self, p: PartitionId, v: &MapView, members: &[NodeId], slot: &Arc<Slot>) -> Result<(), String> {
         let _w = slot.write.lock().await;
-        let placed: Vec<NodeId> = v
-            .placement
-            .partition(p)
-            .iter()
-            .copied()
-            .filter(|n| *n != self.me())
-            .collect();
-        let mut tally = Takeover::new(v.map.epoch, &slot.read(), placed.len());
-        // Members first; the Down placement nodes only when no member is complete (they
-        // may hold batches acknowledged while the others were Down).
-        let down: Vec<NodeId> = placed.iter().copied().filter(|n| !members.contains(n)).collect();
-        for round in [&members[1..], &down[..]] {
-            if round.is_empty() || tally.decide().is_ok() {
-                continue;
-            }
+        let (mut tally, mut round) =
+            Takeover::start(v.map.epoch, &slot.read(), self.me(), v.placement.partition(p), members);
+        while !round.is_empty() {
             let asks = round
                 .iter()
                 .filter_map(|n| v.addr(*n).map(|a| (*n, a)))
@@ -728,6 +716,7 @@ impl MetaNode {
                     Err(e) => debug!(partition = p.0, node = n.0, error = %e, "pull position failed"),
                 }
             }
+            round = tally.next_asks();
         }
         let plan = tally.decide()?;
         if let Some(n) = plan.pull {

@@ -231,6 +231,8 @@ pub struct Takeover {
     any_serving: bool,
     best: Option<(Epoch, u64, NodeId)>,
     reigns: Vec<Epoch>,
+    /// Down placement nodes not asked yet.
+    down: Vec<NodeId>,
 }
 
 impl Takeover {
@@ -246,7 +248,49 @@ impl Takeover {
             any_serving: mine.complete_at == Some(epoch),
             best: None,
             reigns: vec![mine.meta.state_epoch],
+            down: Vec::new(),
         }
+    }
+
+    /// Starts the takeover of a partition by `me` in map epoch `epoch`, whose placement
+    /// nodes are `placed` and the Up ones among them `members`: the tally, and the nodes
+    /// to ask first — the other members, unless this copy is complete itself. The Down
+    /// placement nodes come later ([`Takeover::next_asks`]).
+    pub fn start(
+        epoch: Epoch,
+        mine: &Replica,
+        me: NodeId,
+        placed: &[NodeId],
+        members: &[NodeId],
+    ) -> (Takeover, Vec<NodeId>) {
+        let others: Vec<NodeId> = placed.iter().copied().filter(|n| *n != me).collect();
+        let mut t = Takeover::new(epoch, mine, others.len());
+        t.down = others.into_iter().filter(|n| !members.contains(n)).collect();
+        let first = if t.decide().is_ok() {
+            Vec::new()
+        } else {
+            members.iter().copied().filter(|n| *n != me).collect()
+        };
+        (t, first)
+    }
+
+    /// Every node asked so far answered (or failed): the nodes to ask next, or none when
+    /// it is time to decide. The Down placement nodes are asked, once, when no answer
+    /// showed a complete copy: they may hold batches acknowledged while the others were
+    /// Down (found by the simulator: seed 4 of `meta/tests/sim.rs`), and the tally
+    /// waits for every placement node then.
+    pub fn next_asks(&mut self) -> Vec<NodeId> {
+        if self.decide().is_ok() {
+            return Vec::new();
+        }
+        std::mem::take(&mut self.down)
+    }
+
+    /// The simulator's [`crate::sim::Bug::TakeoverWithoutAllMembers`]: decides from
+    /// whoever answered, as the protocol must not.
+    pub(crate) fn without_waiting_for_all(&mut self) {
+        self.others = 0;
+        self.down.clear();
     }
 
     /// Counts a member's answer. An impossible position (a reign of a later epoch, no
@@ -381,6 +425,31 @@ mod tests {
         let mut t = Takeover::new(Epoch(9), &mine, 2);
         t.answer(NodeId(2), &pos(true, 8 << 16, 4)).expect("accepted");
         assert_eq!(t.decide().expect("decided").pull, Some(NodeId(2)));
+    }
+
+    #[test]
+    fn down_placement_nodes_are_asked_once_when_no_member_is_complete() {
+        let mine = replica();
+        let (n1, n2, n3, n4) = (NodeId(1), NodeId(2), NodeId(3), NodeId(4));
+        // Node 1 takes over; 2 is an Up member, 3 and 4 are Down.
+        let (mut t, first) = Takeover::start(Epoch(9), &mine, n1, &[n1, n2, n3, n4], &[n1, n2]);
+        assert_eq!(first, vec![n2]);
+        t.answer(n2, &pos(false, 8 << 16, 4)).expect("accepted");
+        assert_eq!(t.next_asks(), vec![n3, n4], "no complete member: ask the Down ones");
+        t.answer(n3, &pos(false, 8 << 16, 6)).expect("accepted");
+        assert!(t.next_asks().is_empty(), "asked once");
+        assert!(t.decide().is_err(), "node 4 never answered");
+        // A complete member: the Down ones are not asked.
+        let (mut t, _) = Takeover::start(Epoch(9), &mine, n1, &[n1, n2, n3], &[n1, n2]);
+        t.answer(n2, &pos(true, 8 << 16, 4)).expect("accepted");
+        assert!(t.next_asks().is_empty());
+        assert_eq!(t.decide().expect("decided").pull, Some(n2));
+        // A copy complete itself asks nobody.
+        let mut done = replica();
+        done.serving = false;
+        done.complete_at = Some(Epoch(9));
+        let (mut t, first) = Takeover::start(Epoch(9), &done, n1, &[n1, n2, n3], &[n1, n2]);
+        assert!(first.is_empty() && t.next_asks().is_empty());
     }
 
     #[test]

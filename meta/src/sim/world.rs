@@ -217,8 +217,6 @@ enum Task {
         stage: Stage,
         plan: Option<TakeoverPlan>,
         epoch: Epoch,
-        /// Down placement nodes, asked when no member is complete.
-        down: Vec<NodeId>,
     },
 }
 
@@ -993,61 +991,48 @@ impl World {
 
     fn take_over(&mut self, n: NodeId, p: PartitionId, v: &MapView, members: &[NodeId]) {
         let bug = self.cfg.bug;
-        let placed: Vec<NodeId> = v.placement.partition(p).iter().copied().filter(|m| *m != n).collect();
-        let down: Vec<NodeId> = placed.iter().copied().filter(|m| !members.contains(m)).collect();
         let slot = self.slot_or_create(n, p);
-        let others = if bug == Some(Bug::TakeoverWithoutAllMembers) {
-            0
-        } else {
-            placed.len()
-        };
+        let (mut tally, first) = Takeover::start(v.map.epoch, &slot.r, n, v.placement.partition(p), members);
+        if bug == Some(Bug::TakeoverWithoutAllMembers) {
+            tally.without_waiting_for_all();
+        }
         let pos = (slot.r.meta.state_epoch, slot.r.meta.lsn);
         self.note(format!(
             "node {} takes over partition {} in epoch {} at {:#x}/{}, asking {:?}",
-            n.0,
-            p.0,
-            v.map.epoch.0,
-            pos.0.0,
-            pos.1,
-            &members[1..]
+            n.0, p.0, v.map.epoch.0, pos.0.0, pos.1, first
         ));
         let slot = self.slot_or_create(n, p);
         slot.task = Some(Task::TakeOver {
-            tally: Takeover::new(v.map.epoch, &slot.r, others),
-            waiting: members.len() - 1,
+            tally,
+            waiting: first.len(),
             stage: Stage::Positions,
             plan: None,
             epoch: v.map.epoch,
-            down,
         });
-        if members.len() == 1 {
+        if first.is_empty() {
             self.takeover_asked(n, p);
             return;
         }
-        for m in &members[1..] {
+        for m in first {
             let msg = Msg::Pull { epoch: v.map.epoch, p };
-            self.call(n, *m, msg, Pending::Pull(p, *m), PULL_TIMEOUT);
+            self.call(n, m, msg, Pending::Pull(p, m), PULL_TIMEOUT);
         }
     }
 
-    /// Every node asked so far answered: ask the Down placement nodes when no member was
-    /// complete, else decide.
+    /// Every node asked so far answered: ask the next ones ([`Takeover::next_asks`]),
+    /// else decide.
     fn takeover_asked(&mut self, n: NodeId, p: PartitionId) {
         let slot = self.slot_or_create(n, p);
         let Some(Task::TakeOver {
-            tally,
-            waiting,
-            down,
-            epoch,
-            ..
+            tally, waiting, epoch, ..
         }) = &mut slot.task
         else {
             return;
         };
-        if down.is_empty() || tally.decide().is_ok() {
+        let ask = tally.next_asks();
+        if ask.is_empty() {
             return self.takeover_decide(n, p);
         }
-        let ask = std::mem::take(down);
         *waiting = ask.len();
         let epoch = *epoch;
         for m in ask {
