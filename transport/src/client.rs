@@ -218,7 +218,13 @@ impl PeerClient {
 
     /// The peer is known to be back (the cluster map shows its node Up again after it
     /// was not): the next call connects at once instead of waiting out the backoff its
-    /// failed connects built up while it was gone (up to `backoff_max`).
+    /// failed connects built up while it was gone (up to `backoff_max`), and on a new
+    /// connection. A connection from before may be stalled: a network cut leaves it
+    /// open at both ends with its unacknowledged bytes in TCP's retransmission back-off
+    /// (seconds by the time the cut heals), and every request queued on it waited for
+    /// its deadline — in the network-namespace rig, a takeover's copy to the returning
+    /// node for 10 s, and a create behind it 12 s. Calls in flight on those connections
+    /// fail with `ConnectionClosed` and are retried by their callers.
     pub fn revive(&self, peer: SocketAddr) {
         let p = self
             .inner
@@ -229,6 +235,16 @@ impl PeerClient {
             .cloned();
         if let Some(p) = p {
             p.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
+            let old: Vec<Arc<Conn>> = p
+                .slots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .iter_mut()
+                .filter_map(Option::take)
+                .collect();
+            for c in old {
+                c.close("the peer came back; connections from before it left are dropped".into());
+            }
         }
     }
 

@@ -131,3 +131,55 @@ async fn unreachable_peer_backs_off() {
     let e = c.ping(addr).await.expect_err("still nobody");
     assert!(matches!(e, shingle_transport::TransportError::Connect { .. }), "{e}");
 }
+
+/// A peer that comes back (its node Up again in the map) is called on a new
+/// connection: one from before it left may be stalled in TCP's retransmission
+/// back-off, and a call waiting on it fails at once instead of at its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revived_peer_gets_new_connections() {
+    let mut rig = Rig::<Tcp>::start(TransportConfig::default()).await;
+    let c = PeerClient::new(TransportConfig::default(), secret());
+    let addr = rig.addr;
+    let slow = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let r = c
+                .call::<Echo>(
+                    addr,
+                    &EchoMsg {
+                        data: Bytes::from_static(b"slow"),
+                        delay_ms: 5_000,
+                        fail_with: 0,
+                    },
+                    CallOptions::timeout(Duration::from_secs(10)),
+                )
+                .await;
+            (r, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    c.revive(addr);
+    let (r, took) = slow.await.expect("task");
+    let e = r.expect_err("its connection was dropped");
+    assert!(
+        matches!(e, shingle_transport::TransportError::ConnectionClosed { .. }),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(2), "failed after {took:?}");
+    // The next call connects anew, at once.
+    let r = c
+        .call::<Echo>(
+            addr,
+            &EchoMsg {
+                data: Bytes::from_static(b"after"),
+                delay_ms: 0,
+                fail_with: 0,
+            },
+            CallOptions::default(),
+        )
+        .await
+        .expect("a new connection");
+    assert_eq!(r.data, Bytes::from_static(b"after"));
+    rig.stop().await;
+}
