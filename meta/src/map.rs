@@ -213,9 +213,14 @@ impl ClusterMap {
 
     /// The metadata candidates: nodes with the meta role that are not Out.
     fn meta_candidates(&self) -> Vec<Candidate<'_>> {
+        self.candidates(|r| r.meta)
+    }
+
+    /// The nodes placement may choose for a role: those that have it and are not Out.
+    fn candidates(&self, pick: fn(&Roles) -> bool) -> Vec<Candidate<'_>> {
         self.nodes
             .values()
-            .filter(|n| n.state != NodeState::Out && n.roles.meta)
+            .filter(|n| n.state != NodeState::Out && pick(&n.roles))
             .map(|n| Candidate {
                 id: n.id,
                 domain: n.domain.as_str(),
@@ -336,15 +341,7 @@ impl ClusterMap {
     /// Derives the placement of every partition and group.
     pub fn placement(&self) -> Placement {
         let meta = self.meta_candidates();
-        let data: Vec<Candidate<'_>> = self
-            .nodes
-            .values()
-            .filter(|n| n.state != NodeState::Out && n.roles.data)
-            .map(|n| Candidate {
-                id: n.id,
-                domain: n.domain.as_str(),
-            })
-            .collect();
+        let data = self.candidates(|r| r.data);
         Placement {
             epoch: self.epoch,
             partitions: (0..self.partitions).map(|p| self.replicas(&meta, p)).collect(),

@@ -172,7 +172,13 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
-async fn echo<C: RpcChannel>(c: &C, addr: SocketAddr, data: Bytes, delay_ms: u32) -> Result<EchoMsg, TransportError> {
+/// Calls the suite's echo at `addr`, answered after `delay_ms`.
+pub async fn echo<C: RpcChannel>(
+    c: &C,
+    addr: SocketAddr,
+    data: Bytes,
+    delay_ms: u32,
+) -> Result<EchoMsg, TransportError> {
     c.call::<Echo>(
         addr,
         &EchoMsg {

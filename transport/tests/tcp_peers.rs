@@ -1,7 +1,7 @@
 //! TCP-specific behaviour with hostile or broken peers, over real sockets.
 
 use bytes::Bytes;
-use shingle_transport::conformance::{Echo, EchoMsg, Rig, Tcp, secret};
+use shingle_transport::conformance::{Echo, EchoMsg, Rig, Tcp, echo, secret};
 use shingle_transport::{CallOptions, PeerClient, RpcChannel, TransportConfig, auth};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -144,17 +144,7 @@ async fn a_revived_peer_gets_new_connections() {
         let c = c.clone();
         tokio::spawn(async move {
             let started = std::time::Instant::now();
-            let r = c
-                .call::<Echo>(
-                    addr,
-                    &EchoMsg {
-                        data: Bytes::from_static(b"slow"),
-                        delay_ms: 5_000,
-                        fail_with: 0,
-                    },
-                    CallOptions::timeout(Duration::from_secs(10)),
-                )
-                .await;
+            let r = echo(&c, addr, Bytes::from_static(b"slow"), 5_000).await;
             (r, started.elapsed())
         })
     };
@@ -168,16 +158,7 @@ async fn a_revived_peer_gets_new_connections() {
     );
     assert!(took < Duration::from_secs(2), "failed after {took:?}");
     // The next call connects anew, at once.
-    let r = c
-        .call::<Echo>(
-            addr,
-            &EchoMsg {
-                data: Bytes::from_static(b"after"),
-                delay_ms: 0,
-                fail_with: 0,
-            },
-            CallOptions::default(),
-        )
+    let r = echo(&c, addr, Bytes::from_static(b"after"), 0)
         .await
         .expect("a new connection");
     assert_eq!(r.data, Bytes::from_static(b"after"));

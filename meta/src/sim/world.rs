@@ -975,7 +975,7 @@ impl World {
             });
         }
         for p in v.map.moves.keys().copied() {
-            if v.primary(p) != Some(n) || v.map.moves[&p].since > v.map.epoch {
+            if v.primary(p) != Some(n) {
                 continue;
             }
             let slot = self.slot_or_create(n, p);
