@@ -643,6 +643,23 @@ impl Filesystem for ShingleFs {
         self.flush(_req, _ino, fh, LockOwner(0), reply);
     }
 
+    /// No file of ours is a terminal or takes device requests: `ENOTTY`, what a local
+    /// filesystem answers (Python's `open()` asks `TCGETS` of every file it opens).
+    #[allow(clippy::too_many_arguments)]
+    fn ioctl(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: fuser::IoctlFlags,
+        _cmd: u32,
+        _in_data: &[u8],
+        _out_size: u32,
+        reply: fuser::ReplyIoctl,
+    ) {
+        reply.error(fuser::Errno::from_i32(libc::ENOTTY));
+    }
+
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
         // No round trip here: the kernel only opens directories, and ".." is resolved
         // when a listing starts. The kernel may keep the listing in its cache; it drops it
