@@ -61,6 +61,12 @@ for try in 1 2 3; do
   echo "check: run $try missed a stall bound (every invariant held); measuring again"
 done
 
+# The Python package (python/): built with maturin into a virtual environment and
+# tested with pytest against a `shingle dev` cluster and its mount.
+step "Python package: pip install ./python, pytest against shingle dev (scripts/python-tests.sh)"
+[ "$(id -u)" = 0 ] || fail "the Python tests mount with /dev/fuse and need root"
+SHINGLE_BIN=target/release/shingle bash scripts/python-tests.sh
+
 # fsx and pjdfstest (written by others) and SQLite against a real FUSE mount of a
 # `shingle dev` cluster.
 if [ "${EXERCISERS:-all}" = none ]; then

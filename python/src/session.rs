@@ -145,6 +145,22 @@ impl Core {
         Ok(a)
     }
 
+    /// The root's attributes, remembered like any directory crossed.
+    async fn root(&self) -> Result<Attr, Errno> {
+        let key = (Ino::ROOT, Vec::new());
+        if let Some((a, at)) = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && at.elapsed() < DIR_TTL
+        {
+            return Ok(a.clone());
+        }
+        let a = self.client.getattr(Ino::ROOT).await?;
+        self.dirs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, (a.clone(), Instant::now()));
+        Ok(a)
+    }
+
     /// Forgets the directories crossed (after a change to a directory's name or mode).
     fn forget_dirs(&self) {
         self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
@@ -153,9 +169,13 @@ impl Core {
     /// The attributes `path` names, following a symbolic link in its last name when
     /// `follow` (links in the directories crossed are always followed).
     pub async fn resolve(&self, path: &[u8], follow: bool) -> Result<Attr, Errno> {
-        let root = self.client.getattr(Ino::ROOT).await?;
-        let mut stack = vec![root];
         let mut todo = components(path);
+        let root = if todo.is_empty() {
+            self.client.getattr(Ino::ROOT).await?
+        } else {
+            self.root().await?
+        };
+        let mut stack = vec![root];
         let mut links = 0;
         while let Some(name) = todo.pop_front() {
             let dir = stack.last().cloned().ok_or(Errno::ENOENT)?;
