@@ -12,7 +12,7 @@ export SHINGLE_BIN=${SHINGLE_BIN:-$root/target/release/shingle}
 [ -x "$SHINGLE_BIN" ] || { echo "python-tests: $SHINGLE_BIN is missing (cargo build --release -p shingle)" >&2; exit 1; }
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/pip" install -q --disable-pip-version-check maturin pytest numpy fsspec pandas
+"$venv/bin/pip" install -q --disable-pip-version-check maturin pytest numpy fsspec pandas pyarrow
 # The extension shares this checkout's target directory: the dependencies a release
 # build of `shingle` compiled are not compiled again.
 PATH="$venv/bin:$PATH" CARGO_TARGET_DIR="$root/target" \

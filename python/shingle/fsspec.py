@@ -27,9 +27,18 @@ class ShingleFileSystem(AbstractFileSystem):
     protocol = ("shingle",)
     root_marker = "/"
 
-    def __init__(self, cluster_file: Optional[str] = None, secret_file: Optional[str] = None, **kwargs: Any):
+    def __init__(
+        self,
+        cluster_file: Optional[str] = None,
+        secret_file: Optional[str] = None,
+        auto_mkdir: bool = False,
+        **kwargs: Any,
+    ):
+        """``auto_mkdir``: opening a file for writing makes its missing parent
+        directories (as fsspec's local filesystem does with the same option)."""
         client_kw = {k: kwargs.pop(k) for k in ("uid", "gid", "groups", "timeout", "prefetch_bytes") if k in kwargs}
         super().__init__(**kwargs)
+        self.auto_mkdir = auto_mkdir
         self.client = Client(cluster_file, secret_file, **client_kw)
 
     @classmethod
@@ -82,7 +91,10 @@ class ShingleFileSystem(AbstractFileSystem):
         return out
 
     def _open(self, path, mode="rb", block_size=None, autocommit=True, cache_options=None, **kwargs):
-        return self.client.open(self._strip_protocol(path), mode)
+        path = self._strip_protocol(path)
+        if self.auto_mkdir and "r" not in mode:
+            self.client.makedirs(self._parent(path), exist_ok=True)
+        return self.client.open(path, mode)
 
     def cat_file(self, path, start=None, end=None, **kwargs):
         path = self._strip_protocol(path)
