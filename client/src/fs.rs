@@ -32,6 +32,7 @@
 
 use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use shingle_data::shard::read_shard_range;
 use shingle_data::stripe::{StripeError, WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
@@ -44,7 +45,7 @@ use shingle_transport::{CallOptions, Health, PeerClient, RpcChannel};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 use tracing::{Instrument, Span, debug, warn};
@@ -292,7 +293,7 @@ impl Client {
     }
 
     fn shared(&self, ino: Ino) -> Option<Arc<Shared>> {
-        let open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        let open = self.inner.open.lock();
         open.get(&ino).and_then(Weak::upgrade)
     }
 
@@ -302,7 +303,7 @@ impl Client {
         let sh = self.shared(ino)?;
         let mut st = sh.state.lock().await;
         st.unlinked = true;
-        let mut a = sh.attr.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut a = sh.attr.lock().clone();
         a.size = st.content.size();
         a.nlink = 0;
         drop(st);
@@ -315,7 +316,7 @@ impl Client {
     }
 
     fn any_open(&self) -> bool {
-        let open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        let open = self.inner.open.lock();
         open.values().any(|w| w.strong_count() > 0)
     }
 
@@ -396,7 +397,7 @@ impl Client {
 
     /// Renews the hold on `ino` while it is open here, then releases it.
     fn keep_holding(&self, ino: Ino) {
-        self.inner.held.lock().unwrap_or_else(|p| p.into_inner()).insert(ino);
+        self.inner.held.lock().insert(ino);
         if self.inner.holding.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -406,20 +407,13 @@ impl Client {
                 tokio::time::sleep(HOLD_RENEW).await;
                 let Some(inner) = weak.upgrade() else { return };
                 let c = Client { inner };
-                let held: Vec<Ino> = c
-                    .inner
-                    .held
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .iter()
-                    .copied()
-                    .collect();
+                let held: Vec<Ino> = c.inner.held.lock().iter().copied().collect();
                 for ino in held {
                     let open = c.is_open(ino);
                     let secs = if open { HOLD_SECS } else { 0 };
                     match c.inner.meta.hold_purge(ino, secs).await {
                         Ok(()) if !open => {
-                            c.inner.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&ino);
+                            c.inner.held.lock().remove(&ino);
                         }
                         Ok(()) => {}
                         Err(e) => debug!(ino = ino.0, error = %e, "renewing a hold failed; retried"),
@@ -430,7 +424,7 @@ impl Client {
     }
 
     fn remember(&self, ino: Ino, mtime: i64, size: u64) -> bool {
-        let mut seen = self.inner.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.inner.seen.lock();
         if seen.len() >= SEEN_MAX {
             seen.clear();
         }
@@ -457,7 +451,7 @@ impl Client {
                     st.policy = layout.policy();
                 }
                 sh.publish(&st);
-                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = rec.attr.clone();
+                *sh.attr.lock() = rec.attr.clone();
             }
             drop(st);
             return sh;
@@ -479,7 +473,7 @@ impl Client {
                 storing: 0,
             }),
         });
-        let mut open = self.inner.open.lock().unwrap_or_else(|p| p.into_inner());
+        let mut open = self.inner.open.lock();
         // Another task may have opened it meanwhile: share theirs.
         if let Some(other) = open.get(&ino).and_then(Weak::upgrade) {
             return other;
@@ -521,7 +515,7 @@ impl Client {
         let Some(size) = set.size else {
             let a = self.inner.meta.setattr(creds, ino, set).await?;
             if let Some(sh) = self.shared(ino) {
-                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
+                *sh.attr.lock() = a.clone();
             }
             return Ok(a);
         };
@@ -535,7 +529,7 @@ impl Client {
         self.collect_garbage(ino, &mut st);
         sh.publish(&st);
         if let Ok(a) = &r {
-            *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
+            *sh.attr.lock() = a.clone();
         }
         r
     }
@@ -957,7 +951,7 @@ impl Client {
             // The kernel's pages hold what was just written: a later open may keep them.
             self.remember(ino, a.mtime, a.size);
             if let Some(sh) = self.shared(ino) {
-                *sh.attr.lock().unwrap_or_else(|p| p.into_inner()) = a.clone();
+                *sh.attr.lock() = a.clone();
             }
         }
         if reload {
@@ -1253,7 +1247,7 @@ impl OpenFile {
         }
         // A store that failed is reported by the next write too (once), and by fsync.
         {
-            let mut ws = self.write_seen.lock().unwrap_or_else(|p| p.into_inner());
+            let mut ws = self.write_seen.lock();
             if let Some((e, now)) = st.content.error_since(*ws)
                 && result.is_ok()
             {
@@ -1282,7 +1276,7 @@ impl OpenFile {
         let committed = c.commit(&self.creds, self.ino, &mut st).await;
         c.collect_garbage(self.ino, &mut st);
         self.shared.publish(&st);
-        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.seen.lock();
         if let Some((e, now)) = st.content.error_since(*seen) {
             *seen = now;
             return Err(e);

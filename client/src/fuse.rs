@@ -20,14 +20,15 @@ use fuser::{
     RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
     ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
+use parking_lot::Mutex;
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::{Attr, Creds, DirEntry, Errno, FileKind, SetAttr};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle;
 use tracing::{Instrument, Span};
@@ -246,7 +247,7 @@ impl ShingleFs {
     }
 
     fn file(&self, fh: FileHandle) -> Option<Arc<OpenFile>> {
-        self.files.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned()
+        self.files.lock().get(&fh.0).cloned()
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -354,7 +355,7 @@ impl Filesystem for ShingleFs {
         let (c, mut cr, ttl) = (self.client.clone(), creds(req), self.ttl);
         // ftruncate on a descriptor open for writing: permission was checked at open
         // (a file created with mode 0 can still be truncated through it).
-        let writable = fh.is_some_and(|fh| self.writable.lock().unwrap_or_else(|p| p.into_inner()).contains(&fh.0));
+        let writable = fh.is_some_and(|fh| self.writable.lock().contains(&fh.0));
         if size.is_some() && writable && mode.is_none() && uid.is_none() && gid.is_none() {
             cr = Creds::root();
         }
@@ -490,14 +491,14 @@ impl Filesystem for ShingleFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
-            self.writable.lock().unwrap_or_else(|p| p.into_inner()).insert(fh);
+            self.writable.lock().insert(fh);
         }
         self.run(
             op_span!("fs.open", "open", ino.0, keep_cache = tracing::field::Empty),
             async move {
                 match c.open_cached(&cr, Ino(ino.0)).await {
                     Ok((f, unchanged)) => {
-                        files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                        files.lock().insert(fh, f);
                         // Unchanged since this client last saw it: keep the cached pages.
                         Span::current().record("keep_cache", unchanged);
                         let flags = if unchanged {
@@ -621,8 +622,8 @@ impl Filesystem for ShingleFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let f = self.files.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
-        self.writable.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        let f = self.files.lock().remove(&fh.0);
+        self.writable.lock().remove(&fh.0);
         self.run(
             op_span!("fs.release", "release", _ino.0, degraded = false),
             async move {
@@ -671,10 +672,7 @@ impl Filesystem for ShingleFs {
             entries: Vec::new(),
             done: false,
         };
-        self.dirs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
+        self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
         reply.opened(
             FileHandle(fh),
             FopenFlags::FOPEN_CACHE_DIR | FopenFlags::FOPEN_KEEP_CACHE,
@@ -682,7 +680,7 @@ impl Filesystem for ShingleFs {
     }
 
     fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
-        let Some(h) = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).get(&fh.0).cloned() else {
+        let Some(h) = self.dirs.lock().get(&fh.0).cloned() else {
             reply.error(fuser::Errno::EBADF);
             return;
         };
@@ -740,7 +738,7 @@ impl Filesystem for ShingleFs {
     }
 
     fn releasedir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, _flags: OpenFlags, reply: ReplyEmpty) {
-        self.dirs.lock().unwrap_or_else(|p| p.into_inner()).remove(&fh.0);
+        self.dirs.lock().remove(&fh.0);
         reply.ok();
     }
 
@@ -796,7 +794,7 @@ impl Filesystem for ShingleFs {
         self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
             let r = c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await;
             // Whatever the answer, the attribute may exist now.
-            absent.lock().unwrap_or_else(|p| p.into_inner()).forget(ino.0, &name);
+            absent.lock().forget(ino.0, &name);
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -811,7 +809,7 @@ impl Filesystem for ShingleFs {
             // The kernel checked the caller's permission before asking (VFS xattr
             // rules): a remembered "missing" can be answered without the service.
             let (known, asked) = {
-                let mut a = absent.lock().unwrap_or_else(|p| p.into_inner());
+                let mut a = absent.lock();
                 (a.known(ino.0, &name, std::time::Instant::now()), a.asking())
             };
             if known {
@@ -824,10 +822,7 @@ impl Filesystem for ShingleFs {
                 Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
                 Ok(v) => reply.data(&v),
                 Err(Errno::ENODATA) => {
-                    absent
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .note(ino.0, &name, asked, at, ttl);
+                    absent.lock().note(ino.0, &name, asked, at, ttl);
                     reply.error(errno(Errno::ENODATA));
                 }
                 Err(e) => reply.error(errno(e)),
@@ -863,7 +858,7 @@ impl Filesystem for ShingleFs {
         let absent = self.absent.clone();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
             let r = c.meta().removexattr(&cr, Ino(ino.0), &name).await;
-            absent.lock().unwrap_or_else(|p| p.into_inner()).forget(ino.0, &name);
+            absent.lock().forget(ino.0, &name);
             match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
@@ -883,7 +878,7 @@ impl Filesystem for ShingleFs {
     ) {
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
         let (files, fh) = (self.files.clone(), self.fh());
-        self.writable.lock().unwrap_or_else(|p| p.into_inner()).insert(fh);
+        self.writable.lock().insert(fh);
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         self.run(
             op_span!("fs.create", "create", parent.0, degraded = false),
@@ -898,7 +893,7 @@ impl Filesystem for ShingleFs {
                 };
                 match c.open(&cr, a.ino).await {
                     Ok(f) => {
-                        files.lock().unwrap_or_else(|p| p.into_inner()).insert(fh, f);
+                        files.lock().insert(fh, f);
                         reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                     }
                     Err(e) => reply.error(errno(e)),

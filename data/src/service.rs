@@ -27,10 +27,11 @@ use crate::store::{ChunkStore, StoreError, VKey};
 use crate::wire::*;
 use crate::zone::ZonedDevice;
 use bytes::Bytes;
+use parking_lot::Mutex;
 use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info_span};
 
@@ -138,8 +139,8 @@ where
         &self.store
     }
 
-    fn stage(&self) -> std::sync::MutexGuard<'_, StageCache> {
-        self.stage.lock().unwrap_or_else(|p| p.into_inner())
+    fn stage(&self) -> parking_lot::MutexGuard<'_, StageCache> {
+        self.stage.lock()
     }
 
     async fn blocking<T: Send + 'static>(

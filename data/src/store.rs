@@ -38,11 +38,11 @@
 use crate::chunk::{self, CHUNK_HEADER_LEN, ChunkError, ChunkHeader, ChunkKey, MAX_CHUNK_PAYLOAD};
 use crate::zone::{ZoneError, ZoneId, ZoneState, ZonedDevice};
 use bytes::{Bytes, BytesMut};
+use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, RwLock};
 use tracing::{debug, info, warn};
 
 const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
@@ -498,7 +498,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
         }
         let (loc, batch) = self.append(key, version, payload, crc, None, false)?;
         self.wait_durable(batch)?;
-        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.stats.lock();
         st.user_bytes_written += chunk::record_len(payload.len(), self.block_size);
         Ok(loc)
     }
@@ -525,7 +525,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             payload_crc: crc,
         };
         let record = chunk::encode_record(&header, payload, self.block_size);
-        let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut w = self.writer.lock();
         let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
         let offset = w.write_pointer;
         if let Err(e) = self.device.write(zone, offset, &record) {
@@ -588,7 +588,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// Waits until batch `batch` is durable, doing the commit if nobody else is.
     fn wait_durable(&self, batch: u64) -> StoreResult<()> {
-        let mut s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.sync.lock();
         loop {
             if s.synced_batch >= batch {
                 if let Some((_, e)) = s.failures.iter().find(|(b, _)| *b == batch) {
@@ -600,7 +600,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 s.syncing = true;
                 drop(s);
                 let (closed, result) = self.commit_batch();
-                s = self.sync.lock().unwrap_or_else(|p| p.into_inner());
+                s = self.sync.lock();
                 s.syncing = false;
                 s.synced_batch = s.synced_batch.max(closed);
                 if let Err(e) = result {
@@ -613,14 +613,14 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 self.synced.notify_all();
                 continue;
             }
-            s = self.synced.wait(s).unwrap_or_else(|p| p.into_inner());
+            self.synced.wait(&mut s);
         }
     }
 
     /// Closes the open batch and makes it durable. Only one runs at a time.
     fn commit_batch(&self) -> (u64, StoreResult<()>) {
         let (ops, zones, closed, lease) = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.lock();
             let closed = w.open_batch;
             w.open_batch += 1;
             let next_seq = self.next_seq.load(Ordering::Relaxed);
@@ -650,7 +650,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
         // Turn the ops into index changes; only the syncer changes the index, so the
         // decisions hold until they are applied below.
         let changes: Vec<(VKey, Option<IndexEntry>)> = {
-            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            let idx = self.index.read();
             // What this batch's earlier ops did, over the index.
             let mut overlay: BTreeMap<VKey, Option<IndexEntry>> = BTreeMap::new();
             for op in &ops {
@@ -703,7 +703,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
         }
         txn.commit()?;
-        let mut idx = self.index.write().unwrap_or_else(|p| p.into_inner());
+        let mut idx = self.index.write();
         for (vk, entry) in changes {
             let old = match entry {
                 Some(e) => {
@@ -723,7 +723,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
         }
         drop(idx);
-        self.stats.lock().unwrap_or_else(|p| p.into_inner()).commits += 1;
+        self.stats.lock().commits += 1;
         Ok(())
     }
 
@@ -737,19 +737,19 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// The index entry of the newest stored version of `key`.
     pub fn lookup(&self, key: &ChunkKey) -> Option<IndexEntry> {
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read();
         idx.versions(key).next_back().map(|(_, e)| *e)
     }
 
     /// The index entry of version `version` of `key`, if stored.
     pub fn lookup_version(&self, key: &ChunkKey, version: u64) -> Option<IndexEntry> {
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read();
         idx.map.get(&(*key, version)).copied()
     }
 
     /// The stored versions of `key`, oldest first.
     pub fn versions(&self, key: &ChunkKey) -> Vec<u64> {
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read();
         idx.versions(key).map(|((_, v), _)| *v).collect()
     }
 
@@ -803,7 +803,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             None => self.lookup(key).is_some(),
         };
         let batch = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.lock();
             w.pending.push(Op::Delete { key: *key, version });
             w.open_batch
         };
@@ -829,13 +829,13 @@ impl<D: ZonedDevice> ChunkStore<D> {
             },
             u64::MAX,
         );
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read();
         idx.map.range(lo..=hi).map(|(k, _)| *k).collect()
     }
 
     /// The inodes that have chunks here, in order.
     pub fn inos(&self) -> Vec<u64> {
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+        let idx = self.index.read();
         let mut out: Vec<u64> = Vec::new();
         let mut next = 0u64;
         // One seek per inode, not one step per chunk.
@@ -870,7 +870,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             return Ok(gone);
         }
         let batch = {
-            let mut w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.writer.lock();
             for (key, version) in &gone {
                 w.pending.push(Op::Delete {
                     key: *key,
@@ -885,20 +885,14 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// Every indexed chunk version (a snapshot).
     pub fn keys(&self) -> Vec<VKey> {
-        self.index
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .map
-            .keys()
-            .copied()
-            .collect()
+        self.index.read().map.keys().copied().collect()
     }
 
     /// Counters and space.
     pub fn stats(&self) -> StoreStats {
-        let mut st = *self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
-        let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = *self.stats.lock();
+        let idx = self.index.read();
+        let w = self.writer.lock();
         st.zones_total = idx.zones.len() as u32;
         st.zones_free = w.free.len() as u32;
         st.chunks = idx.map.len() as u64;
@@ -925,15 +919,15 @@ impl<D: ZonedDevice> ChunkStore<D> {
     /// One GC pass: picks up to `max_zones` sealed zones whose garbage ratio is at
     /// least `min_garbage_ratio`, moves their live chunks and resets them.
     pub fn gc(&self, max_zones: usize, min_garbage_ratio: f64) -> StoreResult<GcReport> {
-        let _gc = self.gc_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let _gc = self.gc_lock.lock();
         let mut report = GcReport::default();
         let infos = self.device.report_zones()?;
         let (active, free): (Option<ZoneId>, HashSet<ZoneId>) = {
-            let w = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let w = self.writer.lock();
             (w.active, w.free.iter().copied().collect())
         };
         let mut candidates: Vec<(f64, ZoneId)> = {
-            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            let idx = self.index.read();
             infos
                 .iter()
                 .filter(|i| i.state == ZoneState::Full && Some(i.id) != active && !free.contains(&i.id))
@@ -957,7 +951,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 Err(e) => return Err(e),
             }
         }
-        let mut st = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        let mut st = self.stats.lock();
         st.gc_bytes_moved += report.bytes_moved;
         st.gc_zones_reset += report.zones_reset.len() as u64;
         Ok(report)
@@ -965,7 +959,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     fn collect_zone(&self, victim: ZoneId, report: &mut GcReport) -> StoreResult<bool> {
         let live: Vec<(ChunkKey, IndexEntry)> = {
-            let idx = self.index.read().unwrap_or_else(|p| p.into_inner());
+            let idx = self.index.read();
             idx.zones[victim.0 as usize]
                 .keys
                 .iter()
@@ -990,9 +984,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
         if last_batch > 0 {
             self.wait_durable(last_batch)?;
         }
-        let still_live = !self.index.read().unwrap_or_else(|p| p.into_inner()).zones[victim.0 as usize]
-            .keys
-            .is_empty();
+        let still_live = !self.index.read().zones[victim.0 as usize].keys.is_empty();
         if still_live {
             warn!(
                 zone = victim.0,
@@ -1001,11 +993,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
             return Ok(false);
         }
         self.device.reset(victim)?;
-        self.writer
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .free
-            .push_back(victim);
+        self.writer.lock().free.push_back(victim);
         Ok(true)
     }
 

@@ -33,9 +33,9 @@ pub struct MapWatch {
     client: PeerClient,
     managers: Arc<Vec<SocketAddr>>,
     /// When each node was last reported unreachable from here.
-    reported: Arc<std::sync::Mutex<std::collections::BTreeMap<NodeId, Instant>>>,
+    reported: Arc<parking_lot::Mutex<std::collections::BTreeMap<NodeId, Instant>>>,
     /// The recent maps, epoch by epoch, as far as the managers could tell.
-    history: Arc<std::sync::Mutex<MapHistory>>,
+    history: Arc<parking_lot::Mutex<MapHistory>>,
 }
 
 /// How a [`MapWatch`] keeps in touch.
@@ -90,8 +90,8 @@ impl MapWatch {
             info!(node = n.id.0, epoch = map.epoch.0, "registered with the managers");
         }
         let map = Arc::new(map);
-        let history = Arc::new(std::sync::Mutex::new(MapHistory::default()));
-        history.lock().unwrap_or_else(|p| p.into_inner()).record(map.clone());
+        let history = Arc::new(parking_lot::Mutex::new(MapHistory::default()));
+        history.lock().record(map.clone());
         let (tx, rx) = watch::channel(map);
         let kick = Arc::new(Notify::new());
         let managers = Arc::new(cfg.managers.clone());
@@ -117,7 +117,7 @@ impl MapWatch {
     /// when any is missing (see [`MapHistory`]): a map newer than the last one
     /// adopted is published only after the maps between were recorded here.
     pub fn chain(&self, from: Epoch, to: Epoch) -> Option<Vec<Arc<ClusterMap>>> {
-        self.history.lock().unwrap_or_else(|p| p.into_inner()).chain(from, to)
+        self.history.lock().chain(from, to)
     }
 
     /// The newest map.
@@ -151,7 +151,7 @@ impl MapWatch {
     pub fn report_unreachable(&self, node: NodeId) {
         let now = Instant::now();
         {
-            let mut r = self.reported.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = self.reported.lock();
             if r.get(&node)
                 .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_millis(250))
             {
@@ -212,7 +212,7 @@ async fn follow(
     tx: watch::Sender<Arc<ClusterMap>>,
     kick: Arc<Notify>,
     on_touch: TouchFn,
-    history: Arc<std::sync::Mutex<MapHistory>>,
+    history: Arc<parking_lot::Mutex<MapHistory>>,
 ) {
     let mut last_ok = Instant::now();
     let mut told_ok = true;
@@ -289,7 +289,7 @@ async fn follow(
                     let map = Arc::new(map);
                     let mut prev = tx.borrow().clone();
                     {
-                        let mut h = history.lock().unwrap_or_else(|p| p.into_inner());
+                        let mut h = history.lock();
                         for m in between.into_iter().map(Arc::new).chain([map.clone()]) {
                             // Nodes back Up are connected to at once, not after the
                             // reconnect backoff built up while they were away.

@@ -26,12 +26,13 @@ use crate::namespace::{
 };
 use crate::pause::Pause;
 use crate::service::wire::*;
+use parking_lot::RwLock;
 use shingle_transport::hedge::{self, Attempt};
 use shingle_transport::{Health, PeerClient};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 use tracing::field::Empty;
 use tracing::{Instrument, Span, debug, info_span};
@@ -47,7 +48,7 @@ pub struct MetaClient {
     maps: MapWatch,
     view: Arc<RwLock<Arc<MapView>>>,
     rr: Arc<AtomicU64>,
-    inflight: Arc<std::sync::Mutex<std::collections::HashMap<NodeId, u32>>>,
+    inflight: Arc<parking_lot::Mutex<std::collections::HashMap<NodeId, u32>>>,
     health: Arc<Health>,
     timeout: Duration,
     rpc_timeout: Duration,
@@ -78,10 +79,10 @@ impl MetaClient {
     /// The map view in use (refreshed when the watch has a newer map).
     pub fn view(&self) -> Arc<MapView> {
         let cur = self.maps.current();
-        let v = self.view.read().unwrap_or_else(|p| p.into_inner()).clone();
+        let v = self.view.read().clone();
         if cur.epoch > v.map.epoch {
             let nv = Arc::new(MapView::new((*cur).clone()));
-            *self.view.write().unwrap_or_else(|p| p.into_inner()) = nv.clone();
+            *self.view.write() = nv.clone();
             return nv;
         }
         v
@@ -238,7 +239,7 @@ impl MetaClient {
         if members.len() > 1 {
             let start = self.rr.fetch_add(1, Ordering::Relaxed) as usize % members.len();
             members.rotate_left(start);
-            let load = self.inflight.lock().unwrap_or_else(|p| p.into_inner());
+            let load = self.inflight.lock();
             members.sort_by_key(|n| load.get(n).copied().unwrap_or(0));
         }
         members
@@ -818,20 +819,20 @@ fn cover(v: &MapView, todo: &[PartitionId], attempt: usize) -> BTreeMap<NodeId, 
 
 /// Counts one outstanding request at a node while alive.
 struct Busy<'a> {
-    map: &'a std::sync::Mutex<std::collections::HashMap<NodeId, u32>>,
+    map: &'a parking_lot::Mutex<std::collections::HashMap<NodeId, u32>>,
     node: NodeId,
 }
 
 impl<'a> Busy<'a> {
-    fn new(map: &'a std::sync::Mutex<std::collections::HashMap<NodeId, u32>>, node: NodeId) -> Self {
-        *map.lock().unwrap_or_else(|p| p.into_inner()).entry(node).or_default() += 1;
+    fn new(map: &'a parking_lot::Mutex<std::collections::HashMap<NodeId, u32>>, node: NodeId) -> Self {
+        *map.lock().entry(node).or_default() += 1;
         Busy { map, node }
     }
 }
 
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
-        if let Some(c) = self.map.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&self.node) {
+        if let Some(c) = self.map.lock().get_mut(&self.node) {
             *c = c.saturating_sub(1);
         }
     }

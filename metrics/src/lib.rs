@@ -14,6 +14,7 @@
 
 pub mod http;
 
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -21,8 +22,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 use std::sync::atomic::AtomicI64;
-use std::sync::{LazyLock, Mutex, RwLock};
 
 /// The label of RPC metrics: the message kind's name (`Lookup`, `WriteShard`, ...).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -419,13 +420,13 @@ pub fn get() -> &'static Metrics {
 
 /// Runs `hook` before every scrape (to copy state kept elsewhere into gauges).
 pub fn on_scrape(hook: impl Fn(&Metrics) + Send + Sync + 'static) {
-    HOOKS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(hook));
+    HOOKS.lock().push(Box::new(hook));
 }
 
 /// The exposition of every metric (OpenMetrics text), after running the scrape hooks.
 pub fn render() -> String {
     let g = &*GLOBAL;
-    for h in HOOKS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+    for h in HOOKS.lock().iter() {
         h(&g.metrics);
     }
     let mut out = String::new();
@@ -452,23 +453,19 @@ static KIND_NAMES: LazyLock<RwLock<HashMap<u16, &'static str>>> = LazyLock::new(
 
 /// Names message kind `kind` (the first name given wins).
 pub fn name_kind(kind: u16, name: &'static str) {
-    if KIND_NAMES.read().unwrap_or_else(|p| p.into_inner()).contains_key(&kind) {
+    if KIND_NAMES.read().contains_key(&kind) {
         return;
     }
-    KIND_NAMES
-        .write()
-        .unwrap_or_else(|p| p.into_inner())
-        .entry(kind)
-        .or_insert(name);
+    KIND_NAMES.write().entry(kind).or_insert(name);
 }
 
 /// The name of message kind `kind`: its RPC's name, else its number (`0x0201`),
 /// formatted once per kind.
 pub fn kind_name(kind: u16) -> &'static str {
-    if let Some(n) = KIND_NAMES.read().unwrap_or_else(|p| p.into_inner()).get(&kind) {
+    if let Some(n) = KIND_NAMES.read().get(&kind) {
         return n;
     }
-    let mut names = KIND_NAMES.write().unwrap_or_else(|p| p.into_inner());
+    let mut names = KIND_NAMES.write();
     // At most 65536 kinds, each named once: the leak is bounded.
     names
         .entry(kind)

@@ -11,6 +11,7 @@ use crate::buffer::Buffer;
 use crate::file::File;
 use crate::{os_error, same_process};
 use bytes::Bytes;
+use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use shingle_client::{Client, OpenFile};
@@ -20,7 +21,7 @@ use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, SetAttr};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a directory crossed on the way to a name is remembered.
@@ -129,14 +130,14 @@ impl Core {
         perm::check(&self.creds, dir, X)?;
         let key = (dir.ino, name.to_vec());
         if !last
-            && let Some((a, at)) = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+            && let Some((a, at)) = self.dirs.lock().get(&key)
             && at.elapsed() < DIR_TTL
         {
             return Ok(a.clone());
         }
         let a = self.client.lookup(dir.ino, name).await?;
         if a.kind == FileKind::Dir {
-            let mut dirs = self.dirs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut dirs = self.dirs.lock();
             if dirs.len() > 65_536 {
                 dirs.clear();
             }
@@ -148,22 +149,19 @@ impl Core {
     /// The root's attributes, remembered like any directory crossed.
     async fn root(&self) -> Result<Attr, Errno> {
         let key = (Ino::ROOT, Vec::new());
-        if let Some((a, at)) = self.dirs.lock().unwrap_or_else(|p| p.into_inner()).get(&key)
+        if let Some((a, at)) = self.dirs.lock().get(&key)
             && at.elapsed() < DIR_TTL
         {
             return Ok(a.clone());
         }
         let a = self.client.getattr(Ino::ROOT).await?;
-        self.dirs
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key, (a.clone(), Instant::now()));
+        self.dirs.lock().insert(key, (a.clone(), Instant::now()));
         Ok(a)
     }
 
     /// Forgets the directories crossed (after a change to a directory's name or mode).
     fn forget_dirs(&self) {
-        self.dirs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.dirs.lock().clear();
     }
 
     /// The attributes `path` names, following a symbolic link in its last name when
@@ -293,7 +291,7 @@ impl Core {
     }
 
     fn take_prefetched(&self, path: &[u8], now: &Attr) -> Option<Bytes> {
-        let mut p = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        let mut p = self.prefetched.lock();
         let Some((then, data)) = p.files.remove(path) else {
             if !p.files.is_empty() || !p.pending.is_empty() {
                 p.misses += 1;
@@ -317,7 +315,7 @@ impl Core {
     pub fn prefetch(self: &Arc<Self>, paths: Vec<Vec<u8>>) {
         for path in paths {
             {
-                let mut p = self.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+                let mut p = self.prefetched.lock();
                 if p.files.contains_key(&path) || !p.pending.insert(path.clone()) {
                     continue;
                 }
@@ -329,7 +327,7 @@ impl Core {
                     Ok(_permit) => core.fetch_whole(&path).await,
                     Err(_) => None,
                 };
-                let mut p = core.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+                let mut p = core.prefetched.lock();
                 p.pending.remove(&path);
                 if let Some((a, data)) = got {
                     p.bytes += data.len();
@@ -701,7 +699,7 @@ impl Session {
     /// The prefetch cache: (files held, bytes held, files on their way, hits, misses).
     fn prefetch_stats(&self) -> PyResult<(usize, usize, usize, u64, u64)> {
         let c = self.core()?;
-        let p = c.prefetched.lock().unwrap_or_else(|p| p.into_inner());
+        let p = c.prefetched.lock();
         Ok((p.files.len(), p.bytes, p.pending.len(), p.hits, p.misses))
     }
 

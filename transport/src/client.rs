@@ -16,10 +16,11 @@ use crate::rpc::{CallOptions, ReadOutcome, RemoteRead, RemoteReadRequest, RpcCha
 use crate::status::{Code, Status};
 use crate::wire::{self, Outgoing};
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::BufReader;
 use tokio::net::TcpStream;
@@ -99,14 +100,14 @@ impl Conn {
     }
 
     fn close(&self, reason: String) {
-        let mut r = self.close_reason.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.close_reason.lock();
         if r.is_none() {
             *r = Some(reason);
         }
         drop(r);
         self.closed.cancel();
         let drained: Vec<Pending> = {
-            let mut p = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut p = self.pending.lock();
             p.drain().map(|(_, v)| v).collect()
         };
         for p in drained {
@@ -115,12 +116,7 @@ impl Conn {
     }
 
     fn closed_error(&self) -> TransportError {
-        let reason = self
-            .close_reason
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-            .unwrap_or_else(|| "closed".into());
+        let reason = self.close_reason.lock().clone().unwrap_or_else(|| "closed".into());
         TransportError::ConnectionClosed {
             peer: self.peer,
             reason,
@@ -136,11 +132,7 @@ struct PendingGuard<'a> {
 
 impl Drop for PendingGuard<'_> {
     fn drop(&mut self) {
-        self.conn
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&self.id);
+        self.conn.pending.lock().remove(&self.id);
     }
 }
 
@@ -201,16 +193,9 @@ impl PeerClient {
     /// calls with `Shutdown`.
     pub fn close(&self) {
         self.inner.shutdown.cancel();
-        let peers: Vec<Arc<Peer>> = self
-            .inner
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect();
+        let peers: Vec<Arc<Peer>> = self.inner.peers.lock().values().cloned().collect();
         for p in peers {
-            for c in p.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten() {
+            for c in p.slots.lock().iter().flatten() {
                 c.close("client closed".into());
             }
         }
@@ -226,22 +211,10 @@ impl PeerClient {
     /// node for 10 s, and a create behind it 12 s. Calls in flight on those connections
     /// fail with `ConnectionClosed` and are retried by their callers.
     pub fn revive(&self, peer: SocketAddr) {
-        let p = self
-            .inner
-            .peers
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&peer)
-            .cloned();
+        let p = self.inner.peers.lock().get(&peer).cloned();
         if let Some(p) = p {
-            p.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
-            let old: Vec<Arc<Conn>> = p
-                .slots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .iter_mut()
-                .filter_map(Option::take)
-                .collect();
+            p.backoff.lock().on_success();
+            let old: Vec<Arc<Conn>> = p.slots.lock().iter_mut().filter_map(Option::take).collect();
             for c in old {
                 c.close("the peer came back; connections from before it left are dropped".into());
             }
@@ -250,15 +223,15 @@ impl PeerClient {
 
     /// Drops pooled connections to `peer` (for example after it was declared dead).
     pub fn forget(&self, peer: SocketAddr) {
-        if let Some(p) = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner()).remove(&peer) {
-            for c in p.slots.lock().unwrap_or_else(|p| p.into_inner()).iter().flatten() {
+        if let Some(p) = self.inner.peers.lock().remove(&peer) {
+            for c in p.slots.lock().iter().flatten() {
                 c.close("peer forgotten".into());
             }
         }
     }
 
     fn peer(&self, addr: SocketAddr) -> Arc<Peer> {
-        let mut peers = self.inner.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut peers = self.inner.peers.lock();
         peers
             .entry(addr)
             .or_insert_with(|| {
@@ -316,16 +289,12 @@ impl PeerClient {
     async fn open_slot(&self, peer: &Peer, idx: usize) -> Result<Arc<Conn>, TransportError> {
         match self.connect(peer.addr).await {
             Ok(c) => {
-                peer.backoff.lock().unwrap_or_else(|p| p.into_inner()).on_success();
-                peer.slots.lock().unwrap_or_else(|p| p.into_inner())[idx] = Some(c.clone());
+                peer.backoff.lock().on_success();
+                peer.slots.lock()[idx] = Some(c.clone());
                 Ok(c)
             }
             Err(e) => {
-                let delay = peer
-                    .backoff
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .on_failure(Instant::now(), e.to_string());
+                let delay = peer.backoff.lock().on_failure(Instant::now(), e.to_string());
                 debug!(peer = %peer.addr, retry_in = ?delay, error = %e, "connect failed");
                 Err(e)
             }
@@ -433,14 +402,11 @@ impl PeerClient {
                 Err(source) => return fail(TransportError::Frame { peer, source }, sink),
             };
             let (tx, rx) = oneshot::channel();
-            conn.pending
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(id, Pending { tx, sink });
+            conn.pending.lock().insert(id, Pending { tx, sink });
             let _guard = PendingGuard { conn: &conn, id };
             if !conn.is_open() || conn.out.send(out).await.is_err() {
                 // The reader's close() fails every pending entry, ours included.
-                let taken = conn.pending.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                let taken = conn.pending.lock().remove(&id);
                 return fail(conn.closed_error(), taken.and_then(|p| p.sink));
             }
             match rx.await {
@@ -478,7 +444,7 @@ impl Peer {
     /// The live connection with the fewest requests in flight (and that number), and
     /// the first slot without a live connection.
     fn pick(&self) -> (Option<(Arc<Conn>, usize)>, Option<usize>) {
-        let slots = self.slots.lock().unwrap_or_else(|p| p.into_inner());
+        let slots = self.slots.lock();
         let mut best: Option<(&Arc<Conn>, usize)> = None;
         let mut free = None;
         for (i, slot) in slots.iter().enumerate() {
@@ -497,7 +463,7 @@ impl Peer {
     }
 
     fn check_backoff(&self) -> Result<(), TransportError> {
-        let b = self.backoff.lock().unwrap_or_else(|p| p.into_inner());
+        let b = self.backoff.lock();
         b.check(Instant::now())
             .map_err(|(retry_in, last)| TransportError::PeerUnavailable {
                 peer: self.addr,
@@ -528,11 +494,7 @@ async fn reader_loop(conn: &Conn, rd: tokio::net::tcp::OwnedReadHalf, max_frame:
             return "protocol violation: request from server".into();
         }
         let len = header.payload_len as usize;
-        let pending = conn
-            .pending
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&header.request_id);
+        let pending = conn.pending.lock().remove(&header.request_id);
         let Some(pending) = pending else {
             // The caller gave up (timeout or cancellation); drain the late reply.
             if let Err(e) = wire::discard(&mut rd, len).await {

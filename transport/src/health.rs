@@ -17,9 +17,10 @@
 //! Pure state machines: every method takes `now`, nothing reads a clock or a socket.
 //! [`Health`] is the thread-safe map of peers the client library shares.
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Samples kept per window.
@@ -254,7 +255,7 @@ impl Health {
     }
 
     fn with<T>(&self, peer: SocketAddr, f: impl FnOnce(&mut PeerHealth) -> T) -> T {
-        let mut g = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut g = self.peers.lock();
         f(g.entry(peer).or_insert_with(|| PeerHealth::new(self.cfg)))
     }
 
@@ -273,7 +274,6 @@ impl Health {
     pub fn suspected(&self, peer: SocketAddr) -> bool {
         self.peers
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(&peer)
             .is_some_and(|p| p.suspected(Instant::now()))
     }
@@ -282,7 +282,6 @@ impl Health {
     pub fn hedge_delay(&self, peer: SocketAddr) -> Duration {
         self.peers
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .get(&peer)
             .map_or(self.cfg.default_hedge, PeerHealth::hedge_delay)
     }
@@ -290,7 +289,7 @@ impl Health {
     /// Suspected peers among `peers`.
     pub fn suspects(&self, peers: &[SocketAddr]) -> Vec<bool> {
         let now = Instant::now();
-        let g = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let g = self.peers.lock();
         peers
             .iter()
             .map(|a| g.get(a).is_some_and(|p| p.suspected(now)))

@@ -8,8 +8,8 @@
 //! out-of-bounds ranges are typed errors, never a panic and never someone else's bytes.
 
 use bytes::Bytes;
+use parking_lot::RwLock;
 use std::path::Path;
-use std::sync::RwLock;
 
 /// Names a registered region and bounds what can be read through it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -78,7 +78,7 @@ impl RegionTable {
 
     /// Registers memory and returns the key that reads it.
     pub fn register(&self, data: Bytes) -> RegionKey {
-        let mut t = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.slots.write();
         let len = data.len() as u64;
         let region = match t.free.pop() {
             Some(idx) => idx,
@@ -111,7 +111,7 @@ impl RegionTable {
     /// Revokes a region: every key issued for it turns stale. Returns false when the
     /// key was already stale or unknown.
     pub fn revoke(&self, key: RegionKey) -> bool {
-        let mut t = self.slots.write().unwrap_or_else(|p| p.into_inner());
+        let mut t = self.slots.write();
         let Some(slot) = t.slots.get_mut(key.region as usize) else {
             return false;
         };
@@ -122,7 +122,7 @@ impl RegionTable {
         slot.data = None;
         t.free.push(key.region);
         drop(t);
-        for hook in self.revoke_hooks.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for hook in self.revoke_hooks.read().iter() {
             hook(key);
         }
         true
@@ -130,13 +130,13 @@ impl RegionTable {
 
     /// Calls `hook` with every key revoked from now on.
     pub fn on_revoke(&self, hook: RevokeHook) {
-        self.revoke_hooks.write().unwrap_or_else(|p| p.into_inner()).push(hook);
+        self.revoke_hooks.write().push(hook);
     }
 
     /// The whole region a valid key names (at most `key.len` bytes).
     pub fn whole(&self, key: RegionKey) -> Result<Bytes, AccessError> {
         let len = {
-            let t = self.slots.read().unwrap_or_else(|p| p.into_inner());
+            let t = self.slots.read();
             match t.slots.get(key.region as usize) {
                 Some(Slot {
                     data: Some(d),
@@ -156,7 +156,7 @@ impl RegionTable {
 
     /// Number of regions registered now.
     pub fn len(&self) -> usize {
-        let t = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        let t = self.slots.read();
         t.slots.len() - t.free.len()
     }
 
@@ -167,7 +167,7 @@ impl RegionTable {
 
     /// Checks a read as the NIC would and returns the bytes it may see.
     pub fn access(&self, key: RegionKey, offset: u64, len: u64) -> Result<Bytes, AccessError> {
-        let t = self.slots.read().unwrap_or_else(|p| p.into_inner());
+        let t = self.slots.read();
         let slot = t
             .slots
             .get(key.region as usize)

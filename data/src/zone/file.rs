@@ -13,10 +13,10 @@
 //! away), so it is never past what was written and never before what was synced.
 
 use super::{Geometry, ZoneError, ZoneId, ZoneInfo, ZoneResult, ZoneState, ZonedDevice, check_read, check_write};
+use parking_lot::Mutex;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 struct Zone {
     file: File,
@@ -153,10 +153,10 @@ impl FileZonedDevice {
         &self.dir
     }
 
-    fn zone(&self, id: ZoneId) -> ZoneResult<std::sync::MutexGuard<'_, Zone>> {
+    fn zone(&self, id: ZoneId) -> ZoneResult<parking_lot::MutexGuard<'_, Zone>> {
         self.zones
             .get(id.0 as usize)
-            .map(|m| m.lock().unwrap_or_else(|p| p.into_inner()))
+            .map(|m| m.lock())
             .ok_or(ZoneError::NoSuchZone(id))
     }
 
@@ -173,7 +173,7 @@ impl FileZonedDevice {
         let was_open = z.state == ZoneState::Open;
         let will_open = to == ZoneState::Open;
         if was_open != will_open {
-            let mut n = self.open_count.lock().unwrap_or_else(|p| p.into_inner());
+            let mut n = self.open_count.lock();
             if will_open {
                 let max = self.geometry.max_open_zones;
                 if max != 0 && *n >= max {

@@ -74,6 +74,7 @@ use network::Network;
 use openraft::error::{ClientWriteError, Fatal, InitializeError, RaftError};
 use openraft::raft::InstallSnapshotRequest;
 use openraft::{Config, Raft, ServerState, SnapshotPolicy};
+use parking_lot::{Mutex, RwLock};
 use rpc::{GetMapRequest, GetMapResponse, ProposeRequest, ProposeResponse, app_code, kinds};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -81,7 +82,7 @@ use shingle_transport::{CallContext, CallOptions, Code, PeerClient, Router, RpcC
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use store::{LogStore, SmState, StateMachine};
 use tokio::sync::watch;
@@ -360,13 +361,12 @@ impl ManagerSlot {
     fn get(&self) -> Result<Arc<Inner>, Status> {
         self.inner
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .clone()
             .ok_or_else(|| Status::new(Code::ShuttingDown, "manager not running"))
     }
 
     fn attach(&self, inner: Arc<Inner>) -> Result<(), ManagerError> {
-        let mut s = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.inner.write();
         if s.is_some() {
             return Err(ManagerError::SlotTaken);
         }
@@ -375,14 +375,14 @@ impl ManagerSlot {
     }
 
     fn detach(&self, inner: &Arc<Inner>) {
-        let mut s = self.inner.write().unwrap_or_else(|p| p.into_inner());
+        let mut s = self.inner.write();
         if s.as_ref().is_some_and(|cur| Arc::ptr_eq(cur, inner)) {
             *s = None;
         }
     }
 
     fn is_taken(&self) -> bool {
-        self.inner.read().unwrap_or_else(|p| p.into_inner()).is_some()
+        self.inner.read().is_some()
     }
 
     /// The manager's handlers (Raft RPCs, `GetMap`, `Propose`), to merge into the node's
@@ -396,7 +396,7 @@ impl ManagerSlot {
                 let req = decode_request(&payload)?;
                 let r = m.raft.append_entries(req).await;
                 if r.is_ok() {
-                    *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                    *m.leader_heard.lock() = Instant::now();
                 }
                 encode_reply(&r)
             }
@@ -449,11 +449,7 @@ impl ManagerSlot {
                 // The maps between the caller's and this one, when every one is held.
                 let history_json = match req.history_from {
                     Some(from) if from < map.epoch.0 && map.epoch.0 - from <= rpc::MAX_HISTORY => {
-                        let chain = m
-                            .history
-                            .lock()
-                            .unwrap_or_else(|p| p.into_inner())
-                            .chain(Epoch(from), Epoch(map.epoch.0 - 1));
+                        let chain = m.history.lock().chain(Epoch(from), Epoch(map.epoch.0 - 1));
                         match chain {
                             Some(maps) => maps.iter().map(|m| encode(m)).collect::<Result<Vec<_>, _>>()?,
                             None => Vec::new(),
@@ -627,7 +623,7 @@ impl Inner {
     /// Records a sign of life of node `id` (a heartbeat, a registration).
     fn saw(&self, id: u64) {
         let now = Instant::now();
-        let mut seen = self.last_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = self.last_seen.lock();
         let e = seen.entry(id).or_insert_with(|| Seen {
             last: now,
             intervals: shingle_transport::health::PhiAccrual::new(Duration::from_millis(100)),
@@ -997,7 +993,7 @@ impl Manager {
         if let Err(e) = self.inner.raft.shutdown().await {
             warn!(error = %e, "manager raft task ended abnormally");
         }
-        let db = self.inner.db.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let db = self.inner.db.lock().take();
         if let Some(db) = db {
             let started = Instant::now();
             while Arc::strong_count(&db) > 1 && started.elapsed() < RELEASE_WAIT {
@@ -1069,8 +1065,8 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
         }
         let mut changes = Vec::new();
         {
-            let seen = m.last_seen.lock().unwrap_or_else(|p| p.into_inner());
-            let mut refused = m.refused.lock().unwrap_or_else(|p| p.into_inner());
+            let seen = m.last_seen.lock();
+            let mut refused = m.refused.lock();
             refused.retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(10));
             for n in map.nodes.values() {
                 let s = seen.get(&n.id.0);
@@ -1150,7 +1146,7 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
         let (Some(leader), Some(addr), ServerState::Follower) = (leader, addr, state) else {
             continue;
         };
-        let heard = *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner());
+        let heard = *m.leader_heard.lock();
         if heard.elapsed() < m.heartbeat * 2 {
             continue;
         }
@@ -1165,7 +1161,7 @@ async fn elect_when_leader_gone(inner: std::sync::Weak<Inner>) {
         let Some(m) = inner.upgrade() else { return };
         // Nobody else began campaigning meanwhile (a vote asked of this member raised
         // its term): a second candidate would only split the vote.
-        let still = *m.leader_heard.lock().unwrap_or_else(|p| p.into_inner()) == heard
+        let still = *m.leader_heard.lock() == heard
             && m.raft.metrics().borrow().current_leader == Some(leader)
             && m.raft.metrics().borrow().current_term == term;
         if still {
@@ -1216,7 +1212,7 @@ async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
     };
     {
         let now = Instant::now();
-        let mut probed = m.probed.lock().unwrap_or_else(|p| p.into_inner());
+        let mut probed = m.probed.lock();
         if probed
             .get(&id.0)
             .is_some_and(|t| now.saturating_duration_since(*t) < Duration::from_millis(250))
@@ -1251,10 +1247,7 @@ async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
     if !still_up || m.raft.metrics().borrow().state != ServerState::Leader {
         return;
     }
-    m.refused
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(id.0, Instant::now());
+    m.refused.lock().insert(id.0, Instant::now());
     info!(node = id.0, %addr, reporter = %by, state = ?NodeState::Down, "node liveness changed: connection refused");
     if let Err(e) = m
         .propose(MapCommand::SetState {

@@ -407,7 +407,7 @@ pub(crate) struct StateMachine {
     map_tx: watch::Sender<ClusterMap>,
     /// Every map applied here, epoch by epoch (the recent ones), for nodes that
     /// learn of several changes at once. In memory: after a restart it starts again.
-    history: Arc<std::sync::Mutex<MapHistory>>,
+    history: Arc<parking_lot::Mutex<MapHistory>>,
 }
 
 impl StateMachine {
@@ -417,7 +417,7 @@ impl StateMachine {
         db: Arc<Database>,
         state: SmState,
         map_tx: watch::Sender<ClusterMap>,
-        history: Arc<std::sync::Mutex<MapHistory>>,
+        history: Arc<parking_lot::Mutex<MapHistory>>,
     ) -> Self {
         let sm = StateMachine {
             db,
@@ -430,10 +430,7 @@ impl StateMachine {
     }
 
     fn record(&self) {
-        self.history
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .record(Arc::new(self.state.map.clone()));
+        self.history.lock().record(Arc::new(self.state.map.clone()));
     }
 
     fn publish(&self) {

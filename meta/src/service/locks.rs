@@ -8,8 +8,8 @@
 //! its operation (the lock's anchor) has a new primary that redid what it left
 //! (`MetaNode::sweep_intents`, decision 0009).
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -67,7 +67,7 @@ impl LockTable {
 
     fn try_lock(&self, keys: &[u64], owner: u64, anchor: u32, lease: Duration) -> bool {
         let now = Instant::now();
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         // Expired leases go, so the table holds only live locks.
         held.retain(|_, h| h.until > now);
         let free = keys
@@ -91,7 +91,7 @@ impl LockTable {
 
     /// Releases the keys `owner` holds.
     pub fn release(&self, keys: &[u64], owner: u64) {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         for k in keys {
             if held.get(k).is_some_and(|h| h.owner == owner) {
                 held.remove(k);
@@ -105,7 +105,7 @@ impl LockTable {
     /// the partitions whose new primaries must have redone what those coordinators
     /// left before their keys may go.
     pub fn anchors_of(&self, dead: impl Fn(u64, Instant) -> bool) -> Vec<u32> {
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.held.lock();
         let mut a: Vec<u32> = held
             .values()
             .filter(|h| dead(owner_node(h.owner), h.taken))
@@ -121,7 +121,7 @@ impl LockTable {
     /// not wait out their lease. `taken at` tells the locks of a node's earlier life
     /// (taken before it was seen down) from those it takes after it came back.
     pub fn release_coordinators(&self, dead: impl Fn(u64, Instant, u32) -> bool) -> usize {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         let before = held.len();
         held.retain(|_, h| !dead(owner_node(h.owner), h.taken, h.anchor));
         let n = before - held.len();
@@ -137,7 +137,7 @@ impl LockTable {
     /// hosts them again later starts without them: their owners' releases could not
     /// reach it while it was away, and would otherwise hold the keys for a lease.
     pub fn forget_keys(&self, moved: impl Fn(u64) -> bool) -> usize {
-        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.held.lock();
         let before = held.len();
         held.retain(|k, _| !moved(*k));
         let n = before - held.len();
@@ -150,7 +150,7 @@ impl LockTable {
 
     /// Forgets every lock (this node stopped being the host).
     pub fn clear(&self) {
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.held.lock().clear();
         self.freed.notify_waiters();
     }
 }

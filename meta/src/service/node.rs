@@ -38,12 +38,13 @@ use crate::namespace::types::now_ns;
 use crate::namespace::{DirEntry, Errno, Intent, Namespace, Need, Plan};
 use crate::pause::Pause;
 use bytes::Bytes;
+use parking_lot::{Mutex, RwLock};
 use shingle_transport::{CallContext, Code, PeerClient, Router, Status};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::field::Empty;
@@ -111,12 +112,12 @@ impl Slot {
         })
     }
 
-    fn read(&self) -> std::sync::RwLockReadGuard<'_, Replica> {
-        self.state.read().unwrap_or_else(|p| p.into_inner())
+    fn read(&self) -> parking_lot::RwLockReadGuard<'_, Replica> {
+        self.state.read()
     }
 
-    fn write_state(&self) -> std::sync::RwLockWriteGuard<'_, Replica> {
-        self.state.write().unwrap_or_else(|p| p.into_inner())
+    fn write_state(&self) -> parking_lot::RwLockWriteGuard<'_, Replica> {
+        self.state.write()
     }
 }
 
@@ -271,7 +272,7 @@ impl MetaNode {
     pub fn set_in_touch(&self, ok: bool) {
         if !ok && self.inner.in_touch.swap(false, Ordering::Relaxed) {
             warn!("lost touch with the managers; metadata copies stop serving until they catch up");
-            for s in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).values() {
+            for s in self.inner.slots.read().values() {
                 s.write_state().serving = false;
             }
             // Its partitions may get other primaries, who host their locks from an empty
@@ -355,7 +356,6 @@ impl MetaNode {
         self.inner
             .slots
             .read()
-            .unwrap_or_else(|p| p.into_inner())
             .iter()
             .filter(|(p, _)| v.primary(**p) == Some(me))
             .map(|(p, s)| (*p, s.clone()))
@@ -364,12 +364,12 @@ impl MetaNode {
 
     /// Publishes the repair scan's progress (reported by `Stats`).
     pub fn set_repair_stats(&self, r: RepairStats) {
-        *self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()) = r;
+        *self.inner.repair.lock() = r;
     }
 
     /// The repair scan's progress, as last reported.
     pub fn repair_stats(&self) -> RepairStats {
-        self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner.repair.lock().clone()
     }
 
     /// Gives the node its map agent (see [`Inner::watch`]); the first one given stays.
@@ -392,7 +392,7 @@ impl MetaNode {
     }
 
     fn view(&self) -> Arc<MapView> {
-        self.inner.view.read().unwrap_or_else(|p| p.into_inner()).clone()
+        self.inner.view.read().clone()
     }
 
     fn me(&self) -> NodeId {
@@ -400,16 +400,11 @@ impl MetaNode {
     }
 
     fn slot(&self, p: PartitionId) -> Option<Arc<Slot>> {
-        self.inner
-            .slots
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&p)
-            .cloned()
+        self.inner.slots.read().get(&p).cloned()
     }
 
     fn slot_or_create(&self, p: PartitionId, partitions: u32) -> Arc<Slot> {
-        let mut slots = self.inner.slots.write().unwrap_or_else(|p| p.into_inner());
+        let mut slots = self.inner.slots.write();
         slots
             .entry(p)
             .or_insert_with(|| Slot::new(Replica::initial(p, partitions, now_ns())))
@@ -523,7 +518,7 @@ impl MetaNode {
     fn adopt(&self, map: Arc<ClusterMap>) {
         // The view stays locked while copies stop serving, so a copy that becomes serving
         // (`serve_in`) either sees the new view or is seen by this loop.
-        let mut view = self.inner.view.write().unwrap_or_else(|p| p.into_inner());
+        let mut view = self.inner.view.write();
         let from = view.map.epoch;
         let steps = match self.inner.watch.get() {
             Some(w) if map.epoch.0 > from.0 + 1 && from.0 != 0 => w
@@ -554,7 +549,7 @@ impl MetaNode {
         if !consecutive && old.map.epoch.0 != 0 {
             shingle_metrics::get().meta_map_epochs_skipped.inc();
         }
-        for (p, s) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (p, s) in self.inner.slots.read().iter() {
             let was = old.members(*p).contains(&me);
             let is = new.members(*p).contains(&me);
             let promoted = new.primary(*p) == Some(me) && old.primary(*p) != Some(me);
@@ -650,7 +645,7 @@ impl MetaNode {
     /// primary may already have superseded (found by the simulator: seed 2321 of
     /// `meta/tests/sim.rs`).
     fn serve_in(&self, slot: &Slot, epoch: Epoch) -> bool {
-        let view = self.inner.view.read().unwrap_or_else(|p| p.into_inner());
+        let view = self.inner.view.read();
         let ok = view.map.epoch == epoch && self.inner.in_touch.load(Ordering::Relaxed);
         if ok {
             slot.write_state().serving = true;
@@ -895,7 +890,7 @@ impl MetaNode {
         if ids.is_empty() {
             return;
         }
-        let mut q = self.inner.forgets.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = self.inner.forgets.lock();
         let e = q.entry(p).or_default();
         e.extend(ids);
         e.sort_unstable();
@@ -903,12 +898,7 @@ impl MetaNode {
     }
 
     fn take_forgets(&self, p: PartitionId) -> Vec<u64> {
-        self.inner
-            .forgets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&p)
-            .unwrap_or_default()
+        self.inner.forgets.lock().remove(&p).unwrap_or_default()
     }
 
     /// Flushes queued forgets of partitions that had no batch to ride on.
@@ -918,14 +908,7 @@ impl MetaNode {
             if self.inner.stopped.load(Ordering::Relaxed) {
                 return;
             }
-            let parts: Vec<PartitionId> = self
-                .inner
-                .forgets
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .keys()
-                .copied()
-                .collect();
+            let parts: Vec<PartitionId> = self.inner.forgets.lock().keys().copied().collect();
             for p in parts {
                 let ids = self.take_forgets(p);
                 if ids.is_empty() {
@@ -1070,7 +1053,7 @@ impl MetaNode {
             // Monotonic: a wall clock that jumps must not make live assemblies stale.
             static BOOT: std::sync::LazyLock<Instant> = std::sync::LazyLock::new(Instant::now);
             let now = u64::try_from(BOOT.elapsed().as_nanos()).unwrap_or(u64::MAX);
-            let mut staging = self.inner.staging.lock().unwrap_or_else(|p| p.into_inner());
+            let mut staging = self.inner.staging.lock();
             staging
                 .take(p.0, req.copy, req.offset, &req.data, now)
                 .map_err(|e| match e {
@@ -1153,7 +1136,7 @@ impl MetaNode {
         self.check_epoch(req.epoch).await?;
         let (copy, bytes) = {
             let st = slot.read();
-            let mut snaps = self.inner.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+            let mut snaps = self.inner.snapshots.lock();
             match snaps.get(&req.partition) {
                 Some((c, b))
                     if (c.state_epoch, c.lsn, c.counter_hwm)
@@ -1174,11 +1157,7 @@ impl MetaNode {
         }
         let data = super::copy::piece(&bytes, req.offset, self.inner.cfg.copy_piece).to_vec();
         if req.offset + data.len() as u64 >= copy.total {
-            self.inner
-                .snapshots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&req.partition);
+            self.inner.snapshots.lock().remove(&req.partition);
         }
         Ok(PulledPiece {
             copy,
@@ -1391,10 +1370,10 @@ impl MetaNode {
         let me = self.me();
         let mut s = NodeStats {
             epoch: v.map.epoch,
-            repair: self.inner.repair.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            repair: self.inner.repair.lock().clone(),
             ..NodeStats::default()
         };
-        for (p, slot) in self.inner.slots.read().unwrap_or_else(|p| p.into_inner()).iter() {
+        for (p, slot) in self.inner.slots.read().iter() {
             let st = slot.read();
             s.partitions += 1;
             if st.serving {
@@ -1415,18 +1394,11 @@ impl MetaNode {
             return self.on_op_once(req).await;
         }
         let id = req.id;
-        let cell = self
-            .inner
-            .running
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .entry(id)
-            .or_default()
-            .clone();
+        let cell = self.inner.running.lock().entry(id).or_default().clone();
         // One attempt runs; one arriving meanwhile gets its answer. If the running one
         // is dropped (its caller went away), a waiting one runs instead.
         let r = cell.get_or_init(|| self.on_op_once(req)).await.clone();
-        let mut running = self.inner.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running = self.inner.running.lock();
         if running.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
             running.remove(&id);
         }
@@ -1764,7 +1736,7 @@ impl MetaNode {
             .map(|i| i.0)
             .ok_or_else(|| errno_status(Errno::ENOSPC))?;
         let reign = self.lead_reign(coord).ok_or_else(|| errno_status(Errno::EAGAIN))?;
-        self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).insert(id);
+        self.inner.inflight.lock().insert(id);
         let intent = Intent { id, steps };
         match self.apply_intent(coord, &intent, true, reign).await {
             Ok(others) => {
@@ -1779,20 +1751,12 @@ impl MetaNode {
                     if let Err(e) = node.finish_intent(coord, id, others, reign).await {
                         debug!(intent = id, error = %e, "finishing an intent failed; the sweep will");
                     }
-                    node.inner
-                        .inflight
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .remove(&id);
+                    node.inner.inflight.lock().remove(&id);
                 });
                 Ok(())
             }
             Err(e) => {
-                self.inner
-                    .inflight
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .remove(&id);
+                self.inner.inflight.lock().remove(&id);
                 Err(e)
             }
         }
@@ -1851,7 +1815,7 @@ impl MetaNode {
         let Ok(slot) = self.primary_slot(p) else {
             return false;
         };
-        let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner());
+        let inflight = self.inner.inflight.lock();
         let st = slot.read();
         st.serving && st.part.intents.keys().all(|id| inflight.contains(id))
     }
@@ -1959,7 +1923,7 @@ impl MetaNode {
                     st.part.intents.values().map(|i| (p, i.clone())).collect()
                 })
                 .collect();
-            let inflight = self.inner.inflight.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let inflight = self.inner.inflight.lock().clone();
             for (p, intent) in pending {
                 if inflight.contains(&intent.id) {
                     continue;

@@ -29,6 +29,7 @@
 use crate::cli::cluster_health;
 use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Context, Result, bail};
+use parking_lot::Mutex;
 use shingle_client::{Client, ClientConfig};
 use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, PartitionId};
@@ -36,8 +37,8 @@ use shingle_meta::manager::rpc::{Heartbeat, HeartbeatRequest};
 use shingle_meta::namespace::{Creds, Errno, FileKind};
 use shingle_transport::{CallOptions, RpcChannel};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Arguments.
@@ -132,12 +133,7 @@ pub async fn iso_writer(a: IsoWriterArgs) -> Result<()> {
         let seed = 2_000_000 + i;
         match write_file(&client, dir, &name, seed, a.len).await {
             Ok(()) => {
-                let ino = ACKED_INO
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&name)
-                    .copied()
-                    .unwrap_or(0);
+                let ino = ACKED_INO.lock().get(&name).copied().unwrap_or(0);
                 writeln!(out, "{start} {} {name} {seed} {} {ino}", wall_ms(), a.len)?;
                 out.flush()?;
             }
@@ -200,7 +196,7 @@ struct Log {
 }
 
 fn push(v: &Mutex<Vec<Sample>>, s: Sample) {
-    v.lock().unwrap_or_else(|p| p.into_inner()).push(s);
+    v.lock().push(s);
 }
 
 /// Where the writer is (for reporting a hang).
@@ -231,10 +227,7 @@ async fn write_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize
         .mknod(&root, dir, name.as_bytes(), FileKind::File, 0o644, 0, None)
         .await?;
     WRITER_INO.store(a.ino.0, Ordering::Relaxed);
-    ACKED_INO
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .insert(name.to_string(), a.ino.0);
+    ACKED_INO.lock().insert(name.to_string(), a.ino.0);
     stage(2);
     let f = client.open(&root, a.ino).await?;
     let data = content(seed, len);
@@ -360,12 +353,7 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
     let a = match meta.lookup(dir, name.as_bytes()).await {
         Ok(a) => a,
         Err(e) => {
-            let ino = Ino(ACKED_INO
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(name)
-                .copied()
-                .unwrap_or(0));
+            let ino = Ino(ACKED_INO.lock().get(name).copied().unwrap_or(0));
             return format!("lookup failed ({e}); {}", where_is(meta, dir, name, ino).await);
         }
     };
@@ -471,12 +459,7 @@ fn stall_problems(phases: &[Phase], read_ms: Option<f64>, write_ms: Option<f64>)
 
 fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
     let pick = |v: &Mutex<Vec<Sample>>| -> Vec<Sample> {
-        v.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .iter()
-            .filter(|s| s.at >= from && s.at < to)
-            .copied()
-            .collect()
+        v.lock().iter().filter(|s| s.at >= from && s.at < to).copied().collect()
     };
     let (r, l, w) = (pick(&log.reads), pick(&log.lookups), pick(&log.writes));
     let mut ms: Vec<f64> = r.iter().map(|s| s.ms).collect();
@@ -642,10 +625,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 let r = read_file(&c, pre, &format!("f{i:04}"), i as u64, len).await;
                 let ms = s.elapsed().as_secs_f64() * 1e3;
                 if let Err(e) = &r {
-                    log.errors
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(format!("{at:.1}s read: {e}"));
+                    log.errors.lock().push(format!("{at:.1}s read: {e}"));
                 }
                 push(
                     &log.reads,
@@ -669,10 +649,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 let at = t0.elapsed().as_secs_f64();
                 let r = m.lookup(pre, format!("f{i:04}").as_bytes()).await;
                 if let Err(e) = &r {
-                    log.errors
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push(format!("{at:.1}s lookup: {e}"));
+                    log.errors.lock().push(format!("{at:.1}s lookup: {e}"));
                 }
                 let ms = s.elapsed().as_secs_f64() * 1e3;
                 push(
@@ -702,20 +679,15 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
                 let r = write_file(&c, wdir, &name, seed, wlen).await;
                 let ms = s.elapsed().as_secs_f64() * 1e3;
                 match &r {
-                    Ok(()) => log
-                        .acked
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((name, seed, wlen)),
+                    Ok(()) => log.acked.lock().push((name, seed, wlen)),
                     Err(e) if WRITER_STAGE.load(Ordering::Relaxed) == 2 => {
                         let ino = Ino(WRITER_INO.load(Ordering::Relaxed));
                         let who = who_has(c.meta(), ino).await;
                         log.errors
                             .lock()
-                            .unwrap_or_else(|p| p.into_inner())
                             .push(format!("{at:.1}s write {name}: {e} in open of {ino}; {who}"));
                     }
-                    Err(e) => log.errors.lock().unwrap_or_else(|p| p.into_inner()).push(format!(
+                    Err(e) => log.errors.lock().push(format!(
                         "{at:.1}s write {name}: {e} (in {})",
                         STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
                     )),
@@ -840,7 +812,6 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let before: Vec<f64> = log
         .reads
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter(|s| s.at < killed_at)
         .map(|s| s.ms)
@@ -848,7 +819,6 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let after: Vec<f64> = log
         .reads
         .lock()
-        .unwrap_or_else(|p| p.into_inner())
         .iter()
         .filter(|s| s.at >= killed_at && s.at < marks[3])
         .map(|s| s.ms)
@@ -941,7 +911,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     }
 
     // Read everything back.
-    let acked = log.acked.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let acked = log.acked.lock().clone();
     let mut bad = Vec::new();
     for i in 0..a.files {
         if let Err(e) = read_file(&client, pre, &format!("f{i:04}"), i as u64, len).await {
@@ -1080,7 +1050,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     for b in &bad {
         println!("  bad: {b}");
     }
-    let errors = log.errors.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let errors = log.errors.lock().clone();
     for e in &errors {
         println!("  error: {e}");
     }

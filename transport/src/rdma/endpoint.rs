@@ -9,6 +9,7 @@
 use super::{Device, RdmaError};
 use crate::fragment::{FRAGMENT_HEADER, Piece, Reassembler};
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue, WorkCompletionStatus};
 use sideway::ibverbs::memory_region::MemoryRegion;
@@ -19,7 +20,7 @@ use sideway::ibverbs::queue_pair::{
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{Semaphore, oneshot};
@@ -110,7 +111,7 @@ pub(super) struct Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        if let Some(t) = self.task.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(t) = self.task.lock().take() {
             t.abort();
         }
     }
@@ -161,7 +162,7 @@ impl Endpoint {
         let fd = unsafe { AsyncFd::register(ChannelFd(channel)) }
             .map_err(|e| RdmaError::Setup(format!("completion channel: {e}")))?;
         let task = tokio::spawn(completions(Arc::downgrade(&ep), fd));
-        *ep.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task.abort_handle());
+        *ep.task.lock() = Some(task.abort_handle());
         Ok(ep)
     }
 
@@ -174,7 +175,6 @@ impl Endpoint {
     pub(super) fn why(&self) -> RdmaError {
         self.why
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
             .clone()
             .unwrap_or_else(|| RdmaError::Post("queue pair closed".into()))
     }
@@ -185,8 +185,8 @@ impl Endpoint {
             return;
         }
         debug!(error = %e, "RDMA queue pair failed");
-        *self.why.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
-        let reads: Vec<_> = self.reads.lock().unwrap_or_else(|p| p.into_inner()).drain().collect();
+        *self.why.lock() = Some(e.clone());
+        let reads: Vec<_> = self.reads.lock().drain().collect();
         for (_, tx) in reads {
             let _ = tx.send(Err(e.clone()));
         }
@@ -197,7 +197,7 @@ impl Endpoint {
     pub(super) fn close(&self) {
         let mut attr = QueuePairAttribute::new();
         attr.setup_state(QueuePairState::Error);
-        let _ = self.qp.lock().unwrap_or_else(|p| p.into_inner()).modify(&attr);
+        let _ = self.qp.lock().modify(&attr);
         self.fail(RdmaError::Post("queue pair closed".into()));
     }
 
@@ -208,7 +208,7 @@ impl Endpoint {
 
     /// How long since the last successful completion.
     pub(super) fn idle_for(&self) -> Duration {
-        self.last_ok.lock().unwrap_or_else(|p| p.into_inner()).elapsed()
+        self.last_ok.lock().elapsed()
     }
 
     /// One RDMA READ of `n` ≤ [`BOUNCE_BYTES`] bytes at `addr`.
@@ -248,15 +248,15 @@ impl Endpoint {
         if self.is_broken() {
             return Err(self.why());
         }
-        let mut bounce = match self.dev.bounce.lock().unwrap_or_else(|p| p.into_inner()).pop() {
+        let mut bounce = match self.dev.bounce.lock().pop() {
             Some(b) => b,
             None => Buffer::new(&self.dev, BOUNCE_BYTES)?,
         };
         let id = self.next_read.fetch_add(1, Ordering::Relaxed) & ((1 << KIND_SHIFT) - 1);
         let (tx, rx) = oneshot::channel();
-        self.reads.lock().unwrap_or_else(|p| p.into_inner()).insert(id, tx);
+        self.reads.lock().insert(id, tx);
         let posted = {
-            let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qp = self.qp.lock();
             let mut guard = qp.start_post_send();
             let wr = guard
                 .construct_wr((WR_READ << KIND_SHIFT) | id, WorkRequestFlags::Signaled)
@@ -267,15 +267,15 @@ impl Endpoint {
             guard.post().map_err(|e| RdmaError::Post(e.to_string()))
         };
         if let Err(e) = posted {
-            self.reads.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-            self.dev.bounce.lock().unwrap_or_else(|p| p.into_inner()).push(bounce);
+            self.reads.lock().remove(&id);
+            self.dev.bounce.lock().push(bounce);
             self.fail(e.clone());
             return Err(e);
         }
         match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(Ok(()))) => {
                 take(&bounce.mem[..n]);
-                self.dev.bounce.lock().unwrap_or_else(|p| p.into_inner()).push(bounce);
+                self.dev.bounce.lock().push(bounce);
                 Ok(())
             }
             Ok(Ok(Err(e))) => {
@@ -339,7 +339,7 @@ impl Endpoint {
             return Err(self.why());
         }
         let (idx, slot) = {
-            let mut s = self.send.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.send.lock();
             let idx = s.1.pop().ok_or_else(|| RdmaError::Post("no send buffer".into()))?;
             (idx, s.0[idx].take())
         };
@@ -348,7 +348,7 @@ impl Endpoint {
             None => match Buffer::new(&self.dev, MESSAGE_BUFFER) {
                 Ok(b) => b,
                 Err(e) => {
-                    self.send.lock().unwrap_or_else(|p| p.into_inner()).1.push(idx);
+                    self.send.lock().1.push(idx);
                     return Err(e);
                 }
             },
@@ -357,7 +357,7 @@ impl Endpoint {
         buf.mem[..FRAGMENT_HEADER].copy_from_slice(header);
         buf.mem[FRAGMENT_HEADER..len].copy_from_slice(data);
         let posted = {
-            let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+            let mut qp = self.qp.lock();
             let mut guard = qp.start_post_send();
             let wr = guard
                 .construct_wr((WR_SEND << KIND_SHIFT) | idx as u64, WorkRequestFlags::Signaled)
@@ -365,7 +365,7 @@ impl Endpoint {
             // SAFETY: the buffer is parked in its slot below before anything can complete
             // it, and stays there (not reused) until its completion returns the slot.
             unsafe { wr.setup_sge(buf.mr.lkey(), buf.addr(), len as u32) };
-            let mut s = self.send.lock().unwrap_or_else(|p| p.into_inner());
+            let mut s = self.send.lock();
             let r = guard.post().map_err(|e| RdmaError::Post(e.to_string()));
             s.0[idx] = Some(buf);
             if r.is_err() {
@@ -401,11 +401,11 @@ impl Endpoint {
                     vendor_err: wc.vendor_err(),
                 });
                 if failure.is_none() {
-                    *self.last_ok.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
+                    *self.last_ok.lock() = Instant::now();
                 }
                 match kind {
                     WR_READ => {
-                        let tx = self.reads.lock().unwrap_or_else(|p| p.into_inner()).remove(&n);
+                        let tx = self.reads.lock().remove(&n);
                         if let Some(e) = &failure {
                             self.fail(e.clone());
                         }
@@ -414,7 +414,7 @@ impl Endpoint {
                         }
                     }
                     WR_SEND => {
-                        self.send.lock().unwrap_or_else(|p| p.into_inner()).1.push(n as usize);
+                        self.send.lock().1.push(n as usize);
                         self.send_permits.add_permits(1);
                         if let Some(e) = failure {
                             self.fail(e);
@@ -432,7 +432,7 @@ impl Endpoint {
                         let got = reasm.push(&buf.mem[..len]);
                         // The bytes are copied out: the buffer can take the next fragment.
                         let reposted = {
-                            let mut qp = self.qp.lock().unwrap_or_else(|p| p.into_inner());
+                            let mut qp = self.qp.lock();
                             post_recv(&mut qp, i, buf)
                         };
                         if let Err(e) = reposted {

@@ -9,13 +9,14 @@ use crate::region::{RegionKey, RegionTable};
 use crate::server::{CallContext, Router};
 use crate::status::{Code, Status};
 use bytes::Bytes;
+use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::CompletionChannel;
 use sideway::ibverbs::memory_region::MemoryRegion;
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tracing::{Instrument, debug, info_span, warn};
@@ -78,8 +79,8 @@ impl RdmaExport {
         export
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ExportState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ExportState> {
+        self.state.lock()
     }
 
     /// The device served.
@@ -96,7 +97,7 @@ impl RdmaExport {
     /// dispatched to `router`'s handlers. A graceful server shutdown waits for RPCs in
     /// flight over RDMA, then closes every queue pair.
     pub fn routes(self: &Arc<Self>, router: Router) -> Router {
-        *self.router.lock().unwrap_or_else(|p| p.into_inner()) = Some(router.clone());
+        *self.router.lock() = Some(router.clone());
         let e = self.clone();
         let router = router.transport_raw(RDMA_CONNECT, move |ctx: CallContext, payload: Bytes| {
             let e = e.clone();
@@ -223,7 +224,7 @@ impl RdmaExport {
             .find(|(q, _)| Arc::ptr_eq(q, &ep))
             .map(|(_, p)| p.clone());
         self.inflight.fetch_add(1, Ordering::Relaxed);
-        let router = self.router.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let router = self.router.lock().clone();
         let closing = self.closing.load(Ordering::Relaxed);
         let header = frame.header;
         let span = info_span!("rpc.server", otel.kind = "server", rpc.kind = %header.kind, %peer, fabric = "rdma", bytes_in = frame.payload.len());

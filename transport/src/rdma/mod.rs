@@ -211,7 +211,7 @@ pub struct Device {
     mtu: Mtu,
     /// READ bounce buffers, shared by every queue pair of the device (pinned memory is
     /// bounded per process, not per peer).
-    bounce: std::sync::Mutex<Vec<endpoint::Buffer>>,
+    bounce: parking_lot::Mutex<Vec<endpoint::Buffer>>,
     bounce_permits: tokio::sync::Semaphore,
 }
 
@@ -296,7 +296,7 @@ impl Device {
             gid_index: cfg.gid_index,
             gid,
             mtu,
-            bounce: std::sync::Mutex::new(Vec::new()),
+            bounce: parking_lot::Mutex::new(Vec::new()),
             bounce_permits: tokio::sync::Semaphore::new(endpoint::BOUNCE_BUFFERS),
         }))
     }

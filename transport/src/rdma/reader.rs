@@ -13,12 +13,13 @@ use crate::region::RegionKey;
 use crate::rpc::{CallOptions, ReadOutcome};
 use crate::status::{Code, Status};
 use bytes::{Bytes, BytesMut};
+use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::CompletionChannel;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::{Semaphore, oneshot};
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -77,7 +78,7 @@ struct CallGuard<'a> {
 
 impl Drop for CallGuard<'_> {
     fn drop(&mut self) {
-        self.calls.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.id);
+        self.calls.lock().remove(&self.id);
     }
 }
 
@@ -193,7 +194,7 @@ impl RdmaReader {
             .encode()
             .map_err(|source| TransportError::Frame { peer, source })?;
             let (tx, mut rx) = oneshot::channel();
-            p.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(id, tx);
+            p.calls.lock().insert(id, tx);
             let _guard = CallGuard { calls: &p.calls, id };
             if let Err(e) = p.ep.send_message(id, &frame).await {
                 self.fall_back(peer, &e);
@@ -255,8 +256,8 @@ impl RdmaReader {
         !matches!(self.peers_lock().get(&peer), Some(PeerState::Fallback { until }) if Instant::now() < *until)
     }
 
-    fn peers_lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, PeerState>> {
-        self.peers.lock().unwrap_or_else(|p| p.into_inner())
+    fn peers_lock(&self) -> parking_lot::MutexGuard<'_, HashMap<SocketAddr, PeerState>> {
+        self.peers.lock()
     }
 
     /// Reads over RDMA. `Err(buf)`: the peer is on TCP for now (fallback in force, or
@@ -346,10 +347,7 @@ impl RdmaReader {
     }
 
     fn forget_keys(&self, peer: SocketAddr) {
-        self.resolved
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .retain(|(p, _, _), _| *p != peer);
+        self.resolved.lock().retain(|(p, _, _), _| *p != peer);
     }
 
     async fn try_read(
@@ -443,7 +441,7 @@ impl RdmaReader {
         key: RegionKey,
     ) -> Result<Result<Resolved, TransportError>, RdmaError> {
         let id = (peer, key.region, key.generation);
-        match self.resolved.lock().unwrap_or_else(|p| p.into_inner()).get(&id) {
+        match self.resolved.lock().get(&id) {
             Some(Some(r)) => return Ok(Ok(*r)),
             Some(None) => return Err(RdmaError::NotRegistrable("as answered before".into())),
             None => {}
@@ -477,7 +475,7 @@ impl RdmaReader {
     }
 
     fn remember(&self, id: (SocketAddr, u32, u32), target: Option<Resolved>) {
-        let mut cache = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        let mut cache = self.resolved.lock();
         if cache.len() >= MAX_RESOLVED {
             // Mostly keys of regions long revoked; re-resolving costs one RPC.
             cache.clear();
@@ -522,7 +520,7 @@ impl RdmaReader {
             channel,
             max_message,
             Box::new(move |_, id, msg| {
-                if let Some(tx) = deliver.lock().unwrap_or_else(|p| p.into_inner()).remove(&id) {
+                if let Some(tx) = deliver.lock().remove(&id) {
                     let _ = tx.send(msg);
                 }
             }),

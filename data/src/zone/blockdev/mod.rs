@@ -58,6 +58,7 @@
 //!   its own `#[allow(unsafe_code)]` and each `unsafe` block a `SAFETY` argument. Reads and writes
 //!   use the safe `pread`/`pwrite` wrappers of `std::os::unix::fs::FileExt`.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::alloc::{self, Layout};
 use std::fs::{File, OpenOptions};
 use std::io;
@@ -65,7 +66,6 @@ use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use super::{Geometry, ZoneError, ZoneId, ZoneInfo, ZoneResult, ZoneState, ZonedDevice, check_read, check_write};
 
@@ -113,7 +113,7 @@ impl ZoneSlot {
     /// The zone's cache, locked. A panic while it was held left nothing half-done (every update
     /// is a single assignment), so a poisoned lock is simply taken over.
     fn lock(&self) -> MutexGuard<'_, CachedZone> {
-        self.cache.lock().unwrap_or_else(PoisonError::into_inner)
+        self.cache.lock()
     }
 }
 

@@ -557,7 +557,7 @@ impl FakeZbd {
     }
 
     fn state(&self) -> MutexGuard<'_, FakeState> {
-        self.state.lock().expect("fake state")
+        self.state.lock()
     }
 
     fn direct_io_ok(&self, ptr: *const u8, len: usize, offset: u64) -> io::Result<()> {
