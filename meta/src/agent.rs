@@ -176,7 +176,7 @@ impl MapWatch {
                         .await;
                 }
             });
-            crate::join::join_all(calls).await;
+            futures_util::future::join_all(calls).await;
         });
     }
 
@@ -255,7 +255,7 @@ async fn follow(
         // Managers by the epoch they answered, newest first: the map is fetched from one
         // that has it (a manager that just restarted trails the others for a while).
         let mut by_epoch: Vec<(Epoch, SocketAddr)> = Vec::with_capacity(cfg.managers.len());
-        for (m, r) in crate::join::join_all(calls).await {
+        for (m, r) in futures_util::future::join_all(calls).await {
             match r {
                 Ok(r) => {
                     any = true;

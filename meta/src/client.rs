@@ -19,13 +19,13 @@
 
 use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
-use crate::join::join_all;
 use crate::map::MapView;
 use crate::namespace::{
     Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
 };
 use crate::pause::Pause;
 use crate::service::wire::*;
+use futures_util::future::join_all;
 use parking_lot::RwLock;
 use shingle_transport::hedge::{self, Attempt};
 use shingle_transport::{Health, PeerClient};

@@ -8,7 +8,6 @@
 //!   epoch) and the [`map::Placement`] derived from it.
 //! - [`placement`]: rendezvous hashing with failure domains; the dentry → partition hash.
 //! - [`mod@format`]: on-disk format versions of the metadata stores and the rule for them.
-//! - [`join`]: running futures concurrently without spawning them.
 //! - [`manager`]: the manager role: the cluster map replicated by Raft (openraft), stored
 //!   in redb, spoken over the transport; `GetMap`/`Propose` for everyone else.
 //! - [`service`]: the namespace service of meta nodes; its replication decisions are
@@ -22,7 +21,6 @@ pub mod agent;
 pub mod client;
 pub mod format;
 pub mod ids;
-pub mod join;
 pub mod manager;
 pub mod map;
 pub mod namespace;

@@ -617,7 +617,7 @@ impl MetaNode {
                 .iter()
                 .map(|p| async move { (*p, self.primary_write(*p, Vec::new(), me, None).await) });
             let mut done = Vec::new();
-            for (p, r) in crate::join::join_all(checks).await {
+            for (p, r) in futures_util::future::join_all(checks).await {
                 match r {
                     Ok(()) => done.push(p),
                     Err(e) => {
@@ -701,7 +701,10 @@ impl MetaNode {
                     };
                     (n, self.call_peer(addr, &req, Duration::from_secs(2)).await)
                 });
-            for (n, got) in self.unless_map_moves(v.map.epoch, crate::join::join_all(asks)).await? {
+            for (n, got) in self
+                .unless_map_moves(v.map.epoch, futures_util::future::join_all(asks))
+                .await?
+            {
                 match got {
                     Ok(pos) => {
                         if let Err(e) = tally.answer(n, &pos) {
@@ -744,7 +747,7 @@ impl MetaNode {
                 .map_err(|e| format!("member {addr} did not take the new reign's copy: {e}"))
         });
         for r in self
-            .unless_map_moves(v.map.epoch, crate::join::join_all(levels))
+            .unless_map_moves(v.map.epoch, futures_util::future::join_all(levels))
             .await?
         {
             r?;
@@ -856,7 +859,8 @@ impl MetaNode {
             .collect();
         Span::current().record("replicas", others.len());
         let local = self.inner.store.commit(vec![write]);
-        let remote = crate::join::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
+        let remote =
+            futures_util::future::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
         let (local, remote) = tokio::join!(local, remote);
         if let Err(e) = local {
             // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
@@ -1781,7 +1785,7 @@ impl MetaNode {
         let (first, by_part) = intent_ops(coord, intent, begin);
         self.execute_led(coord, first, coord, reign).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
-        let results = crate::join::join_all(
+        let results = futures_util::future::join_all(
             by_part
                 .into_iter()
                 .map(|(p, ops)| self.execute_led(p, ops, coord, reign)),
