@@ -113,7 +113,7 @@ pub struct ShingleFs {
 
 /// The kernel's errno for `e`, recorded on the request's span.
 fn errno(e: Errno) -> fuser::Errno {
-    shingle_meta::client::record_errno(&Span::current(), e);
+    shingle_meta::meta_client::record_errno(&Span::current(), e);
     let _ = OP.try_with(|&op| {
         shingle_metrics::get()
             .fs_op_errors

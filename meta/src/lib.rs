@@ -10,6 +10,9 @@
 //! - [`mod@format`]: on-disk format versions of the metadata stores and the rule for them.
 //! - [`manager`]: the manager role: the cluster map replicated by Raft (openraft), stored
 //!   in redb, spoken over the transport; `GetMap`/`Propose` for everyone else.
+//! - [`meta_client`]: `MetaClient`, what clients and tools call the namespace service
+//!   with: reads to the least-loaded member, mutations to the anchor's primary, retries
+//!   through map changes.
 //! - [`service`]: the namespace service of meta nodes; its replication decisions are
 //!   pure ([`service::protocol`]).
 //! - [`sim`]: a deterministic simulator of replication over many nodes and faults.
@@ -18,11 +21,11 @@
 //! state machines; the I/O shells around them are thin.
 
 pub mod agent;
-pub mod client;
 pub mod format;
 pub mod ids;
 pub mod manager;
 pub mod map;
+pub mod meta_client;
 pub mod namespace;
 pub mod pause;
 pub mod placement;

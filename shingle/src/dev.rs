@@ -5,7 +5,7 @@ use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig, MountConfig};
 use shingle_meta::agent::{MapWatch, WatchConfig};
-use shingle_meta::client::MetaClient;
+use shingle_meta::meta_client::MetaClient;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

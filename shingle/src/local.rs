@@ -5,8 +5,8 @@
 
 use anyhow::{Context, Result, bail};
 use shingle_meta::agent::{MapWatch, WatchConfig};
-use shingle_meta::client::MetaClient;
 use shingle_meta::map::NodeState;
+use shingle_meta::meta_client::MetaClient;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -259,7 +259,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 bytes_per_sec: cfg.meta.as_ref().map_or(200 << 20, |s| s.rebuild_rate.0),
                 ..Default::default()
             };
-            let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
             let purge = crate::daemons::reclaim::ReclaimConfig {
                 purge_interval: Duration::from_millis(cfg.meta.as_ref().map_or(1_000, |s| s.purge_interval_ms)),
                 ..Default::default()
@@ -284,7 +284,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
                 grace: every,
                 ..Default::default()
             };
-            let mc = shingle_meta::client::MetaClient::new(peers.clone(), watch.clone());
+            let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
             let scrubbed = store.clone();
             reclaim.push(tokio::spawn(crate::daemons::heal::heal_loop(
                 move || corrupt_versions(&scrubbed),

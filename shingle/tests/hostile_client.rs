@@ -21,9 +21,9 @@ use shingle_data::wire::{
     DeleteShardRequest, RepairShardRequest, ScrubRequest, ShardId, ShardSource, StageShardRequest, StatRequest,
     WriteShardRequest,
 };
-use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Epoch, Ino, NodeId, PartitionId};
 use shingle_meta::manager::rpc::kinds::INSTALL_SNAPSHOT;
+use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::partition::Mutation;
 use shingle_meta::namespace::{Creds, FileKind, Layout, SetAttr, StripeRec, StripeWrite};
 use shingle_meta::service::copy::CopyId;

@@ -469,7 +469,7 @@ async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
 
 /// Asks node `addr` directly for `name` in `dir` until it has it or `within` passes.
 async fn lookup_on(
-    c: &shingle_meta::client::MetaClient,
+    c: &shingle_meta::meta_client::MetaClient,
     addr: std::net::SocketAddr,
     dir: Ino,
     name: &str,
@@ -501,7 +501,7 @@ async fn lookup_on(
 }
 
 /// Waits until the map says node `id` is up (or down).
-async fn wait_map(c: &shingle_meta::client::MetaClient, id: shingle_meta::ids::NodeId, up: bool) {
+async fn wait_map(c: &shingle_meta::meta_client::MetaClient, id: shingle_meta::ids::NodeId, up: bool) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while c.view().map.is_up(id) != up {
         assert!(std::time::Instant::now() < deadline, "node {} never seen up={up}", id.0);
@@ -514,7 +514,7 @@ async fn wait_map(c: &shingle_meta::client::MetaClient, id: shingle_meta::ids::N
 /// showed it up again.
 async fn miss_a_change(
     cluster: &mut Cluster,
-    c: &shingle_meta::client::MetaClient,
+    c: &shingle_meta::meta_client::MetaClient,
     id: shingle_meta::ids::NodeId,
     name: &str,
 ) -> Duration {
@@ -648,7 +648,7 @@ async fn a_dead_node_reported_unreachable_is_down_at_once_a_live_one_stays_up() 
     let c = cluster.client().await;
     cluster.wait_ready(&c).await;
     let state =
-        |c: &shingle_meta::client::MetaClient, id: u64| c.maps().current().nodes.get(&NodeId(id)).map(|n| n.state);
+        |c: &shingle_meta::meta_client::MetaClient, id: u64| c.maps().current().nodes.get(&NodeId(id)).map(|n| n.state);
     // A live node: reported, probed, left Up.
     c.maps().report_unreachable(NodeId(4));
     tokio::time::sleep(Duration::from_secs(2)).await;

@@ -633,7 +633,7 @@ macro_rules! conformance_tests {
 pub struct Tcp;
 
 impl TransportUnderTest for Tcp {
-    type Client = crate::client::PeerClient;
+    type Client = crate::peer::PeerClient;
     type Server = crate::server::Server;
 
     async fn serve_at(
@@ -653,7 +653,7 @@ impl TransportUnderTest for Tcp {
     }
 
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
-        crate::client::PeerClient::new(config, secret)
+        crate::peer::PeerClient::new(config, secret)
     }
 }
 
@@ -682,7 +682,7 @@ impl Rdma {
 
 #[cfg(feature = "rdma")]
 impl TransportUnderTest for Rdma {
-    type Client = crate::client::PeerClient;
+    type Client = crate::peer::PeerClient;
     type Server = crate::server::Server;
 
     async fn serve_at(
@@ -705,7 +705,7 @@ impl TransportUnderTest for Rdma {
     }
 
     fn client(config: TransportConfig, secret: ClusterSecret) -> Self::Client {
-        let c = crate::client::PeerClient::new(config, secret);
+        let c = crate::peer::PeerClient::new(config, secret);
         match crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV1")) {
             Ok(dev) => {
                 c.attach_rdma(crate::rdma::RdmaReader::new(dev));

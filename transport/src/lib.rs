@@ -4,7 +4,7 @@
 //!
 //! - [`frame`]: the versioned, checksummed, bounded frame format and its pure decoder.
 //! - [`auth`]: the mutual HMAC challenge-response every connection starts with.
-//! - [`client::PeerClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
+//! - [`peer::PeerClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
 //!   with per-request deadlines, a connection pool per peer, reconnect backoff,
 //!   bounded in-flight requests and bytes, and graceful shutdown.
 //! - [`region`] and [`rpc::RemoteRead`]: the remote-read verb. A server registers
@@ -20,7 +20,6 @@
 
 pub mod auth;
 pub mod backoff;
-pub mod client;
 pub mod config;
 pub mod conformance;
 pub mod error;
@@ -28,6 +27,7 @@ pub mod fragment;
 pub mod frame;
 pub mod health;
 pub mod hedge;
+pub mod peer;
 #[cfg(feature = "rdma")]
 pub mod rdma;
 pub mod region;
@@ -38,11 +38,11 @@ mod trace;
 mod wire;
 
 pub use auth::ClusterSecret;
-pub use client::PeerClient;
 pub use config::TransportConfig;
 pub use error::TransportError;
 pub use frame::MsgKind;
 pub use health::Health;
+pub use peer::PeerClient;
 pub use region::{AccessError, RegionKey, RegionTable};
 pub use rpc::{CallOptions, RemoteRead, Rpc, RpcChannel};
 pub use server::{CallContext, Router, Server};

@@ -58,13 +58,13 @@
 //! [`MapCommand`] is idempotent in effect: a repeated `Register` or `SetState` changes
 //! nothing, and a repeated `Remove` is refused with `UnknownNode`.
 
-mod client;
+mod calls;
 mod network;
 pub mod rpc;
 mod store;
 mod types;
 
-pub use client::{fetch_map, fetch_map_since, propose};
+pub use calls::{fetch_map, fetch_map_since, propose};
 pub use types::{ManagerNode, MapRefusal, MapResponse, TypeConfig};
 
 use crate::ids::{Epoch, NodeId};
@@ -716,7 +716,7 @@ impl Inner {
             .call::<rpc::Propose>(addr, &req, CallOptions::timeout(budget.max(Duration::from_millis(1))))
             .await
         {
-            Ok(resp) => match client::decode_propose(addr, resp) {
+            Ok(resp) => match calls::decode_propose(addr, resp) {
                 Ok(r) => Attempt::Done(r),
                 Err(e) => Attempt::Fail(e),
             },

@@ -372,7 +372,8 @@ impl MetaNode {
         self.inner.repair.lock().clone()
     }
 
-    /// Gives the node its map agent (see [`Inner::watch`]); the first one given stays.
+    /// Gives the node its map agent (it proposes the node's map changes, such as a
+    /// finished partition move); the first one given stays.
     pub fn attach_watch(&self, w: crate::agent::MapWatch) {
         let _ = self.inner.watch.set(w);
     }

@@ -1,11 +1,11 @@
 //! A deterministic simulator of metadata replication: many nodes, one thread, virtual
 //! time, one seed.
 //!
-//! Every node holds real partition copies ([`Replica`]) and takes every replication
+//! Every node holds real partition copies ([`crate::service::replica::Replica`]) and takes every replication
 //! decision with the same pure functions the metadata service runs
 //! ([`crate::service::protocol`]): which copies keep serving when a map arrives, how a
 //! replica follows its primary's batches, how a copy is installed, how a new primary
-//! tallies its members and which reign it starts. Maps come from a real [`ClusterMap`]
+//! tallies its members and which reign it starts. Maps come from a real [`crate::map::ClusterMap`]
 //! and its placement. Around them the simulator plays what `node.rs` does with the
 //! network and the disk — the same steps in the same order, each partition's steps
 //! serialised by its write lock — over a world that fails:

@@ -184,7 +184,7 @@ impl RdmaSettings {
 }
 
 #[cfg(feature = "rdma")]
-fn rdma_stats(meta: &shingle_meta::client::MetaClient) -> String {
+fn rdma_stats(meta: &shingle_meta::meta_client::MetaClient) -> String {
     match meta.transport().rdma() {
         Some(r) => {
             let s = r.stats();
@@ -198,12 +198,12 @@ fn rdma_stats(meta: &shingle_meta::client::MetaClient) -> String {
 }
 
 #[cfg(not(feature = "rdma"))]
-fn rdma_stats(_: &shingle_meta::client::MetaClient) -> String {
+fn rdma_stats(_: &shingle_meta::meta_client::MetaClient) -> String {
     "built without RDMA".into()
 }
 
 #[cfg(feature = "rdma")]
-fn check_rdma(meta: &shingle_meta::client::MetaClient, dead_peers: u64) -> Result<()> {
+fn check_rdma(meta: &shingle_meta::meta_client::MetaClient, dead_peers: u64) -> Result<()> {
     let Some(r) = meta.transport().rdma() else {
         bail!("the RDMA client has no RDMA reader")
     };
@@ -223,6 +223,6 @@ fn check_rdma(meta: &shingle_meta::client::MetaClient, dead_peers: u64) -> Resul
 }
 
 #[cfg(not(feature = "rdma"))]
-fn check_rdma(_: &shingle_meta::client::MetaClient, _: u64) -> Result<()> {
+fn check_rdma(_: &shingle_meta::meta_client::MetaClient, _: u64) -> Result<()> {
     bail!("this binary was built without RDMA (cargo build --features rdma)")
 }

@@ -10,8 +10,8 @@
 
 use shingle_data::chunk::ChunkKey;
 use shingle_data::wire::{RepairShard, RepairShardRequest, ShardId, ShardSource};
-use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
+use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Layout, StripeRec};
 use shingle_meta::placement::stripe_pg;
 use shingle_transport::{CallOptions, PeerClient, RpcChannel};

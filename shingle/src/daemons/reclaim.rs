@@ -24,8 +24,8 @@
 //! Zone GC then reclaims the space; `df` reports live bytes (the data nodes' index).
 
 use shingle_data::wire::{DeleteFile, DeleteFileRequest};
-use shingle_meta::client::MetaClient;
 use shingle_meta::ids::Ino;
+use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::types::now_ns;
 use shingle_meta::service::MetaNode;
 use shingle_transport::{CallOptions, PeerClient, RpcChannel};

@@ -23,9 +23,9 @@
 //! node's `Stats` and shown by `shingle status`.
 
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
-use shingle_meta::client::MetaClient;
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::map::{ClusterMap, NodeState, Placement};
+use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Layout, StripeRec};
 use shingle_meta::placement::stripe_pg;
 use shingle_meta::service::MetaNode;

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use shingle::local::{LocalCluster, LocalSpec};
-use shingle_meta::client::MetaClient;
+use shingle_meta::meta_client::MetaClient;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -6,9 +6,9 @@ use super::{
     ACCESS_FALLBACK_FOR, Device, FALLBACK_FOR, MAX_RESOLVED, NewQp, QpInfo, RDMA_CONNECT, RDMA_RESOLVE, RdmaError,
     ResolveRequest, Resolved, random_u64,
 };
-use crate::client::PeerClient;
 use crate::error::TransportError;
 use crate::frame::{Frame, FrameHeader, MsgKind, decode_frame};
+use crate::peer::PeerClient;
 use crate::region::RegionKey;
 use crate::rpc::{CallOptions, ReadOutcome};
 use crate::status::{Code, Status};
@@ -463,8 +463,8 @@ impl RdmaReader {
                 self.remember(id, None);
                 Err(RdmaError::NotRegistrable(status.message))
             }
-            Err(TransportError::Remote { status, .. }) if crate::client::is_access(&status) => {
-                Ok(Err(crate::client::access_error(&status, key, 0, 0).into()))
+            Err(TransportError::Remote { status, .. }) if crate::peer::is_access(&status) => {
+                Ok(Err(crate::peer::access_error(&status, key, 0, 0).into()))
             }
             Err(TransportError::Remote { status, .. }) if status.code == Code::UnknownKind => {
                 Err(RdmaError::NotOffered)
