@@ -448,7 +448,7 @@ impl Client {
                     .set_head(self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size);
                 st.layout_of = version_of(&rec.attr);
                 if !st.content.has_local() {
-                    st.policy = layout.policy();
+                    st.policy = layout.without_stripes();
                 }
                 sh.publish(&st);
                 *sh.attr.lock() = rec.attr.clone();
@@ -464,7 +464,7 @@ impl Client {
             stored: tokio::sync::Notify::new(),
             attr: Mutex::new(rec.attr.clone()),
             state: tokio::sync::Mutex::new(FileState {
-                policy: layout.policy(),
+                policy: layout.without_stripes(),
                 layout_of: version_of(&rec.attr),
                 content: Content::with_head(sb, self.inner.cfg.window(), layout.stripes.clone(), rec.attr.size),
                 cache: VecDeque::new(),

@@ -544,7 +544,7 @@ impl Namespace {
             if kind == FileKind::Symlink { 0o777 } else { perm },
         );
         let layout = match kind {
-            FileKind::File | FileKind::Dir => p.layout.as_ref().map(Layout::policy),
+            FileKind::File | FileKind::Dir => p.layout.as_ref().map(Layout::without_stripes),
             _ => None,
         };
         let dp = self.dpart(parent, name);
@@ -1154,7 +1154,7 @@ impl Namespace {
             return Err(Errno::EINVAL);
         }
         let mut new = rec;
-        new.layout = Some(policy.policy());
+        new.layout = Some(policy.without_stripes());
         new.attr.ctime = now;
         let p = ino.partition();
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
@@ -1201,10 +1201,10 @@ impl Namespace {
     /// truncates cut what lies past it).
     fn file_layout<'a>(new: &'a mut InodeRec, policy: &Layout) -> NsResult<&'a mut Layout> {
         let empty = new.attr.size == 0;
-        let layout = new.layout.get_or_insert_with(|| policy.policy());
+        let layout = new.layout.get_or_insert_with(|| policy.without_stripes());
         if empty && (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {
             let next = layout.next_version;
-            *layout = policy.policy();
+            *layout = policy.without_stripes();
             layout.next_version = next;
         }
         if (layout.k, layout.m, layout.unit) != (policy.k, policy.m, policy.unit) {

@@ -304,8 +304,10 @@ impl Layout {
         u64::from(self.k) * u64::from(self.unit)
     }
 
-    /// The policy alone (no stripes), as a directory passes it on.
-    pub fn policy(&self) -> Layout {
+    /// The policy alone (k, m, unit; no stripes and no versions handed out), as a
+    /// directory passes it on to new files. The data path's `EcPolicy` of a layout is
+    /// `shingle_client::ec_policy`.
+    pub fn without_stripes(&self) -> Layout {
         Layout {
             k: self.k,
             m: self.m,
