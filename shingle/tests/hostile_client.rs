@@ -37,19 +37,17 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// xorshift64*: the test's only randomness, from one printed seed.
-struct Rng(u64);
+/// The test's only randomness, from one printed seed (the shared test generator,
+/// counting in `usize`).
+struct Rng(shingle_testkit::Rng);
 
 impl Rng {
     fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        self.0.next()
     }
 
     fn below(&mut self, n: usize) -> usize {
-        (self.next() % n.max(1) as u64) as usize
+        self.0.below(n as u64) as usize
     }
 }
 
@@ -209,7 +207,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(300);
     println!("hostile client: seed {seed} (SHINGLE_HOSTILE_SEED={seed} replays), {rounds} requests per kind");
-    let mut rng = Rng(seed);
+    let mut rng = Rng(shingle_testkit::Rng::seeded(seed));
 
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path();
@@ -703,7 +701,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     // Nothing the client sent broke another file: f.bin, the one file that is not its
     // own, reads back whole. Its own may not: scratch.bin, and the files its mutated
     // creates made (named "/\u{1}\u{2}" and the like) with layouts its mutated commits
-    // wrote (seed 15416771564643467981 made two that fsck cannot read).
+    // wrote (one seed of the test's earlier generator made two that fsck cannot read).
     let own = json(&tool(root, &["fsck", "/f.bin", "--json"]));
     assert!(
         own["ok"].as_u64() == Some(1) && own["bad"].as_array().is_some_and(|b| b.is_empty()),

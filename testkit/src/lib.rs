@@ -5,7 +5,7 @@
 //! - [`Rng`]: the seeded generator of the model tests (random operations against a
 //!   reference model): xorshift64, deterministic, no dependency. A test prints its seed
 //!   on failure and takes it back from an environment variable to replay.
-//! - [`bytes`]: reproducible file contents from a seed.
+//! - [`bytes`], [`wide_bytes`]: reproducible file contents from a seed.
 //!
 //! Not for anything that needs unpredictability (keys, nonces): production code uses
 //! the operating system's generator.
@@ -50,6 +50,18 @@ pub fn bytes(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| r.next() as u8).collect()
 }
 
+/// `len` bytes determined by `seed`, eight from each step of [`Rng::seeded`] (its
+/// values little-endian): [`bytes`] for contents of many megabytes.
+pub fn wide_bytes(seed: u64, len: usize) -> Vec<u8> {
+    let mut r = Rng::seeded(seed);
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        out.extend_from_slice(&r.next().to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -64,5 +76,9 @@ mod tests {
         assert_eq!(r.below(0), 0);
         assert_eq!(bytes(1, 1), [0xad]);
         assert_eq!(bytes(7, 20)[..3], bytes(7, 3)[..]);
+        assert_eq!(
+            wide_bytes(1, 9),
+            [0xad, 0x4d, 0xf3, 0x0b, 0xae, 0x77, 0x1b, 0xdc, wide_bytes(1, 16)[8]]
+        );
     }
 }

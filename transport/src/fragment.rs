@@ -307,11 +307,10 @@ mod tests {
                 .collect();
             let mut r = Reassembler::new(1 << 20, 8);
             let mut got = vec![None; msgs.len()];
-            let mut x = seed | 1;
+            let mut rng = shingle_testkit::Rng::seeded(seed);
             while queues.iter().any(|q| !q.is_empty()) {
-                x ^= x << 13; x ^= x >> 7; x ^= x << 17;
                 let live: Vec<usize> = (0..queues.len()).filter(|i| !queues[*i].is_empty()).collect();
-                let i = live[(x % live.len() as u64) as usize];
+                let i = *rng.pick(&live);
                 let f = queues[i].pop().expect("fragment");
                 match r.push(&f).expect("valid fragment") {
                     Piece::Complete(id, b) => got[id as usize] = Some(b.to_vec()),

@@ -351,13 +351,8 @@ mod tests {
     fn a_lossy_channel_still_delivers_the_copy_exactly() {
         const PIECE: usize = 7; // scaled down: the logic does not depend on the size
         for seed in 1..=3000u64 {
-            let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-            let mut rnd = move |n: u64| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                s % n.max(1)
-            };
+            let mut rng = shingle_testkit::Rng::seeded(seed);
+            let mut rnd = move |n: u64| rng.below(n);
             let len = rnd(60) as usize;
             let old: Vec<u8> = (0..rnd(40)).map(|i| i as u8 ^ 0x5a).collect();
             let new: Vec<u8> = (0..len).map(|i| (i as u64 ^ seed) as u8).collect();

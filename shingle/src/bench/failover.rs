@@ -163,18 +163,9 @@ fn set_link(prefix: &str, id: u64, up: bool) -> Result<()> {
     Ok(())
 }
 
-/// Deterministic file contents (xorshift64*), so every read can be checked.
+/// Deterministic file contents, so every read can be checked.
 pub(crate) fn content(seed: u64, len: usize) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        out.extend_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    out.truncate(len);
-    out
+    shingle_testkit::wide_bytes(seed, len)
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -83,13 +83,8 @@ fn path_of(root: &Path, dirs: usize, i: usize) -> PathBuf {
 }
 
 fn rng(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
+    let mut r = shingle_testkit::Rng::seeded(seed);
+    move || r.next()
 }
 
 /// One worker process: prints its measurements as one JSON line.

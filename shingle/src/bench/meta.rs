@@ -194,12 +194,9 @@ async fn storm(client: &MetaClient, files: &Arc<Vec<(Ino, Vec<u8>)>>, callers: u
         tasks.spawn(async move {
             let mut lookup = Histogram::<u64>::new(3).expect("histogram");
             let mut getattr = Histogram::<u64>::new(3).expect("histogram");
-            let mut x = (w as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let mut rng = shingle_testkit::Rng::seeded(w as u64 + 1);
             while !stop.load(Ordering::Relaxed) {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                let (d, n) = &files[(x % files.len() as u64) as usize];
+                let (d, n) = rng.pick(&files);
                 let t = Instant::now();
                 let Ok(a) = c.lookup(*d, n).await else { continue };
                 let t2 = Instant::now();
