@@ -1097,18 +1097,28 @@ impl OpenFile {
         self.client.upgrade().map(|inner| Client { inner }).ok_or(Errno::EIO)
     }
 
-    /// Reads up to `len` bytes at `offset` (short only at end of file).
+    /// Reads up to `len` bytes at `offset` (short only at end of file). The one
+    /// retry rule of reads: a version replaced under the read (`ESTALE`) reloads the
+    /// layout and plans again, a few times; a metadata answer of "try again" (`EAGAIN`,
+    /// a partition changing hands) is tried once more. Each retry is counted in the
+    /// caller's span (`retries`).
     pub async fn read(&self, offset: u64, len: u32) -> Result<Bytes, Errno> {
         let c = self.client()?;
         let mut attempt = 0;
+        let mut again = false;
         loop {
             attempt += 1;
-            match self.read_once(&c, offset, len).await {
+            let r = self.read_once(&c, offset, len).await;
+            if matches!(r, Err(Errno::ESTALE | Errno::EAGAIN)) {
+                tracing::Span::current().record("retries", attempt);
+            }
+            match r {
                 Err(Errno::ESTALE) if attempt < READ_RETRIES => {
                     // The version planned was replaced: reload the layout, plan again.
                     self.refresh(&c).await;
                 }
                 Err(Errno::ESTALE) => return Err(Errno::EIO),
+                Err(Errno::EAGAIN) if !again => again = true,
                 r => return r,
             }
         }

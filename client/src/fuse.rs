@@ -544,12 +544,7 @@ impl Filesystem for ShingleFs {
                 fabric = tracing::field::Empty
             ),
             async move {
-                let mut r = f.read(offset, size).await;
-                if r == Err(Errno::EAGAIN) {
-                    Span::current().record("retries", 1u32);
-                    r = f.read(offset, size).await;
-                }
-                match r {
+                match f.read(offset, size).await {
                     Ok(b) => {
                         Span::current().record("bytes", b.len());
                         shingle_metrics::get().fs_read_bytes.inc_by(b.len() as u64);

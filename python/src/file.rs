@@ -9,7 +9,7 @@
 //! memory and never opened on the cluster.
 
 use crate::buffer::{Buffer, WritableView, with_bytes};
-use crate::session::{Core, OpenMode, Opened, READ_CHUNK, StatTuple, read_all, read_at, release, stat_tuple};
+use crate::session::{Core, OpenMode, Opened, READ_CHUNK, StatTuple, read_all, release, stat_tuple};
 use crate::{os_error, same_process};
 use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -115,7 +115,7 @@ impl File {
                     let mut parts: Vec<Bytes> = Vec::new();
                     let mut at = offset;
                     while want > 0 {
-                        let b = read_at(&f, at, want.min(u64::from(READ_CHUNK)) as u32).await?;
+                        let b = f.read(at, want.min(u64::from(READ_CHUNK)) as u32).await?;
                         if b.is_empty() {
                             break;
                         }
@@ -154,7 +154,7 @@ impl File {
                     let mut done = 0usize;
                     while done < total {
                         let want = (total - done).min(READ_CHUNK as usize) as u32;
-                        let b = read_at(&f, offset + done as u64, want).await?;
+                        let b = f.read(offset + done as u64, want).await?;
                         if b.is_empty() {
                             break;
                         }

@@ -364,15 +364,6 @@ pub enum Opened {
     Cached(Attr, Bytes),
 }
 
-/// One read of the client, retried once on `EAGAIN` (a layout that moved under it), as
-/// the mount does.
-pub async fn read_at(f: &OpenFile, offset: u64, len: u32) -> Result<Bytes, Errno> {
-    match f.read(offset, len).await {
-        Err(Errno::EAGAIN) => f.read(offset, len).await,
-        r => r,
-    }
-}
-
 /// Everything from `offset` to the end of the file: the client's own bytes when one
 /// read returns it all, one buffer otherwise.
 pub async fn read_all(f: &OpenFile, offset: u64) -> Result<Bytes, Errno> {
@@ -380,7 +371,7 @@ pub async fn read_all(f: &OpenFile, offset: u64) -> Result<Bytes, Errno> {
     let mut at = offset;
     loop {
         let want = f.size().saturating_sub(at).clamp(1, u64::from(READ_CHUNK)) as u32;
-        let b = read_at(f, at, want).await?;
+        let b = f.read(at, want).await?;
         if b.is_empty() {
             break;
         }
