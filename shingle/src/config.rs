@@ -2,7 +2,7 @@
 //! and clear errors. Unknown keys are errors, so a typo never silently means a default.
 
 use anyhow::{Context, Result, bail};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -22,6 +22,12 @@ impl<'de> Deserialize<'de> for ByteSize {
             Raw::Int(n) => Ok(ByteSize(n)),
             Raw::Str(s) => parse_size(&s).map(ByteSize).map_err(serde::de::Error::custom),
         }
+    }
+}
+
+impl Serialize for ByteSize {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.0)
     }
 }
 
@@ -45,7 +51,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// A whole node configuration.
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeConfig {
     /// Identity and network.
@@ -66,8 +72,116 @@ pub struct NodeConfig {
     pub metrics: Option<MetricsSection>,
 }
 
+impl NodeConfig {
+    /// A node with only its `[node]` table.
+    pub fn new(node: NodeSection) -> NodeConfig {
+        NodeConfig {
+            node,
+            data: None,
+            manager: None,
+            meta: None,
+            log: None,
+            rdma: None,
+            trace: None,
+            metrics: None,
+        }
+    }
+
+    /// The config as the TOML `shingle serve --config` reads.
+    pub fn to_toml(&self) -> Result<String> {
+        toml::to_string(self).context("write a node config")
+    }
+
+    /// [`NodeConfig::to_toml`] with extra `key = value` lines added to some of its tables
+    /// (a table named that is made if missing; the extra lines win over the config's).
+    pub fn to_toml_with(&self, extra: &[(&str, &str)]) -> Result<String> {
+        let mut doc: toml::Table = toml::Table::try_from(self).context("write a node config")?;
+        for (table, lines) in extra {
+            let add: toml::Table = toml::from_str(lines).with_context(|| format!("extra [{table}] lines: {lines}"))?;
+            if add.is_empty() {
+                continue;
+            }
+            let t = doc
+                .entry(table.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            let toml::Value::Table(t) = t else {
+                bail!("[{table}] is not a table");
+            };
+            t.extend(add);
+        }
+        toml::to_string(&doc).context("write a node config")
+    }
+
+    /// Writes the config to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, self.to_toml()?).with_context(|| format!("write {}", path.display()))
+    }
+}
+
+impl NodeSection {
+    /// `[node]` listening on `listen` with the secret in `secret_file`, defaults for
+    /// the rest (a standalone node: no id, no cluster file).
+    pub fn new(listen: SocketAddr, secret_file: &Path) -> NodeSection {
+        NodeSection {
+            listen,
+            secret_file: secret_file.to_path_buf(),
+            max_frame_bytes: default_frame(),
+            id: None,
+            cluster_file: None,
+            domain: None,
+            advertise: None,
+        }
+    }
+}
+
+impl DataSection {
+    /// `[data]` in `dir` on an emulated zoned device of `zones` zones of `zone_size`
+    /// bytes, defaults for the rest.
+    pub fn emulated(dir: &Path, zones: u32, zone_size: u64) -> DataSection {
+        DataSection {
+            dir: dir.to_path_buf(),
+            device: None,
+            zones,
+            zone_size: ByteSize(zone_size),
+            block_size: default_block(),
+            stage_cache: default_stage(),
+            reserved_zones: default_reserved(),
+            gc_when_free_below: default_gc_free(),
+            sweep_interval_ms: default_sweep_interval(),
+            scrub_interval_ms: default_scrub_interval(),
+        }
+    }
+}
+
+impl MetaSection {
+    /// `[meta]` in `dir`, defaults for the rest.
+    pub fn new(dir: &Path) -> MetaSection {
+        MetaSection {
+            dir: dir.to_path_buf(),
+            rebuild_rate: default_rebuild_rate(),
+            repair_interval_ms: default_repair_interval(),
+            purge_interval_ms: default_purge_interval(),
+            dead_coordinator_locks_ms: default_dead_coordinator_locks(),
+        }
+    }
+}
+
+impl ManagerSection {
+    /// `[manager]` in `dir`, defaults for the rest.
+    pub fn new(dir: &Path) -> ManagerSection {
+        ManagerSection {
+            dir: dir.to_path_buf(),
+            down_after_ms: default_down_after(),
+            down_phi: default_down_phi(),
+            heartbeat_pause_ms: default_pause(),
+            out_after_ms: default_out_after(),
+            down_on_refused: default_true(),
+        }
+    }
+}
+
 /// `[metrics]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetricsSection {
     /// Address of the `/metrics` endpoint (HTTP), e.g. `127.0.0.1:9464`.
@@ -79,7 +193,7 @@ pub struct MetricsSection {
 }
 
 /// `[log]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
     /// `text` (default) or `json` (one object per line).
@@ -90,7 +204,7 @@ pub struct LogSection {
 }
 
 /// `[manager]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ManagerSection {
     /// Directory of the Raft log and map.
@@ -134,7 +248,7 @@ fn default_out_after() -> u64 {
 }
 
 /// `[meta]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MetaSection {
     /// Directory of the partition store.
@@ -257,7 +371,7 @@ impl ClusterFile {
 }
 
 /// `[node]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NodeSection {
     /// Address to listen on ("127.0.0.1:0" picks a free port, printed at start).
@@ -283,7 +397,7 @@ fn default_frame() -> ByteSize {
 }
 
 /// `[data]`
-#[derive(Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DataSection {
     /// Directory for the chunk index and, without `device`, the emulated zoned device.

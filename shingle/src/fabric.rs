@@ -7,12 +7,12 @@
 //! host without RDMA runs on TCP and says so once; `required` makes that an error.
 
 use anyhow::{Result, bail};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use shingle_transport::{PeerClient, RegionTable, Router};
 use std::sync::Arc;
 
 /// Whether to use RDMA.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RdmaMode {
     /// Use RDMA when a device is usable; TCP otherwise (said once).
@@ -37,7 +37,7 @@ impl std::str::FromStr for RdmaMode {
 }
 
 /// The `[rdma]` table of a node config.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RdmaSettings {
     /// auto | off | required (default auto).

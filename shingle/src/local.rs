@@ -310,40 +310,44 @@ fn write_node_config(
     listen: SocketAddr,
     manager: bool,
 ) -> Result<PathBuf> {
+    use crate::config::{
+        DataSection, ManagerSection, MetaSection, MetricsSection, NodeConfig, NodeSection, parse_size,
+    };
     let ndir = spec.dir.join(format!("node{id}"));
     std::fs::create_dir_all(&ndir)?;
-    let mut cfg = format!(
-        "[node]\nid = {id}\nlisten = \"{listen}\"\nsecret_file = \"{}\"\ncluster_file = \"{}\"\n{}\n[meta]\ndir = \"{}\"\n{}",
-        secret_file.display(),
-        cluster_file.display(),
-        spec.node_toml,
-        ndir.join("meta").display(),
-        spec.meta_toml
-    );
+    let mut cfg = NodeConfig::new(NodeSection {
+        id: Some(id),
+        cluster_file: Some(cluster_file.to_path_buf()),
+        ..NodeSection::new(listen, secret_file)
+    });
+    cfg.meta = Some(MetaSection::new(&ndir.join("meta")));
     if manager {
-        cfg += &format!(
-            "\n[manager]\ndir = \"{}\"\n{}",
-            ndir.join("manager").display(),
-            spec.manager_toml
-        );
+        cfg.manager = Some(ManagerSection::new(&ndir.join("manager")));
     }
     if spec.data {
-        cfg += &format!(
-            "\n[data]\ndir = \"{}\"\nzones = {}\nzone_size = \"{}\"\nstage_cache = \"256MiB\"\n{}",
-            ndir.join("data").display(),
-            spec.zones.0,
-            spec.zones.1,
-            spec.data_toml
-        );
+        let zone_size = parse_size(spec.zones.1).map_err(anyhow::Error::msg)?;
+        cfg.data = Some(DataSection::emulated(&ndir.join("data"), spec.zones.0, zone_size));
     }
     if let Some(base) = spec.metrics_port {
         let port = base
             .checked_add(u16::try_from(id).unwrap_or(u16::MAX))
             .context("metrics port out of range")?;
-        cfg += &format!("\n[metrics]\nlisten = \"{}\"\n", SocketAddr::new(listen.ip(), port));
+        cfg.metrics = Some(MetricsSection {
+            listen: SocketAddr::new(listen.ip(), port),
+            expose: false,
+        });
+    }
+    // The spec's extra lines go into their tables; a table the node does not have
+    // (extra [manager] lines of a node that is not one) is left out.
+    let mut extra = vec![("node", spec.node_toml.as_str()), ("meta", spec.meta_toml.as_str())];
+    if manager {
+        extra.push(("manager", spec.manager_toml.as_str()));
+    }
+    if spec.data {
+        extra.push(("data", spec.data_toml.as_str()));
     }
     let config = ndir.join("node.toml");
-    std::fs::write(&config, cfg)?;
+    std::fs::write(&config, cfg.to_toml_with(&extra)?)?;
     Ok(config)
 }
 

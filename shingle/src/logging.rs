@@ -8,7 +8,7 @@
 
 use crate::telemetry::Tracing;
 use anyhow::{Result, bail};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::sync::OnceLock;
 use tracing_subscriber::EnvFilter;
 
@@ -23,7 +23,7 @@ pub const LEVEL_ENV: &str = "SHINGLE_LOG";
 pub const FORMAT_ENV: &str = "SHINGLE_LOG_FORMAT";
 
 /// How log lines are written.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines (timestamp, level, target, message, fields).

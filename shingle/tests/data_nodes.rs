@@ -7,6 +7,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{corrupt_first_record, spawn};
+use shingle::config::{DataSection, NodeConfig, NodeSection, parse_size};
 use shingle_data::ec::EcPolicy;
 use shingle_data::shard::{read_shard, write_shard};
 use shingle_data::stripe::{WriteRule, read_stripe, write_stripe};
@@ -33,15 +34,11 @@ impl Node {
         let dir = root.join(name);
         std::fs::create_dir_all(&dir).expect("node dir");
         let config = dir.join("node.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nlisten = \"{listen}\"\nsecret_file = \"{}\"\n\n[data]\ndir = \"{}\"\nzones = {zones}\nzone_size = \"{zone_size}\"\n",
-                secret.display(),
-                dir.join("data").display()
-            ),
-        )
-        .expect("write config");
+        let listen = listen.parse().expect("listen address");
+        let zone_size = parse_size(zone_size).expect("zone size");
+        let mut cfg = NodeConfig::new(NodeSection::new(listen, secret));
+        cfg.data = Some(DataSection::emulated(&dir.join("data"), zones, zone_size));
+        cfg.write(&config).expect("write config");
         let (child, addr) = spawn(&config);
         Node {
             child: Some(child),
@@ -62,18 +59,9 @@ impl Node {
         self.kill();
         // Same port: rewrite the config with the address the node had.
         let text = std::fs::read_to_string(&self.config).expect("config");
-        let text = text
-            .lines()
-            .map(|l| {
-                if l.starts_with("listen") {
-                    format!("listen = \"{}\"", self.addr)
-                } else {
-                    l.to_string()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(&self.config, text).expect("rewrite config");
+        let mut cfg: NodeConfig = toml::from_str(&text).expect("parse config");
+        cfg.node.listen = self.addr;
+        cfg.write(&self.config).expect("rewrite config");
         let (child, addr) = spawn(&self.config);
         assert_eq!(addr, self.addr);
         self.child = Some(child);

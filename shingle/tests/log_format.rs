@@ -2,6 +2,7 @@
 //! JSON object per line on stderr, text stays the default, and unknown values are refused
 //! with a clear error.
 
+use shingle::config::{DataSection, NodeConfig, NodeSection};
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -16,11 +17,11 @@ fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
         assert!(out.status.success(), "keygen: {out:?}");
     }
     let config = dir.join("node.toml");
-    let text = format!(
-        "[node]\nlisten = \"127.0.0.1:0\"\nsecret_file = \"{}\"\n\n[data]\ndir = \"{}\"\nzones = 4\nzone_size = \"1MiB\"\n\n{extra}",
-        secret.display(),
-        dir.join("data").display()
-    );
+    let listen = "127.0.0.1:0".parse().expect("address");
+    let mut cfg = NodeConfig::new(NodeSection::new(listen, &secret));
+    cfg.data = Some(DataSection::emulated(&dir.join("data"), 4, 1 << 20));
+    // Appended as written: some of the extras are meant to be refused.
+    let text = format!("{}\n{extra}", cfg.to_toml().expect("config"));
     std::fs::write(&config, text).expect("write config");
     config
 }
