@@ -60,9 +60,33 @@ struct Prefetched {
     misses: u64,
 }
 
+/// The process's runtime: one for every session, made on first use and never dropped
+/// (a runtime cannot be dropped from one of its own tasks, where a session's last
+/// reference may go). A child process after `fork` makes its own: the parent's threads
+/// are not there.
+fn runtime() -> std::io::Result<&'static tokio::runtime::Runtime> {
+    static RT: Mutex<Option<(u32, &'static tokio::runtime::Runtime)>> = Mutex::new(None);
+    let mut rt = RT.lock();
+    let pid = std::process::id();
+    if let Some((p, r)) = *rt
+        && p == pid
+    {
+        return Ok(r);
+    }
+    let r: &'static _ = Box::leak(Box::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("shingle-client")
+            .enable_all()
+            .build()?,
+    ));
+    *rt = Some((pid, r));
+    Ok(r)
+}
+
 /// The shared state of a session (files keep it alive after the session closes).
 pub struct Core {
-    rt: Option<tokio::runtime::Runtime>,
+    rt: &'static tokio::runtime::Runtime,
     pub client: Client,
     pub creds: Creds,
     pub pid: u32,
@@ -70,14 +94,6 @@ pub struct Core {
     prefetched: Mutex<Prefetched>,
     prefetch_limit: usize,
     prefetch_gate: Arc<tokio::sync::Semaphore>,
-}
-
-impl Drop for Core {
-    fn drop(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
-        }
-    }
 }
 
 /// Drops `core` in the process that made it; in another (after `fork`) it is leaked:
@@ -112,18 +128,14 @@ fn bytes_of(p: &Path) -> Vec<u8> {
 }
 
 impl Core {
-    fn rt(&self) -> &tokio::runtime::Runtime {
-        self.rt.as_ref().expect("the runtime lives as long as the session")
-    }
-
     /// Runs `f` on the runtime with the GIL released.
     pub fn block<T: Send>(&self, py: Python<'_>, f: impl AsyncFnOnce() -> T + Send) -> T {
-        py.detach(|| self.rt().block_on(f()))
+        py.detach(|| self.rt.block_on(f()))
     }
 
     /// Spawns background work on the runtime.
     fn spawn(&self, fut: impl std::future::Future<Output = ()> + Send + 'static) {
-        self.rt().spawn(fut);
+        self.rt.spawn(fut);
     }
 
     async fn lookup(&self, dir: &Attr, name: &[u8], last: bool) -> Result<Attr, Errno> {
@@ -467,12 +479,8 @@ impl Session {
         timeout: f64,
         prefetch_bytes: usize,
     ) -> PyResult<Self> {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("shingle-client")
-            .enable_all()
-            .build()
-            .map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("start the client runtime: {e}")))?;
+        let rt =
+            runtime().map_err(|e| pyo3::exceptions::PyOSError::new_err(format!("start the client runtime: {e}")))?;
         let wait = Duration::from_secs_f64(timeout.max(0.1));
         let connected = py.detach(|| {
             rt.block_on(async {
@@ -482,15 +490,12 @@ impl Session {
         });
         let (meta, cf) = match connected {
             Ok(c) => c,
-            Err(e) => {
-                rt.shutdown_background();
-                return Err(pyo3::exceptions::PyConnectionError::new_err(format!("{e:#}")));
-            }
+            Err(e) => return Err(pyo3::exceptions::PyConnectionError::new_err(format!("{e:#}"))),
         };
         let client = Client::new(meta, shingle::dev::client_config(&cf));
         Ok(Session {
             core: Some(Arc::new(Core {
-                rt: Some(rt),
+                rt,
                 client,
                 creds: Creds { uid, gid, groups },
                 pid: std::process::id(),
