@@ -431,6 +431,35 @@ impl Client {
         seen.insert(ino, (mtime, size)) == Some((mtime, size))
     }
 
+    /// Creates regular file `name` in `parent` and opens it. The create hands this
+    /// client the file's first [`RESERVE_MIN`] stripe versions, so writing a small new
+    /// file costs no `ReserveVersions` round trip of its own.
+    pub async fn create(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        perm: u32,
+    ) -> Result<(Attr, Arc<OpenFile>), Errno> {
+        let a = self
+            .inner
+            .meta
+            .create_file(creds, parent, name, perm, self.default_policy(), RESERVE_MIN)
+            .await?;
+        let f = self.open(creds, a.ino).await?;
+        {
+            let mut st = f.shared.state.lock().await;
+            // Versions 1..=RESERVE_MIN are this create's (a retried create that the
+            // first attempt made answers the same inode, still ours); a file open here
+            // already has versions of its own.
+            if st.content.needs_versions() && !st.unlinked {
+                st.content.add_versions(1, RESERVE_MIN);
+                st.reserve_next = (RESERVE_MIN * 2).min(RESERVE_MAX);
+            }
+        }
+        Ok((a, f))
+    }
+
     /// Opens a file (fresh attributes and layout: close-to-open consistency).
     pub async fn open(&self, creds: &Creds, ino: Ino) -> Result<Arc<OpenFile>, Errno> {
         Ok(self.open_cached(creds, ino).await?.0)

@@ -878,16 +878,18 @@ impl Filesystem for ShingleFs {
         self.run(
             op_span!("fs.create", "create", parent.0, degraded = false),
             async move {
-                let a = match c
-                    .meta()
-                    .mknod(&cr, Ino(parent.0), &name, k, mode & !umask & 0o7777, 0, None)
-                    .await
-                {
-                    Ok(a) => a,
-                    Err(e) => return reply.error(errno(e)),
+                let perm = mode & !umask & 0o7777;
+                let made = if k == FileKind::File {
+                    c.create(&cr, Ino(parent.0), &name, perm).await
+                } else {
+                    // Anything else the kernel creates and opens (a fifo): no stripes.
+                    match c.meta().mknod(&cr, Ino(parent.0), &name, k, perm, 0, None).await {
+                        Ok(a) => c.open(&cr, a.ino).await.map(|f| (a, f)),
+                        Err(e) => Err(e),
+                    }
                 };
-                match c.open(&cr, a.ino).await {
-                    Ok(f) => {
+                match made {
+                    Ok((a, f)) => {
                         files.lock().insert(fh, f);
                         reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                     }

@@ -565,6 +565,32 @@ impl MetaClient {
             rdev,
             target: target.map(<[u8]>::to_vec),
             token: random_id(),
+            reserve: None,
+        };
+        Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Creates a regular file and takes stripe versions `1..=count` of it with the
+    /// create (`policy`: the file's when its directory sets none): the creator stores
+    /// its first stripes without asking for versions.
+    pub async fn create_file(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        perm: u32,
+        policy: Layout,
+        count: u32,
+    ) -> Result<Attr, Errno> {
+        let op = NsOp::Mknod {
+            parent,
+            name: name.to_vec(),
+            kind: FileKind::File,
+            perm,
+            rdev: 0,
+            target: None,
+            token: random_id(),
+            reserve: Some(crate::service::wire::CreateReserve { policy, count }),
         };
         Self::attr(self.op(creds, op).await?)
     }

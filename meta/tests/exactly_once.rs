@@ -9,7 +9,8 @@ use shingle_meta::namespace::types::{Creds, Errno, FileKind};
 fn a_retried_create_finds_its_own_inode_and_no_other() {
     let mut ns = Namespace::format(4, 1);
     let root = Creds::root();
-    let mk = |ns: &mut Namespace, kind, token| ns.mknod_once(&root, Ino::ROOT, b"f", kind, 0o644, 0, None, 5, token);
+    let mk =
+        |ns: &mut Namespace, kind, token| ns.mknod_once(&root, Ino::ROOT, b"f", kind, 0o644, 0, None, 5, token, None);
     let first = mk(&mut ns, FileKind::File, 42).expect("create");
     let again = mk(&mut ns, FileKind::File, 42).expect("the retry of the same create");
     assert_eq!(again.ino, first.ino);

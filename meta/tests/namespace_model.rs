@@ -410,7 +410,7 @@ fn run_engine(ns: &mut Namespace, op: &Op, id: u64, now: i64) -> Result<Answer, 
             let target: Option<&[u8]> = (*k == FileKind::Symlink).then_some(b"target/x");
             let parent = ino(ns, p)?;
             // A create is made once by its token instead.
-            ns.mknod_once(c, parent, n, *k, *m, 0, target, now, id)
+            ns.mknod_once(c, parent, n, *k, *m, 0, target, now, id, None)
                 .map(|_| Answer::Ran)
         }
         Op::Unlink(c, p, n) => {

@@ -52,6 +52,62 @@ fn reservations_never_overlap_and_only_grow() {
 }
 
 #[test]
+fn a_create_hands_its_creator_the_first_versions() {
+    let mut ns = Namespace::format(4, 1);
+    let root = Creds::root();
+    fn create(ns: &mut Namespace, name: &[u8], kind: FileKind, reserve: Option<(&Layout, u32)>) -> Result<Ino, Errno> {
+        ns.mknod_once(&Creds::root(), Ino::ROOT, name, kind, 0o644, 0, None, 1, 7, reserve)
+            .map(|a| a.ino)
+    }
+    let f = create(&mut ns, b"f", FileKind::File, Some((&policy(), 16))).expect("create");
+    // Versions 1..=16 are the creator's: the next reservation starts above them, and
+    // the file took the policy given (its directory has none).
+    assert_eq!(ns.reserve_versions(f, &policy(), 4), Ok(17));
+    assert_eq!(ns.layout(f).expect("layout").map(|l| (l.k, l.m)), Some((4, 2)));
+    // A directory with a policy gives it to the file instead.
+    let d = ns
+        .mknod(&root, Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
+        .expect("mkdir")
+        .ino;
+    ns.set_layout(&root, d, &Layout { k: 2, ..policy() }, 1)
+        .expect("set layout");
+    let g = ns
+        .mknod_once(
+            &root,
+            d,
+            b"g",
+            FileKind::File,
+            0o644,
+            0,
+            None,
+            1,
+            8,
+            Some((&policy(), 4)),
+        )
+        .expect("create")
+        .ino;
+    assert_eq!(
+        ns.layout(g).expect("layout").map(|l| (l.k, l.next_version)),
+        Some((2, 5))
+    );
+    // Out of range: too many, none, a bad policy, or a kind that holds no stripes.
+    for (name, kind, count, p) in [
+        (
+            &b"a"[..],
+            FileKind::File,
+            shingle_meta::namespace::MAX_CREATE_RESERVE + 1,
+            policy(),
+        ),
+        (b"b", FileKind::File, 0, policy()),
+        (b"c", FileKind::File, 4, Layout { unit: 0, ..policy() }),
+        (b"e", FileKind::Dir, 4, policy()),
+    ] {
+        assert_eq!(create(&mut ns, name, kind, Some((&p, count))), Err(Errno::EINVAL));
+        assert!(ns.lookup(&root, Ino::ROOT, name).is_err(), "nothing made");
+    }
+}
+
+#[test]
 fn commits_are_compare_and_set_on_the_base_version() {
     let mut ns = Namespace::format(4, 1);
     let f = file(&mut ns);

@@ -232,7 +232,6 @@ impl Core {
 
     /// Opens `path`: what `open(2)` does with the flags of `m`.
     pub async fn open(&self, path: &[u8], m: OpenMode, perm_bits: u32) -> Result<Opened, Errno> {
-        let mut fresh = false;
         let a = if m.create {
             let (d, name) = self.parent_of(path).await?;
             match self.lookup(&d, &name, true).await {
@@ -240,16 +239,10 @@ impl Core {
                 Ok(a) if a.kind == FileKind::Symlink => self.resolve(path, true).await?,
                 Ok(a) => a,
                 Err(Errno::ENOENT) => {
-                    let made = self
-                        .client
-                        .meta()
-                        .mknod(&self.creds, d.ino, &name, FileKind::File, perm_bits & 0o7777, 0, None)
-                        .await;
-                    match made {
-                        Ok(a) => {
-                            fresh = true;
-                            a
-                        }
+                    // A new file comes with its first stripe versions (no round trip
+                    // to reserve them before its first store).
+                    match self.client.create(&self.creds, d.ino, &name, perm_bits & 0o7777).await {
+                        Ok((a, f)) => return Ok(Opened::File(a, f)),
                         Err(Errno::EEXIST) if !m.exclusive => self.resolve(path, true).await?,
                         Err(e) => return Err(e),
                     }
@@ -264,16 +257,14 @@ impl Core {
             FileKind::File => {}
             _ => return Err(Errno::EOPNOTSUPP),
         }
-        if !fresh {
-            let mask = if m.read { R } else { 0 } | if m.write { W } else { 0 };
-            perm::check(&self.creds, &a, mask)?;
-        }
+        let mask = if m.read { R } else { 0 } | if m.write { W } else { 0 };
+        perm::check(&self.creds, &a, mask)?;
         if !m.write
             && let Some(data) = self.take_prefetched(path, &a)
         {
             return Ok(Opened::Cached(a, data));
         }
-        if m.truncate && !fresh && a.size != 0 {
+        if m.truncate && a.size != 0 {
             let set = SetAttr {
                 size: Some(0),
                 ..Default::default()

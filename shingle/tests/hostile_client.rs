@@ -328,6 +328,28 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             })),
         ),
         (
+            // A create handing out every version there is, with a k = 0 policy.
+            true,
+            {
+                let p = shingle_meta::placement::dentry_partition(Ino::ROOT, b"reserving", v.map.partitions);
+                v.map.addr(v.primary(p).expect("primary")).expect("addr")
+            },
+            kind::<Op>(),
+            meta_enc(&op(NsOp::Mknod {
+                parent: Ino::ROOT,
+                name: b"reserving".to_vec(),
+                kind: FileKind::File,
+                perm: 0o644,
+                rdev: 0,
+                target: None,
+                token: 1,
+                reserve: Some(shingle_meta::service::wire::CreateReserve {
+                    policy: Layout { k: 0, ..policy.clone() },
+                    count: u32::MAX,
+                }),
+            })),
+        ),
+        (
             true,
             fp,
             kind::<Fetch>(),
@@ -548,6 +570,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 rdev: 0,
                 target: None,
                 token: 0,
+                reserve: None,
             })),
         ),
         (

@@ -63,6 +63,9 @@ pub enum XattrMode {
     Replace,
 }
 
+/// Most stripe versions a create hands its creator (`mknod_once`'s `reserve`).
+pub const MAX_CREATE_RESERVE: u32 = 1024;
+
 /// Largest extended attribute value.
 pub const XATTR_SIZE_MAX: usize = 65_536;
 /// Most bytes of extended attributes (names and values) one inode holds.
@@ -480,7 +483,7 @@ impl Namespace {
         target: Option<&[u8]>,
         now: TimeNs,
     ) -> NsResult<Attr> {
-        self.mknod_once(creds, parent, name, kind, perm, rdev, target, now, 0)
+        self.mknod_once(creds, parent, name, kind, perm, rdev, target, now, 0, None)
     }
 
     /// The attributes of the inode a create with `token` made, if `parent`/`name` still
@@ -499,6 +502,11 @@ impl Namespace {
     /// `token` (non-zero, unique per create), and a retry whose first attempt did create
     /// the entry (its coordinator failed before answering, and the create was redone)
     /// returns that inode's attributes instead of `EEXIST`.
+    ///
+    /// `reserve` (a regular file only): `(policy, count)` hands the creator stripe
+    /// versions `1..=count` with the create — the file takes its directory's policy, or
+    /// `policy` when the directory has none — so its first stores need no
+    /// [`Namespace::reserve_versions`]. Later reservations start above them.
     #[allow(clippy::too_many_arguments)]
     pub fn mknod_once(
         &mut self,
@@ -511,8 +519,14 @@ impl Namespace {
         target: Option<&[u8]>,
         now: TimeNs,
         token: u64,
+        reserve: Option<(&Layout, u32)>,
     ) -> NsResult<Attr> {
         check_name(name)?;
+        if let Some((policy, count)) = reserve
+            && (kind != FileKind::File || !(1..=MAX_CREATE_RESERVE).contains(&count) || !policy.policy_is_valid())
+        {
+            return Err(Errno::EINVAL);
+        }
         let p = self.dir_for(creds, parent, W | X)?;
         if let Some(e) = self.entry(parent, name) {
             if token != 0 {
@@ -543,10 +557,14 @@ impl Namespace {
             kind,
             if kind == FileKind::Symlink { 0o777 } else { perm },
         );
-        let layout = match kind {
+        let mut layout = match kind {
             FileKind::File | FileKind::Dir => p.layout.as_ref().map(Layout::without_stripes),
             _ => None,
         };
+        if let Some((policy, count)) = reserve {
+            let l = layout.get_or_insert_with(|| policy.without_stripes());
+            l.next_version = 1 + u64::from(count);
+        }
         let dp = self.dpart(parent, name);
         let ino = self.alloc_ino(dp)?;
         let attr = Attr {

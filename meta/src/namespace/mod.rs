@@ -12,7 +12,7 @@ pub mod partition;
 pub mod perm;
 pub mod types;
 
-pub use engine::{Namespace, Need, Plan, RenameFlags, XattrMode};
+pub use engine::{MAX_CREATE_RESERVE, Namespace, Need, Plan, RenameFlags, XattrMode};
 pub use partition::{DONE_KEEP_NS, DentryVal, DoneOp, InodeRec, Intent, Mutation, PURGE_DELAY_NS, Partition, Purge};
 pub use types::{
     Attr, Creds, DirEntry, Errno, FileKind, Layout, MAX_FILE_BYTES, NsResult, SetAttr, StripeRec, StripeWrite, TimeNs,

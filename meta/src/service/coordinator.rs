@@ -385,6 +385,7 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             rdev,
             target,
             token,
+            reserve,
         } => OpReply::Attr(ns.mknod_once(
             creds,
             *parent,
@@ -395,6 +396,7 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             target.as_deref(),
             now,
             *token,
+            reserve.as_ref().map(|r| (&r.policy, r.count)),
         )?),
         NsOp::Link {
             ino,
@@ -539,6 +541,7 @@ mod tests {
             rdev: 0,
             target: None,
             token: 0,
+            reserve: None,
         }
     }
 

@@ -201,6 +201,15 @@ pub struct Op {
     pub id: u64,
 }
 
+/// Versions handed out by a create (see [`NsOp::Mknod`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateReserve {
+    /// The file's policy when its directory sets none (stripes and versions ignored).
+    pub policy: crate::namespace::Layout,
+    /// How many versions, 1 to [`crate::namespace::MAX_CREATE_RESERVE`].
+    pub count: u32,
+}
+
 /// The mutating operations.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum NsOp {
@@ -221,6 +230,10 @@ pub enum NsOp {
         /// Unique per create, the same across its retries (0: none): makes a retried
         /// create exactly-once.
         token: u64,
+        /// For a regular file: stripe versions `1..=count` handed to its creator with
+        /// the create (and the policy the file takes when its directory has none), so
+        /// a new file's first stores need no `ReserveVersions` of their own.
+        reserve: Option<CreateReserve>,
     },
     /// link.
     Link {

@@ -214,6 +214,7 @@ impl World {
                 rdev: 0,
                 target: None,
                 token: 0,
+                reserve: None,
             };
             return (op, Expect::MkDir(i));
         }
@@ -237,6 +238,7 @@ impl World {
                     rdev: 0,
                     target: None,
                     token: 0,
+                    reserve: None,
                 };
                 let e = if there.is_some() {
                     Expect::Err(Errno::EEXIST)
@@ -324,6 +326,7 @@ impl World {
                     rdev: 0,
                     target: None,
                     token: 0,
+                    reserve: None,
                 },
                 Expect::Create(0, nm, FileKind::File),
             ),
