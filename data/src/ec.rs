@@ -67,13 +67,13 @@
 //! stripe into one buffer.
 
 use bytes::Bytes;
+use parking_lot::Mutex;
 use reed_solomon_simd::engine::DefaultEngine;
 use reed_solomon_simd::{DecoderResult, ReedSolomonDecoder, ReedSolomonEncoder};
 use std::cell::Cell;
 use std::fmt;
 use std::ops::Range;
 use std::str::FromStr;
-use std::sync::Mutex;
 
 /// The codec this module is built on, re-exported so that benchmarks compare against
 /// exactly the same version and so that [`EcError::Codec`] can be matched on.
@@ -721,17 +721,16 @@ mod pool {
     /// contents: a pooled one of at most twice that capacity if there is one.
     pub(super) fn take(blocks: usize) -> Vec<[u8; 64]> {
         if blocks * 64 >= MIN_BYTES {
-            if let Ok(mut pool) = POOL.lock() {
-                let fits = pool
-                    .free
-                    .iter()
-                    .position(|b| b.capacity() >= blocks && b.capacity() / 2 <= blocks);
-                if let Some(i) = fits {
-                    let mut buf = pool.free.swap_remove(i);
-                    pool.bytes = pool.bytes.saturating_sub(buf.capacity() * 64);
-                    buf.resize(blocks, [0; 64]);
-                    return buf;
-                }
+            let mut pool = POOL.lock();
+            let fits = pool
+                .free
+                .iter()
+                .position(|b| b.capacity() >= blocks && b.capacity() / 2 <= blocks);
+            if let Some(i) = fits {
+                let mut buf = pool.free.swap_remove(i);
+                pool.bytes = pool.bytes.saturating_sub(buf.capacity() * 64);
+                buf.resize(blocks, [0; 64]);
+                return buf;
             }
         }
         vec![[0; 64]; blocks]
@@ -805,11 +804,10 @@ mod pool {
             if bytes < MIN_BYTES {
                 return;
             }
-            if let Ok(mut pool) = POOL.lock() {
-                if pool.bytes + bytes <= MAX_BYTES {
-                    pool.bytes += bytes;
-                    pool.free.push(buf);
-                }
+            let mut pool = POOL.lock();
+            if pool.bytes + bytes <= MAX_BYTES {
+                pool.bytes += bytes;
+                pool.free.push(buf);
             }
         }
     }

@@ -8,7 +8,8 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use parking_lot::{Mutex, MutexGuard};
 
 use shingle_data::zone::blockdev::BlockZonedDevice;
 use shingle_data::zone::{ZoneError, ZoneId, ZoneInfo, ZoneState, ZonedDevice};
@@ -39,7 +40,7 @@ struct Turn {
 
 fn open_device() -> Turn {
     let path = device_path();
-    let turn = DEVICE_TURN.lock().unwrap_or_else(PoisonError::into_inner);
+    let turn = DEVICE_TURN.lock();
     let dev = BlockZonedDevice::open(&path)
         .unwrap_or_else(|e| panic!("{ENV}={} cannot be opened as a zoned device: {e}", path.display()));
     let geometry = dev.geometry();

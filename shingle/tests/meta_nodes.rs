@@ -216,12 +216,12 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         .mknod(&r, Ino::ROOT, b"b", FileKind::Dir, 0o755, 0, None)
         .await
         .expect("mkdir b");
-    let known = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, Known>::new()));
+    let known = std::sync::Arc::new(parking_lot::Mutex::new(BTreeMap::<String, Known>::new()));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
     // Answers a client retrying an operation whose coordinator died must not get (the
     // first try's effect seen as an error): each operation is applied exactly once.
-    let wrong = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let wrong = std::sync::Arc::new(parking_lot::Mutex::new(Vec::<String>::new()));
     for w in 0..4u64 {
         let (c, known, stop, wrong) = (c.clone(), known.clone(), stop.clone(), wrong.clone());
         let (a, b) = (a.ino, b.ino);
@@ -236,19 +236,13 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                 match c.mknod(&r, dir, id.as_bytes(), FileKind::File, 0o644, 0, None).await {
                     Ok(_) => {
                         acked += 1;
-                        known
-                            .lock()
-                            .expect("lock")
-                            .insert(id.clone(), Known::At(dir, id.clone()));
+                        known.lock().insert(id.clone(), Known::At(dir, id.clone()));
                     }
                     Err(e) => {
                         if e == Errno::EEXIST {
-                            wrong.lock().expect("lock").push(format!("create of {id}: {e:?}"));
+                            wrong.lock().push(format!("create of {id}: {e:?}"));
                         }
-                        known
-                            .lock()
-                            .expect("lock")
-                            .insert(id.clone(), Known::MaybeAt(dir, id.clone()));
+                        known.lock().insert(id.clone(), Known::MaybeAt(dir, id.clone()));
                         continue;
                     }
                 }
@@ -264,28 +258,27 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
                         }
                         Err(e) => {
                             if matches!(e, Errno::ENOENT | Errno::EEXIST) {
-                                wrong.lock().expect("lock").push(format!("rename of {id}: {e:?}"));
+                                wrong.lock().push(format!("rename of {id}: {e:?}"));
                             }
                             known
                                 .lock()
-                                .expect("lock")
                                 .insert(id.clone(), Known::OneOf((dir, id.clone()), (to, new)));
                             continue;
                         }
                     };
-                    known.lock().expect("lock").insert(id.clone(), k);
+                    known.lock().insert(id.clone(), k);
                 }
                 if i % 4 == 0 {
                     let k = match c.unlink(&r, at, name.as_bytes()).await {
                         Ok(()) => Known::Gone(at, name),
                         Err(e) => {
                             if e == Errno::ENOENT {
-                                wrong.lock().expect("lock").push(format!("unlink of {id}: {e:?}"));
+                                wrong.lock().push(format!("unlink of {id}: {e:?}"));
                             }
                             Known::MaybeAt(at, name)
                         }
                     };
-                    known.lock().expect("lock").insert(id, k);
+                    known.lock().insert(id, k);
                 }
             }
             acked
@@ -305,7 +298,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         acked += w.await.expect("worker");
     }
     eprintln!("workload: {acked} acknowledged creates");
-    let wrong = wrong.lock().expect("lock").clone();
+    let wrong = wrong.lock().clone();
     assert!(
         wrong.is_empty(),
         "operations applied twice (retries saw their own effect): {wrong:?}"
@@ -342,7 +335,7 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
-    let known = known.lock().expect("lock").clone();
+    let known = known.lock().clone();
     let mut accounted = 0usize;
     for (id, k) in &known {
         let here = |p: &(Ino, String)| names.contains_key(p);

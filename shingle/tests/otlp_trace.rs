@@ -12,13 +12,14 @@ mod common;
 use common::DevMount;
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use parking_lot::Mutex;
 use prost::Message;
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_shingle");
@@ -113,7 +114,7 @@ impl Receiver {
     }
 
     fn spans(&self) -> Vec<Span> {
-        self.spans.lock().expect("lock").clone()
+        self.spans.lock().clone()
     }
 }
 
@@ -149,10 +150,7 @@ fn serve(conn: TcpStream, spans: &Mutex<Vec<Span>>, requests: &Mutex<Vec<String>
         }
         let mut body = vec![0u8; len];
         r.read_exact(&mut body).expect("body");
-        requests
-            .lock()
-            .expect("lock")
-            .push(format!("{request_line} {content_type}"));
+        requests.lock().push(format!("{request_line} {content_type}"));
         let ok = request_line.starts_with("POST /v1/traces ") && content_type == "application/x-protobuf";
         if ok {
             let req = ExportTraceServiceRequest::decode(&body[..]).expect("an ExportTraceServiceRequest");
@@ -181,7 +179,7 @@ fn serve(conn: TcpStream, spans: &Mutex<Vec<Span>>, requests: &Mutex<Vec<String>
                     }
                 }
             }
-            spans.lock().expect("lock").extend(got);
+            spans.lock().extend(got);
         }
         let status = if ok { "200 OK" } else { "404 Not Found" };
         let reply = format!("HTTP/1.1 {status}\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n");
@@ -445,7 +443,7 @@ fn read_through_the_mount_is_one_trace_across_processes() {
             .any(|s| s.name.starts_with("rpc.") && s.parent.is_empty()),
         "a root RPC span was exported"
     );
-    let requests = rx.requests.lock().expect("lock").clone();
+    let requests = rx.requests.lock().clone();
     assert!(
         requests.iter().all(|r| r.starts_with("POST /v1/traces ")),
         "{requests:?}"

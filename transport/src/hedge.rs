@@ -120,7 +120,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::{Arc, Mutex};
+    use parking_lot::Mutex;
+    use std::sync::Arc;
     use tokio::time::{Instant, sleep};
 
     /// A candidate that answers after `ms` milliseconds with `how`.
@@ -153,7 +154,7 @@ mod tests {
             want,
             |_| Duration::from_millis(10),
             move |p: Peer, hedging| {
-                log.lock().expect("log").push((p.id, hedging));
+                log.lock().push((p.id, hedging));
                 async move {
                     sleep(Duration::from_millis(p.ms)).await;
                     match p.how {
@@ -166,7 +167,7 @@ mod tests {
         )
         .await;
         let ms = t0.elapsed().as_millis() as u64;
-        let s = started.lock().expect("log").clone();
+        let s = started.lock().clone();
         (r, s, ms)
     }
 

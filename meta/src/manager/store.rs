@@ -449,9 +449,7 @@ impl StateMachine {
 /// Makes a snapshot id that no other snapshot of this process shares.
 fn snapshot_id(last: Option<&LogId<NodeId>>) -> String {
     static SEQ: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
+    let nanos = crate::namespace::types::now_ns();
     let seq = SEQ.fetch_add(1, Ordering::Relaxed);
     match last {
         Some(l) => format!("{}-{}-{nanos}-{seq}", l.leader_id, l.index),

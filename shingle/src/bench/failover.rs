@@ -102,9 +102,7 @@ pub struct IsoWriterArgs {
 }
 
 fn wall_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    u64::try_from(shingle_meta::namespace::types::now_ns() / 1_000_000).unwrap_or(0)
 }
 
 /// The writer of the partition scenario: creates files in `/iso` until killed, and
