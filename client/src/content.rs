@@ -315,6 +315,13 @@ impl Content {
 
     /// Versions `first..first + count` were handed out to this client.
     pub fn add_versions(&mut self, first: u64, count: u32) {
+        // Kept in release builds: a range that overlapped one handed out before would
+        // store two stripes under one version, and a reader could get either.
+        assert!(
+            first > 0 && first >= self.versions.end,
+            "stripe versions must only grow: {first} handed out after {:?}",
+            self.versions
+        );
         self.versions = first..first.saturating_add(u64::from(count));
     }
 
