@@ -313,6 +313,11 @@ impl Content {
         self.versions.is_empty()
     }
 
+    /// Whether no versions were ever handed to this content (a file just created).
+    pub fn never_had_versions(&self) -> bool {
+        self.versions.end == 0
+    }
+
     /// Versions `first..first + count` were handed out to this client.
     pub fn add_versions(&mut self, first: u64, count: u32) {
         // Kept in release builds: a range that overlapped one handed out before would

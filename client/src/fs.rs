@@ -452,7 +452,7 @@ impl Client {
             // Versions 1..=RESERVE_MIN are this create's (a retried create that the
             // first attempt made answers the same inode, still ours); a file open here
             // already has versions of its own.
-            if st.content.needs_versions() && !st.unlinked {
+            if st.content.never_had_versions() && !st.unlinked {
                 st.content.add_versions(1, RESERVE_MIN);
                 st.reserve_next = (RESERVE_MIN * 2).min(RESERVE_MAX);
             }
