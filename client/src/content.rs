@@ -36,6 +36,7 @@
 //! queued as garbage ([`Content::take_garbage`]) for the shell to delete on the nodes.
 
 use bytes::{Bytes, BytesMut};
+use shingle_meta::ids::NodeId;
 use shingle_meta::namespace::{Errno, StripeRec, StripeWrite};
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
@@ -69,7 +70,7 @@ pub struct Garbage {
     /// The version.
     pub version: u64,
     /// Where its shards went, if known (empty: the stripe's placement group).
-    pub nodes: Vec<u64>,
+    pub nodes: Vec<Option<NodeId>>,
 }
 
 /// A write that needs a stripe's current bytes first (read-modify-write).
@@ -304,7 +305,7 @@ impl Content {
         std::mem::take(&mut self.garbage)
     }
 
-    fn discard(&mut self, stripe: u64, version: u64, nodes: Vec<u64>) {
+    fn discard(&mut self, stripe: u64, version: u64, nodes: Vec<Option<NodeId>>) {
         self.garbage.push(Garbage { stripe, version, nodes });
     }
 

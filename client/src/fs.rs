@@ -643,14 +643,15 @@ impl Client {
     /// shard that was never stored (hint 0) or whose node is down or out of the cluster,
     /// so a read goes to parity at once instead of waiting for it. A hint naming a node
     /// no longer in the map falls back to the group's current node at that index.
-    fn shard_sources(&self, ino: Ino, s: u64, n: usize, hint: &[u64]) -> Vec<Option<SocketAddr>> {
+    fn shard_sources(&self, ino: Ino, s: u64, n: usize, hint: &[Option<NodeId>]) -> Vec<Option<SocketAddr>> {
         let v = self.inner.meta.view();
         let group = v.placement.pg(stripe_pg(ino, s, v.map.pgs));
         (0..n)
             .map(|i| {
                 let id = match hint.get(i).copied() {
-                    Some(0) => return None,
-                    Some(h) if v.map.nodes.contains_key(&NodeId(h)) => NodeId(h),
+                    // Stored nowhere (a degraded write): parity stands in.
+                    Some(None) => return None,
+                    Some(Some(h)) if v.map.nodes.contains_key(&h) => h,
                     _ => *group.get(i)?,
                 };
                 v.map.is_up(id).then(|| v.addr(id)).flatten()
@@ -775,11 +776,11 @@ impl Client {
             }
         };
         let by_addr: HashMap<SocketAddr, NodeId> = v.map.nodes.values().map(|n| (n.addr, n.id)).collect();
-        let nodes: Vec<u64> = placed
+        let nodes: Vec<Option<NodeId>> = placed
             .iter()
-            .map(|a| a.and_then(|a| by_addr.get(&a)).map_or(0, |id| id.0))
+            .map(|a| a.and_then(|a| by_addr.get(&a)).copied())
             .collect();
-        if nodes.contains(&0) {
+        if nodes.contains(&None) {
             Span::current().record("degraded", true);
             debug!(
                 ino = ino.0,
@@ -1026,8 +1027,8 @@ impl Client {
         let group = v.placement.pg(stripe_pg(ino, g.stripe, v.map.pgs));
         for i in 0..n {
             let mut targets: Vec<NodeId> = Vec::new();
-            if let Some(h) = g.nodes.get(i).copied().filter(|h| *h != 0) {
-                targets.push(NodeId(h));
+            if let Some(h) = g.nodes.get(i).copied().flatten() {
+                targets.push(h);
             }
             if let Some(id) = group.get(i) {
                 targets.push(*id);

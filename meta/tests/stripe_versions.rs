@@ -1,7 +1,7 @@
 //! Stripe versions handed out by the namespace and compare-and-set commits: the rules
 //! that make a stripe's committed version the one source of truth between writers.
 
-use shingle_meta::ids::Ino;
+use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::namespace::types::{Creds, Errno, FileKind};
 use shingle_meta::namespace::{Layout, Namespace, StripeRec, StripeWrite};
 
@@ -17,6 +17,10 @@ fn policy() -> Layout {
 /// A size that reaches into stripe 1 (stripes of 4 MiB).
 const TWO_STRIPES: u64 = (4 << 20) + 4096;
 
+fn nodes(ids: &[u64]) -> Vec<Option<NodeId>> {
+    ids.iter().map(|id| Some(NodeId(*id))).collect()
+}
+
 fn write(stripe: u64, base: u64, version: u64) -> StripeWrite {
     StripeWrite {
         stripe,
@@ -24,7 +28,7 @@ fn write(stripe: u64, base: u64, version: u64) -> StripeWrite {
         rec: StripeRec {
             version,
             len: 4096,
-            nodes: vec![1, 2, 3, 4, 5, 6],
+            nodes: nodes(&[1, 2, 3, 4, 5, 6]),
         },
     }
 }
@@ -169,7 +173,7 @@ fn commits_and_relocations_refuse_out_of_range_fields() {
     let f = file(&mut ns);
     let v = ns.reserve_versions(f, &policy(), 8).expect("reserve");
     let mut long = write(0, 0, v);
-    long.rec.nodes = vec![1; 7];
+    long.rec.nodes = nodes(&[1; 7]);
     assert_eq!(
         ns.commit_write(f, &policy(), 4096, &[long], 3),
         Err(Errno::EINVAL),
@@ -206,7 +210,7 @@ fn commits_and_relocations_refuse_out_of_range_fields() {
     assert_eq!(ns.relocate_shards(f, 0, v, &[(u32::MAX, 9)]), Err(Errno::EINVAL));
     assert_eq!(ns.relocate_shards(f, 0, v, &[(5, 9)]), Ok(true));
     let l = ns.layout(f).expect("layout").expect("layout");
-    assert_eq!(l.stripes[&0].nodes, vec![1, 2, 3, 4, 5, 9]);
+    assert_eq!(l.stripes[&0].nodes, nodes(&[1, 2, 3, 4, 5, 9]));
 
     let set = shingle_meta::namespace::SetAttr {
         size: Some(huge),

@@ -279,7 +279,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         rec: StripeRec {
             version: layout.stripes[&0].version,
             len: 4096,
-            nodes: vec![1; 100_000],
+            nodes: vec![Some(NodeId(1)); 100_000],
         },
     };
     let targeted: Vec<(bool, SocketAddr, MsgKind, Vec<u8>)> = vec![

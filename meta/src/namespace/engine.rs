@@ -1331,12 +1331,12 @@ impl Namespace {
         }
         let mut changed = false;
         for (i, node) in moves {
-            let i = *i as usize;
+            let (i, node) = (*i as usize, (*node != 0).then_some(crate::ids::NodeId(*node)));
             if i >= rec.nodes.len() {
-                rec.nodes.resize(i + 1, 0);
+                rec.nodes.resize(i + 1, None);
             }
-            if rec.nodes[i] != *node {
-                rec.nodes[i] = *node;
+            if rec.nodes[i] != node {
+                rec.nodes[i] = node;
                 changed = true;
             }
         }

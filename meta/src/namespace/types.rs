@@ -1,6 +1,6 @@
 //! Namespace value types: file kinds, attributes, credentials, errno, name rules.
 
-use crate::ids::Ino;
+use crate::ids::{Ino, NodeId};
 use serde::{Deserialize, Serialize};
 
 /// Linux errno values the namespace returns, exactly as a local filesystem would.
@@ -346,8 +346,26 @@ pub struct StripeRec {
     pub version: u64,
     /// Bytes of file data the stripe was encoded with (the rest of it reads as zeros).
     pub len: u64,
-    /// Node ids that took shards 0..k+m (a location hint).
-    pub nodes: Vec<u64>,
+    /// The node that took each shard 0..k+m, `None` where none did (a location hint).
+    /// Stored and sent as node ids with 0 for `None`, the encoding it always had.
+    #[serde(with = "shard_nodes")]
+    pub nodes: Vec<Option<NodeId>>,
+}
+
+/// [`StripeRec::nodes`] on disk and on the wire: a node id per shard, 0 for none.
+mod shard_nodes {
+    use crate::ids::NodeId;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(nodes: &[Option<NodeId>], s: S) -> Result<S::Ok, S::Error> {
+        let ids: Vec<u64> = nodes.iter().map(|n| n.map_or(0, |n| n.0)).collect();
+        ids.serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<Option<NodeId>>, D::Error> {
+        let ids = Vec::<u64>::deserialize(d)?;
+        Ok(ids.into_iter().map(|id| (id != 0).then_some(NodeId(id))).collect())
+    }
 }
 
 /// One stripe of a commit: the record written, and the version it replaces (what the
@@ -372,4 +390,34 @@ pub struct DirEntry {
     pub ino: Ino,
     /// Kind.
     pub kind: FileKind,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shard_locations_keep_their_stored_encoding() {
+        // Stripe records are on disk and on the wire: `Option<NodeId>` per shard must
+        // encode exactly as the node ids (0 for none) it replaced.
+        #[derive(Serialize)]
+        struct Before {
+            version: u64,
+            len: u64,
+            nodes: Vec<u64>,
+        }
+        let rec = StripeRec {
+            version: 7,
+            len: 4096,
+            nodes: vec![Some(NodeId(1)), None, Some(NodeId(300))],
+        };
+        let before = Before {
+            version: 7,
+            len: 4096,
+            nodes: vec![1, 0, 300],
+        };
+        let bytes = postcard::to_allocvec(&rec).expect("encode");
+        assert_eq!(bytes, postcard::to_allocvec(&before).expect("encode"));
+        assert_eq!(postcard::from_bytes::<StripeRec>(&bytes).expect("decode"), rec);
+    }
 }

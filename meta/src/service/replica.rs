@@ -500,7 +500,11 @@ mod tests {
         crate::namespace::StripeRec {
             version,
             len: 4096,
-            nodes: vec![1, 2, 3],
+            nodes: vec![
+                Some(crate::ids::NodeId(1)),
+                Some(crate::ids::NodeId(2)),
+                Some(crate::ids::NodeId(3)),
+            ],
         }
     }
 

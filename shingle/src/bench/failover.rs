@@ -373,7 +373,8 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
             continue;
         };
         for (i, node) in sr.nodes.iter().enumerate() {
-            let Some(addr) = v.map.addr(shingle_meta::ids::NodeId(*node)) else {
+            let node = node.map_or(0, |n| n.0);
+            let Some(addr) = v.map.addr(shingle_meta::ids::NodeId(node)) else {
                 out.push(format!("s{s}/{i}@{node}: no addr"));
                 continue;
             };
@@ -501,7 +502,7 @@ async fn three_victims(meta: &MetaClient, pre: Ino, files: usize, managers: u64)
         let Some((_, sr)) = rec.layout.as_ref().and_then(|l| l.stripes.iter().next()) else {
             continue;
         };
-        let ids: Vec<u64> = sr.nodes.iter().copied().filter(|n| *n != 0).collect();
+        let ids: Vec<u64> = sr.nodes.iter().flatten().map(|n| n.0).collect();
         for x in 0..ids.len() {
             for y in x + 1..ids.len() {
                 for z in y + 1..ids.len() {

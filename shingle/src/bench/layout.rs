@@ -61,7 +61,7 @@ fn writes(from: u64, to: u64, version: &mut u64, sb: u64) -> Vec<StripeWrite> {
                 rec: StripeRec {
                     version: v,
                     len: sb,
-                    nodes: vec![1, 2, 3, 4, 5, 6],
+                    nodes: (1..=6).map(|n| Some(shingle_meta::ids::NodeId(n))).collect(),
                 },
             }
         })

@@ -10,7 +10,7 @@
 
 use shingle_data::chunk::ChunkKey;
 use shingle_data::wire::{RepairShard, RepairShardRequest, ShardId, ShardSource};
-use shingle_meta::ids::{Ino, NodeId};
+use shingle_meta::ids::Ino;
 use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Layout, StripeRec};
 use shingle_meta::placement::stripe_pg;
@@ -109,13 +109,7 @@ fn sources(
     (0..n)
         .filter(|i| *i != usize::from(key.shard))
         .filter_map(|i| {
-            let id = rec
-                .nodes
-                .get(i)
-                .copied()
-                .filter(|h| *h != 0)
-                .map(NodeId)
-                .or_else(|| group.get(i).copied())?;
+            let id = rec.nodes.get(i).copied().flatten().or_else(|| group.get(i).copied())?;
             let a = v.addr(id).filter(|a| *a != me)?;
             Some(ShardSource {
                 addr: a.to_string(),

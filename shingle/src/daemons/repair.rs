@@ -110,8 +110,8 @@ pub fn plan_stripe(
             continue; // an empty data shard of a short stripe: never stored
         }
         let node = match rec.nodes.get(i).copied() {
-            Some(0) => None,
-            Some(h) if map.nodes.contains_key(&NodeId(h)) => Some(NodeId(h)),
+            Some(None) => None,
+            Some(Some(h)) if map.nodes.contains_key(&h) => Some(h),
             _ => group.get(i).copied(),
         };
         match node {
@@ -200,7 +200,7 @@ fn holders(layout: &Layout, rec: &StripeRec) -> Vec<Option<NodeId>> {
     rec.nodes
         .iter()
         .enumerate()
-        .map(|(i, h)| (*h != 0 && !(used..k).contains(&i)).then_some(NodeId(*h)))
+        .map(|(i, h)| h.filter(|_| !(used..k).contains(&i)))
         .collect()
 }
 
@@ -430,13 +430,12 @@ async fn repair_one(
         // (another scan, on a node with a different map during a primary change, may
         // have moved it elsewhere), and only at the version moved (a newer write there
         // is kept). Failing leaves an unreferenced copy, not a loss.
-        let now = meta
-            .get_inode(ino)
-            .await
-            .ok()
-            .and_then(|i| i.layout)
-            .and_then(|l| l.stripes.get(&s).map(|x| (x.version, x.nodes.get(r.shard).copied())));
-        if now != Some((rec.version, Some(r.target.0))) {
+        let now = meta.get_inode(ino).await.ok().and_then(|i| i.layout).and_then(|l| {
+            l.stripes
+                .get(&s)
+                .map(|x| (x.version, x.nodes.get(r.shard).copied().flatten()))
+        });
+        if now != Some((rec.version, Some(r.target))) {
             debug!(
                 ino = ino.0,
                 stripe = s,
@@ -474,6 +473,11 @@ mod tests {
     use shingle_meta::map::{MapCommand, NodeInfo, Roles};
     use std::collections::BTreeMap;
     use std::net::SocketAddr;
+
+    /// Shard locations from node ids.
+    fn at(ids: &[u64]) -> Vec<Option<NodeId>> {
+        ids.iter().map(|id| Some(NodeId(*id))).collect()
+    }
 
     fn cluster(n: u64) -> ClusterMap {
         let mut m = ClusterMap::new("t", 16, 32, 3, 6);
@@ -517,7 +521,7 @@ mod tests {
         let full = StripeRec {
             version: 9,
             len: 4 * 4096,
-            nodes: group.clone(),
+            nodes: at(&group),
         };
         assert_eq!(plan_stripe(&m, &p, ino, s, &layout(), &full), StripePlan::Healthy);
 
@@ -542,7 +546,7 @@ mod tests {
         let mut m = cluster(8);
         let p = m.placement();
         let mut degraded = full.clone();
-        degraded.nodes[4] = 0;
+        degraded.nodes[4] = None;
         let StripePlan::Repair(r) = plan_stripe(&m, &p, ino, s, &layout(), &degraded) else {
             panic!("expected a repair")
         };
@@ -552,7 +556,7 @@ mod tests {
         set(&mut m, group[0], NodeState::Down);
         set(&mut m, group[2], NodeState::Down);
         let p = m.placement();
-        degraded.nodes[5] = 0;
+        degraded.nodes[5] = None;
         assert_eq!(
             plan_stripe(&m, &p, ino, s, &layout(), &degraded),
             StripePlan::Unreadable
@@ -569,9 +573,9 @@ mod tests {
         let mut rec = StripeRec {
             version: 4,
             len: 4 * 4096,
-            nodes: group.clone(),
+            nodes: at(&group),
         };
-        rec.nodes[1] = spare;
+        rec.nodes[1] = Some(NodeId(spare));
         let StripePlan::Move(r) = plan_stripe(&m, &p, ino, s, &layout(), &rec) else {
             panic!("expected a move")
         };
@@ -596,15 +600,15 @@ mod tests {
         let mut rec = StripeRec {
             version: 3,
             len: 4 * 4096,
-            nodes: group.clone(),
+            nodes: at(&group),
         };
-        rec.nodes[4] = group[0];
-        rec.nodes[5] = group[1];
+        rec.nodes[4] = Some(NodeId(group[0]));
+        rec.nodes[5] = Some(NodeId(group[1]));
         assert!(shares_a_node(&holders(&layout(), &rec)));
         assert!(!shares_a_node(&holders(
             &layout(),
             &StripeRec {
-                nodes: group.clone(),
+                nodes: at(&group),
                 ..rec.clone()
             }
         )));
@@ -630,7 +634,7 @@ mod tests {
         // A short stripe's empty data shards do not count as sharing.
         let short = StripeRec {
             len: 100,
-            nodes: vec![group[0], group[0], group[0], group[0], group[4], group[5]],
+            nodes: at(&[group[0], group[0], group[0], group[0], group[4], group[5]]),
             ..rec
         };
         assert!(!shares_a_node(&holders(&layout(), &short)));
@@ -645,7 +649,7 @@ mod tests {
         let short = StripeRec {
             version: 1,
             len: 100,
-            nodes: group.clone(),
+            nodes: at(&group),
         };
         // Shard 2 is empty (never stored): its node leaving needs no repair (the group
         // changed, so stored shards may move to their new group nodes).
