@@ -8,8 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 venv=${SHINGLE_VENV:-$root/target/python-venv}
-export SHINGLE_BIN=${SHINGLE_BIN:-$root/target/release/shingle}
+SHINGLE_BIN=${SHINGLE_BIN:-$root/target/release/shingle}
 [ -x "$SHINGLE_BIN" ] || { echo "python-tests: $SHINGLE_BIN is missing (cargo build --release -p shingle)" >&2; exit 1; }
+# Absolute: the tests run from their own folder.
+SHINGLE_BIN=$(realpath "$SHINGLE_BIN")
+export SHINGLE_BIN
 
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/pip" install -q --disable-pip-version-check maturin pytest numpy fsspec pandas pyarrow
