@@ -557,17 +557,8 @@ impl MetaClient {
         rdev: u64,
         target: Option<&[u8]>,
     ) -> Result<Attr, Errno> {
-        let op = NsOp::Mknod {
-            parent,
-            name: name.to_vec(),
-            kind,
-            perm,
-            rdev,
-            target: target.map(<[u8]>::to_vec),
-            token: random_id(),
-            reserve: None,
-        };
-        Self::attr(self.op(creds, op).await?)
+        self.mknod_reserving(creds, parent, name, kind, perm, rdev, target, None)
+            .await
     }
 
     /// Creates a regular file and takes stripe versions `1..=count` of it with the
@@ -582,15 +573,32 @@ impl MetaClient {
         policy: Layout,
         count: u32,
     ) -> Result<Attr, Errno> {
+        let reserve = Some(crate::service::wire::CreateReserve { policy, count });
+        self.mknod_reserving(creds, parent, name, FileKind::File, perm, 0, None, reserve)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn mknod_reserving(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        kind: FileKind,
+        perm: u32,
+        rdev: u64,
+        target: Option<&[u8]>,
+        reserve: Option<crate::service::wire::CreateReserve>,
+    ) -> Result<Attr, Errno> {
         let op = NsOp::Mknod {
             parent,
             name: name.to_vec(),
-            kind: FileKind::File,
+            kind,
             perm,
-            rdev: 0,
-            target: None,
+            rdev,
+            target: target.map(<[u8]>::to_vec),
             token: random_id(),
-            reserve: Some(crate::service::wire::CreateReserve { policy, count }),
+            reserve,
         };
         Self::attr(self.op(creds, op).await?)
     }

@@ -9,7 +9,7 @@
 //! memory and never opened on the cluster.
 
 use crate::buffer::{Buffer, WritableView, with_bytes};
-use crate::session::{Core, OpenMode, Opened, READ_CHUNK, StatTuple, read_all, release, stat_tuple};
+use crate::session::{Core, OpenMode, Opened, READ_CHUNK, StatTuple, read_range, release, stat_tuple};
 use crate::{os_error, same_process};
 use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyValueError};
@@ -77,6 +77,14 @@ impl File {
         }
     }
 
+    /// The session and content of a file open for reading.
+    fn readable(&self) -> PyResult<(&Arc<Core>, &Content)> {
+        if !self.mode.read {
+            return Err(UnsupportedOperation::new_err("not readable"));
+        }
+        self.live()
+    }
+
     fn err(&self, e: Errno) -> PyErr {
         os_error(e, &self.path)
     }
@@ -91,10 +99,7 @@ impl File {
     /// Up to `n` bytes at `offset` (to the end when `n` is negative), as the client's
     /// bytes when one read covers them.
     fn read_bytes(&self, py: Python<'_>, n: i64, offset: u64) -> PyResult<Bytes> {
-        if !self.mode.read {
-            return Err(UnsupportedOperation::new_err("not readable"));
-        }
-        let (c, content) = self.live()?;
+        let (c, content) = self.readable()?;
         match content {
             Content::Cached(b) => {
                 let from = (offset as usize).min(b.len());
@@ -107,39 +112,16 @@ impl File {
             }
             Content::Open(f) => {
                 let f = Arc::clone(f);
-                c.block(py, async || {
-                    if n < 0 {
-                        return read_all(&f, offset).await;
-                    }
-                    let mut want = n as u64;
-                    let mut parts: Vec<Bytes> = Vec::new();
-                    let mut at = offset;
-                    while want > 0 {
-                        let b = f.read(at, want.min(u64::from(READ_CHUNK)) as u32).await?;
-                        if b.is_empty() {
-                            break;
-                        }
-                        at += b.len() as u64;
-                        want -= b.len() as u64;
-                        parts.push(b);
-                    }
-                    Ok(match parts.len() {
-                        0 => Bytes::new(),
-                        1 => parts.pop().unwrap_or_default(),
-                        _ => Bytes::from(parts.concat()),
-                    })
-                })
-                .map_err(|e| self.err(e))
+                let limit = u64::try_from(n).ok();
+                c.block(py, async || read_range(&f, offset, limit).await)
+                    .map_err(|e| self.err(e))
             }
         }
     }
 
     /// Reads into `view` from `offset`; returns the bytes read (fewer only at the end).
     fn read_into(&self, py: Python<'_>, view: &WritableView, offset: u64) -> PyResult<usize> {
-        if !self.mode.read {
-            return Err(UnsupportedOperation::new_err("not readable"));
-        }
-        let (c, content) = self.live()?;
+        let (c, content) = self.readable()?;
         match content {
             Content::Cached(b) => {
                 let from = (offset as usize).min(b.len());

@@ -367,14 +367,28 @@ pub enum Opened {
     Cached(Attr, Bytes),
 }
 
-/// Everything from `offset` to the end of the file: the client's own bytes when one
-/// read returns it all, one buffer otherwise.
+/// Everything from `offset` to the end of the file: [`read_range`] without a limit.
 pub async fn read_all(f: &OpenFile, offset: u64) -> Result<Bytes, Errno> {
+    read_range(f, offset, None).await
+}
+
+/// Up to `limit` bytes from `offset` (to the end of the file when `None`): the
+/// client's own bytes when one read returns them all, one buffer otherwise.
+pub async fn read_range(f: &OpenFile, offset: u64, limit: Option<u64>) -> Result<Bytes, Errno> {
+    let end = limit.map(|n| offset.saturating_add(n));
     let mut parts: Vec<Bytes> = Vec::new();
     let mut at = offset;
     loop {
-        let want = f.size().saturating_sub(at).clamp(1, u64::from(READ_CHUNK)) as u32;
-        let b = f.read(at, want).await?;
+        let want = match end {
+            Some(e) => e.saturating_sub(at),
+            // To the end: ask for what the size says is left, at least a byte (the
+            // size may have grown since).
+            None => f.size().saturating_sub(at).max(1),
+        };
+        if want == 0 {
+            break;
+        }
+        let b = f.read(at, want.min(u64::from(READ_CHUNK)) as u32).await?;
         if b.is_empty() {
             break;
         }
