@@ -143,6 +143,9 @@ pub struct Metrics {
     /// Maps a meta node adopted without the one before (history not available): its
     /// copies stopped serving until they caught up.
     pub meta_map_epochs_skipped: Counter,
+    /// Nodes a primary asked to confirm a map that dropped them from a partition before
+    /// it acknowledged (read fencing after moves and restarts).
+    pub meta_fence_calls: Counter,
     /// Repair passes finished since start.
     pub repair_passes: Counter,
     /// This manager's Raft term.
@@ -204,6 +207,7 @@ impl Metrics {
             meta_store_writes: Counter::default(),
             meta_map_epochs_stepped: Counter::default(),
             meta_map_epochs_skipped: Counter::default(),
+            meta_fence_calls: Counter::default(),
             repair_passes: Counter::default(),
             raft_term: Gauge::default(),
             raft_leader: Gauge::default(),
@@ -367,6 +371,11 @@ impl Metrics {
             "meta_map_epochs_skipped",
             "Maps adopted without the one before (copies stop serving until caught up)",
             m.meta_map_epochs_skipped.clone(),
+        );
+        r.register(
+            "meta_fence_calls",
+            "Nodes asked to confirm a map that dropped them before a primary acknowledged",
+            m.meta_fence_calls.clone(),
         );
         r.register(
             "purges_pending",

@@ -49,8 +49,17 @@ pub struct SimArgs {
     /// give; the metadata service does not have it yet).
     #[arg(long)]
     pub map_history: bool,
+    /// Nodes fetch a newer map at one heartbeat in five (they stay behind each other
+    /// for longer).
+    #[arg(long)]
+    pub slow_maps: bool,
+    /// Clients that only read, from any member of the map they have, each read checked
+    /// to see every name acknowledged before it.
+    #[arg(long, default_value_t = 2)]
+    pub readers: u32,
     /// Put a protocol bug back: promoted-keeps-serving, takeover-without-all-members,
-    /// forget-done, done-before-finished, serve-after-failed-batch, drive-across-reigns.
+    /// forget-done, done-before-finished, serve-after-failed-batch, drive-across-reigns,
+    /// move-without-holders, ack-past-dropped-holder.
     #[arg(long)]
     pub bug: Option<String>,
 }
@@ -79,6 +88,8 @@ pub fn run(a: SimArgs) -> Result<()> {
             joins: a.joins,
             mass_failure_pct: a.mass_failure,
             map_history: a.map_history,
+            slow_maps: a.slow_maps,
+            readers: a.readers,
             bug,
         };
         match sim::run(&cfg) {
@@ -95,6 +106,7 @@ pub fn run(a: SimArgs) -> Result<()> {
 
 fn add(t: &mut Report, r: &Report) {
     t.acked += r.acked;
+    t.reads += r.reads;
     t.gave_up += r.gave_up;
     t.ns_ops += r.ns_ops;
     t.intents_redone += r.intents_redone;
@@ -131,8 +143,8 @@ fn print(a: &SimArgs, t: &Report, secs: f64) {
         t.events
     );
     println!(
-        "operations: {} acknowledged ({} namespace operations), {} given up; longest {} ms (virtual, retries included); intents redone {}",
-        t.acked, t.ns_ops, t.gave_up, t.longest_op_ms, t.intents_redone
+        "operations: {} acknowledged ({} namespace operations), {} given up, {} reads checked; longest {} ms (virtual, retries included); intents redone {}",
+        t.acked, t.ns_ops, t.gave_up, t.reads, t.longest_op_ms, t.intents_redone
     );
     let per_op = |n: u64| n as f64 / t.acked.max(1) as f64;
     let kinds: Vec<String> = t

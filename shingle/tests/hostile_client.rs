@@ -28,8 +28,8 @@ use shingle_meta::namespace::partition::Mutation;
 use shingle_meta::namespace::{Creds, FileKind, Layout, SetAttr, StripeRec, StripeWrite};
 use shingle_meta::service::copy::CopyId;
 use shingle_meta::service::wire::{
-    Alloc, Execute, Fetch, InstallPiece, Lock, MetaRpc, NsOp, Op, PartOp, Pull, PullPiece, Read, ReadOp, Replicate,
-    Stats, SyncMe, encode,
+    Alloc, Execute, Fence, Fetch, InstallPiece, Lock, MetaRpc, NsOp, Op, PartOp, Pull, PullPiece, Read, ReadOp,
+    Replicate, Stats, SyncMe, encode,
 };
 use shingle_transport::frame::MsgKind;
 use shingle_transport::{CallOptions, Code, Rpc, RpcChannel, TransportError};
@@ -440,6 +440,13 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             }),
         ),
         (
+            // An epoch no map will reach: a clean refusal after a short wait.
+            true,
+            fp,
+            kind::<Fence>(),
+            meta_enc(&Fence { epoch: Epoch(u64::MAX) }),
+        ),
+        (
             true,
             nodes[0].1,
             shingle_data::wire::RepairShard::KIND,
@@ -636,6 +643,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 offset: 0,
             }),
         ),
+        ("Fence", kind::<Fence>(), meta_enc(&Fence { epoch })),
         ("Stats", kind::<Stats>(), meta_enc(&Stats)),
         (
             "StageShard",

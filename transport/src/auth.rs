@@ -27,9 +27,10 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// copies move in pieces (`Install` gone, `Pull` position-only, `InstallPiece` and
 /// `PullPiece` new); 3: stripe records apart from inode records (`Fetch` names
 /// stripes, partition copies carry them, `PutStripes`/`CutStripes` mutations); 4: a
-/// create can hand its creator stripe versions (`NsOp::Mknod` gained `reserve`). See
+/// create can hand its creator stripe versions (`NsOp::Mknod` gained `reserve`); 5: a
+/// primary fences the holders a map dropped before it acknowledges (`Fence`). See
 /// docs/operations.md "Versions".
-pub const PROTOCOL_VERSION: u8 = 4;
+pub const PROTOCOL_VERSION: u8 = 5;
 const NONCE_LEN: usize = 32;
 const MAC_LEN: usize = 32;
 const HELLO_LEN: usize = 8 + NONCE_LEN;

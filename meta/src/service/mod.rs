@@ -4,6 +4,8 @@
 //! - [`replica`]: one copy of a partition and how batches change it (pure).
 //! - [`protocol`]: the replication protocol's decisions (follow, install, takeover,
 //!   which copies keep serving across a map change), pure and shared with the simulator.
+//! - [`read_fence`]: which nodes may still serve reads of a partition they were
+//!   dropped from, and must confirm the new map before its primary acknowledges (pure).
 //! - [`store`]: durable copies in redb with group commit.
 //! - [`copy`]: partition copies moved in resumable pieces (install, takeover pull).
 //! - [`coordinator`]: the coordinator of one namespace operation (locks, reads, plans,
@@ -18,6 +20,7 @@ pub mod copy;
 pub mod locks;
 pub mod node;
 pub mod protocol;
+pub mod read_fence;
 pub mod replica;
 pub mod store;
 pub mod wire;

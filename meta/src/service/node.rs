@@ -29,6 +29,7 @@ use super::coordinator::{Coordination, Next, PlanRun, batch_ops, finish_ops, int
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
 use super::protocol::{Follow, Takeover};
+use super::read_fence::ReadFence;
 use super::replica::Replica;
 use super::store::{MetaStore, Write};
 use super::wire::*;
@@ -131,6 +132,12 @@ struct Inner {
     inflight: Mutex<BTreeSet<u64>>,
     /// Healthy contact with the managers (cleared when heartbeats fail for too long).
     in_touch: AtomicBool,
+    /// Nodes that may still serve copies of partitions a map dropped them from: a
+    /// primary hears from them before it acknowledges ([`super::read_fence`]).
+    read_fence: Mutex<ReadFence>,
+    /// Held while asking fenced nodes, so partitions fenced on the same nodes (all of
+    /// them, after a restart) ask once and the others find the answers.
+    fence_asks: tokio::sync::Mutex<()>,
     map_rx: watch::Receiver<Arc<ClusterMap>>,
     stopped: AtomicBool,
     /// Progress of the repair scan this node runs (reported by `Stats`).
@@ -234,6 +241,8 @@ impl MetaNode {
             locks: LockTable::default(),
             inflight: Mutex::new(BTreeSet::new()),
             in_touch: AtomicBool::new(true),
+            read_fence: Mutex::new(ReadFence::default()),
+            fence_asks: tokio::sync::Mutex::new(()),
             map_rx: maps,
             watch: std::sync::OnceLock::new(),
             sweep_now: tokio::sync::Notify::new(),
@@ -559,6 +568,7 @@ impl MetaNode {
                 debug!(partition = p.0, epoch = map.epoch.0, promoted, "copy must catch up");
             }
         }
+        self.inner.read_fence.lock().adopt(&old, &new, consecutive, me);
         // Locks on the inodes of partitions this node no longer leads go: their new
         // primary hosts them now (key 0, the rename lock, is partition 0's).
         // After skipped epochs it may have lost a partition and got it back: its keys
@@ -830,6 +840,7 @@ impl MetaNode {
             ));
         }
         fence(&self.view(), from, &ops)?;
+        self.fence_dropped_holders(p).await?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
         let v = self.view();
@@ -887,6 +898,58 @@ impl MetaNode {
         }
         slot.write_state().acknowledged(&req.ops);
         Ok(())
+    }
+
+    /// Hears from every node that may still serve a copy of `p` it was dropped from
+    /// (see [`super::read_fence`]) that it adopted this node's map, so no read there
+    /// misses what this primary acknowledges next. Nothing to ask almost always; after
+    /// a move, one call per dropped node (answers count for every partition).
+    async fn fence_dropped_holders(&self, p: PartitionId) -> Result<(), Status> {
+        let v = self.view();
+        if self.inner.read_fence.lock().needed(p, &v, self.me()).is_empty() {
+            return Ok(());
+        }
+        let _asking = self.inner.fence_asks.lock().await;
+        let need = self.inner.read_fence.lock().needed(p, &v, self.me());
+        if need.is_empty() {
+            return Ok(()); // another partition's questions answered these
+        }
+        let req = Fence { epoch: v.map.epoch };
+        let t = self.inner.cfg.replicate_timeout;
+        let asks = need.iter().map(|(n, _)| {
+            let addr = v.addr(*n);
+            let req = &req;
+            async move {
+                let addr = addr.ok_or(CallError::Errno(Errno::EIO))?;
+                self.call_peer(addr, req, t).await
+            }
+        });
+        let answers = futures_util::future::join_all(asks).await;
+        let mut fence = self.inner.read_fence.lock();
+        let mut failed = None;
+        for ((n, _), a) in need.iter().zip(answers) {
+            match a {
+                Ok(epoch) => fence.confirm(*n, epoch),
+                Err(e) => failed = Some((*n, e)),
+            }
+        }
+        drop(fence);
+        shingle_metrics::get().meta_fence_calls.inc_by(need.len() as u64);
+        if let Some((n, e)) = failed {
+            debug!(partition = p.0, node = n.0, error = %e, "a dropped holder did not confirm the map");
+            return Err(errno_status(Errno::EAGAIN));
+        }
+        Ok(())
+    }
+
+    /// A primary asks whether this node adopted `epoch` (see [`Fence`]): fetched now if
+    /// this node is behind; the answer is the epoch adopted, whose copies that are not
+    /// members stopped serving.
+    async fn on_fence(&self, req: Fence) -> Result<Epoch, Status> {
+        if self.view().map.epoch < req.epoch {
+            self.check_epoch(req.epoch).await?;
+        }
+        Ok(self.view().map.epoch)
     }
 
     /// Queues forgetting the at-most-once markers of a finished operation in `p`: done
@@ -2040,6 +2103,7 @@ impl MetaNode {
         r = self.route::<Pull, _, _>(r, |n, _, req| async move { n.on_pull(req).await });
         r = self.route::<PullPiece, _, _>(r, |n, _, req| async move { n.on_pull_piece(req).await });
         r = self.route::<Stats, _, _>(r, |n, _, _| async move { Ok(n.on_stats()) });
+        r = self.route::<Fence, _, _>(r, |n, _, req| async move { n.on_fence(req).await });
         r = self.route::<Settled, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;
             Ok(n.settled_here(req.partition))

@@ -15,6 +15,7 @@
 //! | `0x040B` | [`InstallPiece`] | primary → replica        | a piece of a partition's copy          |
 //! | `0x040C` | [`PullPiece`] | new primary → best member   | a piece of that member's copy          |
 //! | `0x040D` | [`Settled`] | lock host → primary           | "nothing left unfinished by an earlier primary?" |
+//! | `0x040E` | [`Fence`]   | primary → dropped holder      | "have you adopted this epoch?" (its copy stopped) |
 //!
 //! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
 //! (decision 0007): the namespace types are already serde, and a compact, schema-checked
@@ -718,6 +719,16 @@ pub struct PulledPiece {
     pub data: Vec<u8>,
 }
 meta_rpc!(PullPiece, 0x040C, PulledPiece);
+
+/// A primary asks a node a map dropped from one of its partitions whether it adopted
+/// `epoch` (see [`super::read_fence`]): the node fetches the map if it is behind and
+/// answers the epoch it adopted, from which on its dropped copies no longer serve.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+}
+meta_rpc!(Fence, 0x040E, Epoch);
 
 /// Counts of a node, for statfs and `shingle status`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -16,7 +16,9 @@
 //!   disk holds, disks whose writes fail;
 //! - a manager that marks silent nodes Down and returning nodes Up, its maps reaching
 //!   nodes at their next heartbeat (so a node can skip epochs);
-//! - clients that write names and allocate inode numbers, retrying through failures;
+//! - clients that write names and allocate inode numbers, retrying through failures,
+//!   and clients that read from any member of their own (possibly stale) map, as
+//!   `on_read` serves;
 //! - with [`Config::ns_clients`], clients running namespace operations (create, mkdir,
 //!   link, unlink, rmdir, rename) in directories of their own, coordinated by the
 //!   service's own engine ([`crate::service::coordinator`]): locks, reads, one batch or
@@ -24,8 +26,8 @@
 //!   answer is checked against the client's model (a retry must return the first
 //!   result), and once healed every directory against its model, link counts included.
 //!
-//! Checked all along: every acknowledged mutation is in the copy of every primary that
-//! acknowledges later (and, once the world heals, in every member's copy, all copies
+//! Checked all along: every read sees every name acknowledged before it was issued;
+//! every acknowledged mutation is in the copy of every primary that acknowledges later (and, once the world heals, in every member's copy, all copies
 //! equal); one node acknowledges per partition and map epoch, and per reign; no inode
 //! number is handed out twice. A violation stops the run with its seed, the virtual time
 //! and the tail of the event log; [`Config::replay`] prints the command that replays it.
@@ -69,6 +71,10 @@ pub enum Bug {
     /// the only up-to-date copy, and the new replicas start from what the Down ones
     /// held.
     MoveWithoutHolders,
+    /// A primary acknowledges batches as soon as it adopted a map that dropped a holder
+    /// (no [`crate::service::read_fence::ReadFence`]): the dropped copy serves reads
+    /// until its node adopts that map too, and misses what was acknowledged since.
+    AckPastDroppedHolder,
 }
 
 impl Bug {
@@ -82,6 +88,7 @@ impl Bug {
             Bug::ServeAfterFailedBatch => "serve-after-failed-batch",
             Bug::DriveAcrossReigns => "drive-across-reigns",
             Bug::MoveWithoutHolders => "move-without-holders",
+            Bug::AckPastDroppedHolder => "ack-past-dropped-holder",
         }
     }
 
@@ -95,6 +102,7 @@ impl Bug {
             Bug::ServeAfterFailedBatch,
             Bug::DriveAcrossReigns,
             Bug::MoveWithoutHolders,
+            Bug::AckPastDroppedHolder,
         ]
         .into_iter()
         .find(|b| b.name() == s)
@@ -132,6 +140,13 @@ pub struct Config {
     /// not looking (the metadata service does not yet: a node that skips an epoch
     /// stops serving its copies; this measures what a map history would change).
     pub map_history: bool,
+    /// A node fetches a newer map at one heartbeat in five, not at each (the managers'
+    /// answers are late or lost): nodes stay behind each other for longer.
+    pub slow_maps: bool,
+    /// Clients that only read, from any member of the map they have (fetching another
+    /// only when a read fails), each read checked to see every name acknowledged before
+    /// it was issued.
+    pub readers: u32,
     /// A bug put back on purpose.
     pub bug: Option<Bug>,
 }
@@ -150,6 +165,8 @@ impl Default for Config {
             joins: 1,
             mass_failure_pct: 0,
             map_history: false,
+            slow_maps: false,
+            readers: 2,
             bug: None,
         }
     }
@@ -171,6 +188,10 @@ impl Config {
         if self.map_history {
             s.push_str(" --map-history");
         }
+        if self.slow_maps {
+            s.push_str(" --slow-maps");
+        }
+        s.push_str(&format!(" --readers {}", self.readers));
         if let Some(b) = self.bug {
             s.push_str(&format!(" --bug {}", b.name()));
         }
@@ -187,6 +208,9 @@ pub struct Report {
     pub ns_ops: u64,
     /// Intents a primary redid for a coordinator that left them.
     pub intents_redone: u64,
+    /// Reads answered (not counted in `acked`), each checked against the names
+    /// acknowledged before it was issued.
+    pub reads: u64,
     /// Operations a client gave up on (the partition had no serving primary for long).
     pub gave_up: u64,
     /// Messages sent while the cluster formed (first takeovers and installs).

@@ -8,6 +8,7 @@ use crate::map::{ClusterMap, MapCommand, MapView, NodeInfo, NodeState, Roles};
 use crate::namespace::{DentryVal, Errno, FileKind, Mutation, Need, Partition};
 use crate::service::copy::CopyId;
 use crate::service::protocol::{Follow, Takeover, TakeoverPlan, adopt_copy};
+use crate::service::read_fence::ReadFence;
 use crate::service::replica::{Key, PartMeta, Replica};
 use crate::service::store::Write;
 use crate::service::wire::{NsOp, OpReply, PartOp, Pulled, ReplicaAck, Replicate};
@@ -43,6 +44,9 @@ enum Addr {
 enum Op {
     Put(Vec<u8>),
     Alloc,
+    /// A read of the partition from any member of the client's map, with the names
+    /// acknowledged before it was issued: the copy that answers must hold them all.
+    Read(Vec<Vec<u8>>),
     /// A coordinator's batch (steps of a namespace operation), from node `.1`.
     Batch(Vec<PartOp>, NodeId),
 }
@@ -97,6 +101,16 @@ enum Msg {
         owner: u64,
         anchor: PartitionId,
     },
+    /// A read from a copy (any member; no epoch check, as `on_read` of node.rs): which
+    /// of `names` the copy lacks.
+    Read {
+        p: PartitionId,
+        names: Vec<Vec<u8>>,
+    },
+    /// Whether the node adopted `epoch` (`on_fence` of node.rs).
+    Fence {
+        epoch: Epoch,
+    },
     /// Whether a partition's primary redid every intent left in it.
     Settled {
         epoch: Epoch,
@@ -126,6 +140,8 @@ impl Msg {
             Msg::Unlock { .. } => "unlock",
             Msg::Settled { .. } => "settled",
             Msg::Fetch { .. } => "fetch",
+            Msg::Read { .. } => "read",
+            Msg::Fence { .. } => "fence",
         }
     }
 }
@@ -140,6 +156,10 @@ enum Body {
     Ns(Result<OpReply, Errno>),
     Locked(bool),
     Fetched(Vec<ns::Rec>),
+    /// The names a read's copy lacks.
+    Missing(Vec<Vec<u8>>),
+    /// The epoch a fenced node adopted.
+    Adopted(Epoch),
 }
 
 #[derive(Clone, Debug)]
@@ -207,6 +227,16 @@ enum Task {
         /// made it durable, the move is done.
         settles: bool,
     },
+    /// Waits for the nodes a map dropped from the partition to confirm they adopted it
+    /// (`ReadFence`) before leading the batch.
+    Fence {
+        ops: Vec<PartOp>,
+        reply: Option<ReplyTo>,
+        value: Option<u64>,
+        deadline: Ms,
+        /// The nodes whose answer it waits for.
+        waits: BTreeSet<NodeId>,
+    },
     /// Waits for a batch to be durable; the copy serves if the map is still at the epoch.
     Follow(ReplyTo, Epoch),
     Install(ReplyTo, Epoch),
@@ -247,6 +277,8 @@ enum Pending {
     Work(u64, u32, ns::Wait),
     /// Whether the partition of dead coordinators' operations settled.
     Settled(PartitionId),
+    /// A fenced node's answer (for every partition waiting for it).
+    Fence(NodeId),
 }
 
 type Disk = BTreeMap<PartitionId, (PartMeta, BTreeMap<Key, Vec<u8>>)>;
@@ -269,6 +301,11 @@ struct Node {
     /// Moving partitions whose replicas all made an empty batch durable, with the map
     /// epoch it was led in: told to the managers together at the next tick.
     moves_done: Vec<(PartitionId, Epoch)>,
+    /// Nodes that may still serve copies this node's partitions dropped.
+    fence: ReadFence,
+    /// Fenced nodes asked and not answered yet: a partition that needs one of them
+    /// waits for that answer instead of asking again.
+    fence_asking: BTreeSet<NodeId>,
     ns: ns::NsNode,
 }
 
@@ -276,6 +313,10 @@ struct Client {
     view: Arc<MapView>,
     op: Option<(PartitionId, Op, Ms)>,
     call: u64,
+    /// Only reads, from the map it has (fetching another when a read fails).
+    reader: bool,
+    /// The node a read went to.
+    asked: Option<NodeId>,
 }
 
 /// Each node's partitions in one placement.
@@ -410,11 +451,13 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
     w.settle("the cluster to form")?;
     w.report.bootstrap_messages = w.report.total_messages();
     w.report.messages.clear();
-    for c in 0..cfg.clients as usize {
+    for c in 0..(cfg.clients + cfg.readers) as usize {
         w.clients.push(Client {
             view: view.clone(),
             op: None,
             call: 0,
+            reader: c >= cfg.clients as usize,
+            asked: None,
         });
         let at = w.rng.below(50);
         w.at(at, Ev::Client(c));
@@ -828,9 +871,13 @@ impl World {
             ticks: 0,
             caught_up_at: Epoch(0),
             moves_done: Vec::new(),
+            fence: ReadFence::default(),
+            fence_asking: BTreeSet::new(),
             ns: ns::NsNode::default(),
         };
         self.nodes.insert(id, node);
+        let view = self.view.clone();
+        self.nodes.get_mut(&id).expect("inserted").fence.after_gap(&view);
         self.heard.insert(id, self.now);
         let d = self.rng.below(HEARTBEAT);
         self.at(d, Ev::Tick { node: id, inc: 1 });
@@ -862,7 +909,10 @@ impl World {
         node.in_touch = true;
         node.ticks += 1;
         let due = node.ticks % CATCH_UP_EVERY == 0 || node.caught_up_at != newest.map.epoch;
-        if node.view.map.epoch < newest.map.epoch {
+        // With slow maps, the managers' answer reaches the node one tick in five.
+        let fetched = !self.cfg.slow_maps || self.rng.below(5) == 0;
+        let node = self.nodes.get_mut(&n).expect("exists");
+        if node.view.map.epoch < newest.map.epoch && fetched {
             self.adopt(n, newest);
         }
         if due {
@@ -907,6 +957,7 @@ impl World {
                 stopped += 1;
             }
         }
+        node.fence.adopt(&old, &new, consecutive, n);
         node.view = new.clone();
         if stopped > 0 {
             self.note(format!(
@@ -1108,6 +1159,58 @@ impl World {
         }
     }
 
+    /// A fenced node answered (`fence_dropped_holders` of node.rs): every partition
+    /// waiting for it goes on — led once it waits for nobody (which looks again), or
+    /// failed if the node did not confirm.
+    fn fence_answer(&mut self, n: NodeId, m: NodeId, res: Result<Body, Fail>) {
+        let node = self.nodes.get_mut(&n).expect("exists");
+        node.fence_asking.remove(&m);
+        let ok = match res {
+            Ok(Body::Adopted(e)) => {
+                node.fence.confirm(m, e);
+                true
+            }
+            _ => false,
+        };
+        let waiting: Vec<PartitionId> = node
+            .slots
+            .iter()
+            .filter(|(_, s)| matches!(&s.task, Some(Task::Fence { waits, .. }) if waits.contains(&m)))
+            .map(|(p, _)| *p)
+            .collect();
+        for p in waiting {
+            let slot = self.slot_or_create(n, p);
+            let Some(Task::Fence { waits, .. }) = &mut slot.task else {
+                unreachable!("selected above")
+            };
+            waits.remove(&m);
+            if ok && !waits.is_empty() {
+                continue;
+            }
+            let Some(Task::Fence {
+                ops,
+                reply,
+                value,
+                deadline,
+                ..
+            }) = slot.task.take()
+            else {
+                unreachable!("selected above")
+            };
+            if !ok {
+                if let Some(to) = reply {
+                    self.respond(n, to, Err(Fail::Again));
+                }
+                self.release(n, p);
+                continue;
+            }
+            self.lead(n, p, ops, reply, value, deadline);
+            if self.slot_or_create(n, p).task.is_none() {
+                self.release(n, p);
+            }
+        }
+    }
+
     /// `serve_in` of node.rs: a copy that caught up serves unless the map moved on
     /// from `epoch` or the node lost touch with the managers.
     fn serve_in(&mut self, n: NodeId, p: PartitionId, epoch: Epoch) -> bool {
@@ -1167,6 +1270,33 @@ impl World {
         ) {
             return self.ns_request(n, to, msg);
         }
+        if let Msg::Read { p, names } = msg {
+            // Any copy that serves answers, whatever the caller's epoch (`on_read`).
+            let slot = self.nodes[&n]
+                .slots
+                .get(&p)
+                .filter(|s| s.r.serving)
+                .ok_or(Fail::Again)?;
+            let missing = names
+                .into_iter()
+                .filter(|name| !slot.r.part.dentries.contains_key(&(Ino::ROOT, name.clone())))
+                .collect();
+            self.respond(n, to, Ok(Body::Missing(missing)));
+            return Ok(());
+        }
+        if let Msg::Fence { epoch } = msg {
+            // `on_fence`: adopt the caller's map if this node is behind, then say which.
+            if self.nodes[&n].view.map.epoch < epoch {
+                let newest = self.view.clone();
+                self.adopt(n, newest);
+            }
+            let mine = self.nodes[&n].view.map.epoch;
+            if mine < epoch {
+                return Err(Fail::Stale);
+            }
+            self.respond(n, to, Ok(Body::Adopted(mine)));
+            return Ok(());
+        }
         let (p, epoch) = match &msg {
             Msg::Exec { p, epoch, .. }
             | Msg::Install { p, epoch, .. }
@@ -1174,7 +1304,13 @@ impl World {
             | Msg::Pull { p, epoch }
             | Msg::PullCopy { p, epoch } => (*p, *epoch),
             Msg::Replicate(r) => (r.partition, r.epoch),
-            Msg::Ns { .. } | Msg::Lock { .. } | Msg::Unlock { .. } | Msg::Fetch { .. } | Msg::Settled { .. } => {
+            Msg::Ns { .. }
+            | Msg::Lock { .. }
+            | Msg::Unlock { .. }
+            | Msg::Fetch { .. }
+            | Msg::Settled { .. }
+            | Msg::Read { .. }
+            | Msg::Fence { .. } => {
                 unreachable!("handled above")
             }
         };
@@ -1190,6 +1326,7 @@ impl World {
             self.primary_check(n, p)?;
             let (ops, value) = match op {
                 Op::Put(name) => (vec![put(name)], None),
+                Op::Read(_) => unreachable!("reads are not executed"),
                 Op::Batch(ops, from) => {
                     self.ns_fence(n, from, &ops)?;
                     (ops, None)
@@ -1234,7 +1371,9 @@ impl World {
             | Msg::Lock { .. }
             | Msg::Unlock { .. }
             | Msg::Fetch { .. }
-            | Msg::Settled { .. } => {
+            | Msg::Settled { .. }
+            | Msg::Read { .. }
+            | Msg::Fence { .. } => {
                 unreachable!("handled above")
             }
             Msg::Replicate(req) => match slot.r.follow(req.state_epoch, req.lsn, &req.ops) {
@@ -1304,6 +1443,25 @@ impl World {
             return;
         }
         let v = self.nodes[&n].view.clone();
+        if self.cfg.bug != Some(Bug::AckPastDroppedHolder) {
+            let need = self.nodes.get_mut(&n).expect("exists").fence.needed(p, &v, n);
+            if !need.is_empty() {
+                self.slot_or_create(n, p).task = Some(Task::Fence {
+                    ops,
+                    reply,
+                    value,
+                    deadline,
+                    waits: need.iter().map(|(m, _)| *m).collect(),
+                });
+                for (m, _) in need {
+                    if self.nodes.get_mut(&n).expect("exists").fence_asking.insert(m) {
+                        let msg = Msg::Fence { epoch: v.map.epoch };
+                        self.call(n, m, msg, Pending::Fence(m), REPLICATE_TIMEOUT);
+                    }
+                }
+                return;
+            }
+        }
         let slot = self.slot_or_create(n, p);
         let (keys, lsn) = slot.r.lead(&ops);
         let req = Replicate {
@@ -1517,6 +1675,7 @@ impl World {
             Pending::SyncMe(p) => self.slot_or_create(n, p).syncing = false,
             Pending::Work(k, attempt, wait) => self.ns_reply(n, k, attempt, wait, res),
             Pending::Settled(p) => self.ns_settled(n, p, res),
+            Pending::Fence(m) => self.fence_answer(n, m, res),
             Pending::Replicate(p, to) => {
                 let epoch = self.nodes[&n].view.map.epoch;
                 let slot = self.slot_or_create(n, p);
@@ -1740,6 +1899,9 @@ impl World {
         node.alive = true;
         node.cut = false;
         node.inc += 1;
+        node.fence = ReadFence::default();
+        node.fence.after_gap(&view);
+        node.fence_asking.clear();
         node.view = view;
         node.in_touch = true;
         node.ticks = 0;
@@ -1814,7 +1976,9 @@ impl World {
             }
             self.issued += 1;
             let p = PartitionId(self.rng.below(u64::from(self.cfg.partitions)) as u32);
-            let op = if self.rng.chance(200) {
+            let op = if self.clients[c].reader {
+                Op::Read(self.acked.get(&p).cloned().unwrap_or_default())
+            } else if self.rng.chance(200) {
                 Op::Alloc
             } else {
                 self.next_name += 1;
@@ -1824,6 +1988,36 @@ impl World {
         }
         let (p, op, _) = self.clients[c].op.clone().expect("set above");
         let view = self.clients[c].view.clone();
+        if let Op::Read(names) = op {
+            // From any member of the client's map, which may be behind.
+            let members = view.members(p);
+            if members.is_empty() {
+                self.clients[c].view = self.view.clone();
+                self.at(100, Ev::Client(c));
+                return;
+            }
+            let to = members[self.rng.below(members.len() as u64) as usize];
+            self.clients[c].call += 1;
+            self.clients[c].asked = Some(to);
+            let call = self.clients[c].call;
+            self.send(
+                Addr::Client(c),
+                Addr::Node(to),
+                Packet::Req {
+                    call,
+                    msg: Msg::Read { p, names },
+                },
+            );
+            self.at(
+                CLIENT_TIMEOUT,
+                Ev::Timeout {
+                    at: Addr::Client(c),
+                    inc: 0,
+                    call,
+                },
+            );
+            return;
+        }
         let Some(primary) = view.primary(p) else {
             self.clients[c].view = self.view.clone();
             self.at(100, Ev::Client(c));
@@ -1855,6 +2049,22 @@ impl World {
         }
         client.call += 1; // later answers to this call are ignored
         let (p, op, started) = client.op.clone().expect("checked");
+        if let Ok(Body::Missing(missing)) = &res {
+            client.op = None;
+            let asked = client.asked.map_or(0, |n| n.0);
+            self.report.reads += 1;
+            if let Some(name) = missing.first() {
+                self.violation(format!(
+                    "partition {}: a read from node {asked} misses acknowledged name {}",
+                    p.0,
+                    String::from_utf8_lossy(name)
+                ));
+            }
+            self.finished += 1;
+            let d = self.rng.below(5);
+            self.at(d, Ev::Client(c));
+            return;
+        }
         match res {
             Ok(Body::Exec(value)) => {
                 client.op = None;
@@ -1863,6 +2073,7 @@ impl World {
                 self.report.longest_op_ms = self.report.longest_op_ms.max(self.now - started);
                 match (op, value) {
                     (Op::Put(name), _) => self.acked.entry(p).or_default().push(name),
+                    (Op::Read(_), _) => {}
                     (Op::Alloc, Some(v)) => {
                         if !self.counters.entry(p).or_default().insert(v) {
                             self.violation(format!("partition {}: counter {v} handed out twice", p.0));
