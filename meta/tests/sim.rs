@@ -98,7 +98,12 @@ fn a_batch_of_namespace_seeds_keeps_every_invariant() {
 /// Runs seeds from 1 of `world` with `bug` put back until one fails; the seed that
 /// found it.
 fn find_in(world: fn(u64) -> Config, bug: Bug, seeds: u64) -> Option<(u64, String)> {
-    (1..=seeds).find_map(|seed| {
+    find_from(world, bug, 1, seeds)
+}
+
+/// [`find_in`] from seed `first`.
+fn find_from(world: fn(u64) -> Config, bug: Bug, first: u64, seeds: u64) -> Option<(u64, String)> {
+    (first..first + seeds).find_map(|seed| {
         let cfg = Config {
             bug: Some(bug),
             ..world(seed)
@@ -219,10 +224,12 @@ fn the_simulator_finds_a_primary_serving_what_its_members_lack() {
 /// an intent another primary has redone and finished: they apply twice.
 #[test]
 fn the_simulator_finds_a_coordinator_driving_across_reigns() {
-    // Found at seed 179 (904 before reads were checked and fenced; docs/benchmarks.md);
-    // the limit leaves room for protocol changes
-    // that shift which seed first loses and regains a partition mid-intent.
-    let (seed, what) = find_in(namespace_heavy, Bug::DriveAcrossReigns, 2000).expect("found within 2000 seeds");
+    // Rare: about one seed in a thousand loses and regains a partition mid-intent.
+    // Found at seed 2055 (904, then 179, with earlier protocol versions;
+    // docs/benchmarks.md); the window starts near it, so a debug build does not run two
+    // thousand seeds first, and is wide enough for protocol changes that shift it.
+    let (seed, what) =
+        find_from(namespace_heavy, Bug::DriveAcrossReigns, 2000, 2000).expect("found within seeds 2000..4000");
     eprintln!("seed {seed}: {what}");
 }
 

@@ -718,6 +718,7 @@ impl MetaNode {
             {
                 match got {
                     Ok(pos) => {
+                        self.inner.read_fence.lock().absorb(p, &pos.fence);
                         if let Err(e) = tally.answer(n, &pos) {
                             warn!(partition = p.0, node = n.0, error = %e, "ignoring an impossible position");
                         }
@@ -839,11 +840,14 @@ impl MetaNode {
                 "the batch waited past its caller's deadline",
             ));
         }
-        fence(&self.view(), from, &ops)?;
-        self.fence_dropped_holders(p).await?;
+        // One map for the fence and the batch: a map adopted after the fence may drop
+        // holders it did not ask, so the batch goes out in the epoch fenced (members on a
+        // newer map refuse it and the caller retries).
+        let v = self.view();
+        fence(&v, from, &ops)?;
+        self.fence_dropped_holders(p, &v).await?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
-        let v = self.view();
         let (write, req) = {
             let mut st = slot.write_state();
             if !st.serving {
@@ -904,13 +908,12 @@ impl MetaNode {
     /// (see [`super::read_fence`]) that it adopted this node's map, so no read there
     /// misses what this primary acknowledges next. Nothing to ask almost always; after
     /// a move, one call per dropped node (answers count for every partition).
-    async fn fence_dropped_holders(&self, p: PartitionId) -> Result<(), Status> {
-        let v = self.view();
-        if self.inner.read_fence.lock().needed(p, &v, self.me()).is_empty() {
+    async fn fence_dropped_holders(&self, p: PartitionId, v: &MapView) -> Result<(), Status> {
+        if self.inner.read_fence.lock().needed(p, v, self.me()).is_empty() {
             return Ok(());
         }
         let _asking = self.inner.fence_asks.lock().await;
-        let need = self.inner.read_fence.lock().needed(p, &v, self.me());
+        let need = self.inner.read_fence.lock().needed(p, v, self.me());
         if need.is_empty() {
             return Ok(()); // another partition's questions answered these
         }
@@ -1087,6 +1090,8 @@ impl MetaNode {
         let _w = slot.write.lock().await;
         self.check_epoch_exact(req.epoch).await?;
         let epoch = req.epoch;
+        // The primary led this batch in `epoch` after hearing from every node fenced then.
+        self.inner.read_fence.lock().batch_applied(req.partition, epoch);
         let write = {
             let mut st = slot.write_state();
             match st.follow(req.state_epoch, req.lsn, &req.ops) {
@@ -1191,7 +1196,12 @@ impl MetaNode {
         let slot = self.member_slot(req.partition)?;
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
-        let pos = slot.read().position();
+        let mut pos = slot.read().position();
+        pos.fence = self
+            .inner
+            .read_fence
+            .lock()
+            .knowledge(req.partition, self.view().map.epoch);
         Ok(pos)
     }
 

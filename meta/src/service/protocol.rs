@@ -179,12 +179,14 @@ impl Replica {
     }
 
     /// This copy's position, as a new primary asks for it.
+    /// This copy's position (its node adds what it knows of the partition's fence).
     pub fn position(&self) -> Pulled {
         Pulled {
             serving: self.serving,
             state_epoch: self.meta.state_epoch,
             lsn: self.meta.lsn,
             counter_hwm: self.meta.counter_hwm,
+            fence: Default::default(),
         }
     }
 
@@ -365,6 +367,7 @@ mod tests {
             state_epoch: Epoch(reign),
             lsn,
             counter_hwm: 0,
+            fence: Default::default(),
         }
     }
 

@@ -19,12 +19,34 @@
 //!
 //! A node confirms an epoch once for all partitions (one call per node and epoch,
 //! [`ReadFence::confirm`]); an entry is dropped once its node confirmed, became a member
-//! again (it then receives every batch) or left the Up set. No I/O and no clock: the
-//! metadata service and the simulator run the same code.
+//! again (it then receives every batch) or left the Up set.
+//!
+//! What members know travels so that a gap is rarely paid for: a member that applies a
+//! batch its primary led in epoch `e` forgets what it knew up to `e`
+//! ([`ReadFence::batch_applied`]: the primary heard from all of them first), and a new
+//! primary's takeover asks every member anyway, whose answers carry what each knows of
+//! the partition ([`Knowledge`]); one that knows it without a gap since the new primary's
+//! own replaces the "every node" rule with its list ([`ReadFence::absorb`]).
+//!
+//! No I/O and no clock: the metadata service and the simulator run the same code.
 
 use crate::ids::{Epoch, NodeId, PartitionId};
 use crate::map::MapView;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+
+/// What a member knows of the nodes that may serve a partition it holds without being
+/// members, in its answer to a new primary ([`super::wire::Pulled`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Knowledge {
+    /// The member's map epoch when it answered.
+    pub at: Epoch,
+    /// It knows every such node (no gap since the last batch it applied): `dropped` is
+    /// the whole list.
+    pub complete: bool,
+    /// Dropped nodes not heard from since, with the epoch each must confirm.
+    pub dropped: Vec<(NodeId, Epoch)>,
+}
 
 /// Per partition, the nodes whose copies may serve reads without following the
 /// primary, and what each node confirmed.
@@ -116,6 +138,48 @@ impl ReadFence {
             }
         }
         out
+    }
+
+    /// What this node, at map epoch `at`, knows of `p` (see [`Knowledge`]).
+    pub fn knowledge(&self, p: PartitionId, at: Epoch) -> Knowledge {
+        Knowledge {
+            at,
+            complete: !self.everyone.contains_key(&p),
+            dropped: self
+                .dropped
+                .get(&p)
+                .map(|d| d.iter().map(|(n, e)| (*n, *e)).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    /// This node, as a member, applied a batch of `p` its primary led in `epoch`: the
+    /// primary had heard from every node fenced then, so what was known up to `epoch` is
+    /// settled.
+    pub fn batch_applied(&mut self, p: PartitionId, epoch: Epoch) {
+        if self.everyone.get(&p).is_some_and(|e| *e <= epoch) {
+            self.everyone.remove(&p);
+        }
+        if let Some(d) = self.dropped.get_mut(&p) {
+            d.retain(|_, e| *e > epoch);
+            if d.is_empty() {
+                self.dropped.remove(&p);
+            }
+        }
+    }
+
+    /// Takes a member's answer for `p` (a takeover asks every member). Its dropped nodes
+    /// join this node's; a complete answer from an epoch not older than this node's last
+    /// gap lifts the "every node" rule: the member tracked every drop up to its epoch,
+    /// and this node every one since its gap.
+    pub fn absorb(&mut self, p: PartitionId, k: &Knowledge) {
+        for (n, e) in &k.dropped {
+            let at = self.dropped.entry(p).or_default().entry(*n).or_insert(*e);
+            *at = (*at).max(*e);
+        }
+        if k.complete && self.everyone.get(&p).is_some_and(|g| *g <= k.at) {
+            self.everyone.remove(&p);
+        }
     }
 
     /// Whether anything is fenced (for tests and status).
@@ -244,5 +308,44 @@ mod tests {
             assert!(f.needed(q, &new, me).is_empty(), "partition {}", q.0);
         }
         assert!(f.is_empty());
+    }
+
+    #[test]
+    fn a_takeover_learns_from_a_member_without_a_gap() {
+        let old = map(5, &up(&[1, 2, 3]));
+        let new = map(6, &up(&[1, 2, 3, 4]));
+        let (p, gone) = moved(&old, &new).expect("moved");
+        let members = new.members(p);
+        let (a, b) = (members[0], members[1]);
+        // B has held the partition since before the move, and applied a batch in 5.
+        let mut fb = ReadFence::default();
+        fb.after_gap(&map(4, &up(&[1, 2, 3])));
+        assert!(!fb.knowledge(p, Epoch(4)).complete);
+        fb.batch_applied(p, Epoch(5));
+        fb.adopt(&old, &new, true, b);
+        // A restarted: it knows nothing of what happened before 6.
+        let mut fa = ReadFence::default();
+        fa.after_gap(&new);
+        let everyone = fa.needed(p, &new, a).len();
+        // An answer from before A's gap does not lift the rule...
+        fa.absorb(p, &fb.knowledge(p, Epoch(5)));
+        assert_eq!(fa.needed(p, &new, a).len(), everyone);
+        // ...one from its epoch does: only the nodes the move dropped are left.
+        fa.absorb(p, &fb.knowledge(p, Epoch(6)));
+        let mut need: Vec<NodeId> = fa.needed(p, &new, a).into_iter().map(|(n, _)| n).collect();
+        need.sort();
+        let mut want: Vec<NodeId> = gone.into_iter().filter(|n| *n != a).collect();
+        want.sort();
+        assert_eq!(need, want);
+        // A batch led in 6 settles what B knew up to 6.
+        fb.batch_applied(p, Epoch(6));
+        assert_eq!(
+            fb.knowledge(p, Epoch(6)),
+            Knowledge {
+                at: Epoch(6),
+                complete: true,
+                dropped: Vec::new()
+            }
+        );
     }
 }

@@ -693,6 +693,9 @@ pub struct Pulled {
     pub lsn: u64,
     /// Counter high-water mark.
     pub counter_hwm: u64,
+    /// What the member knows of nodes that may still serve the partition without being
+    /// members (the new primary fences them; [`super::read_fence`]).
+    pub fence: super::read_fence::Knowledge,
 }
 meta_rpc!(Pull, 0x0409, Pulled);
 

@@ -1322,6 +1322,11 @@ impl World {
         }
         // The epoch this request is handled in (`check_epoch` may have moved it on).
         let epoch = self.nodes[&n].view.map.epoch;
+        if let Msg::Replicate(r) = &msg {
+            // The primary led it in this epoch after hearing from every node fenced then
+            // (`on_replicate` of node.rs).
+            self.nodes.get_mut(&n).expect("exists").fence.batch_applied(p, r.epoch);
+        }
         if let Msg::Exec { op, deadline, .. } = msg {
             self.primary_check(n, p)?;
             let (ops, value) = match op {
@@ -1409,7 +1414,8 @@ impl World {
                 self.call(n, node, msg, Pending::Install(p), REPLICATE_TIMEOUT * 5);
             }
             Msg::Pull { .. } => {
-                let pos = slot.r.position();
+                let mut pos = slot.r.position();
+                pos.fence = self.nodes[&n].fence.knowledge(p, epoch);
                 self.respond(n, to, Ok(Body::Position(pos)));
             }
             Msg::PullCopy { .. } => {
@@ -1736,6 +1742,10 @@ impl World {
                 }
             }
             Pending::Pull(p, from) => {
+                if let (Ok(Body::Position(pos)), Some(Task::TakeOver { .. })) = (&res, &self.slot_or_create(n, p).task)
+                {
+                    self.nodes.get_mut(&n).expect("exists").fence.absorb(p, &pos.fence);
+                }
                 let slot = self.slot_or_create(n, p);
                 let Some(Task::TakeOver { tally, waiting, .. }) = &mut slot.task else {
                     return;
