@@ -100,6 +100,23 @@ fn scrape_hooks(
     });
 }
 
+/// A data node's chunk store.
+type Store = Arc<ChunkStore<Arc<dyn ZonedDevice>>>;
+
+/// The tasks a node runs beside its handlers, stopped at shutdown.
+#[derive(Default)]
+struct Background {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Background {
+    fn stop(self) {
+        for t in self.tasks {
+            t.abort();
+        }
+    }
+}
+
 /// Runs a node (its config loaded and validated) until SIGINT or SIGTERM, then shuts
 /// down gracefully.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
@@ -116,42 +133,15 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     // Nodes read each other's shards too (repair, rebuild).
     crate::fabric::attach(&rdma, &peers)?;
     let mut router = Router::new();
-    let mut gc_task = None;
-    let mut store_of_node = None;
+    let mut background = Background::default();
+    let mut store = None;
     if let Some(d) = &cfg.data {
-        std::fs::create_dir_all(&d.dir).with_context(|| format!("create data dir {}", d.dir.display()))?;
-        let device: Arc<dyn ZonedDevice> = match &d.device {
-            Some(dev) => Arc::new(
-                BlockZonedDevice::open(dev).with_context(|| format!("open zoned block device {}", dev.display()))?,
-            ),
-            None => {
-                let geometry = Geometry {
-                    zone_count: d.zones,
-                    zone_capacity: d.zone_size.0,
-                    block_size: u32::try_from(d.block_size.0).unwrap_or(4096),
-                    max_open_zones: 0,
-                };
-                let dir = d.dir.join("zones");
-                Arc::new(
-                    FileZonedDevice::open_or_create(&dir, geometry)
-                        .with_context(|| format!("open emulated zoned device {}", dir.display()))?,
-                )
-            }
-        };
-        let options = StoreOptions {
-            reserved_zones: d.reserved_zones,
-        };
-        let store = tokio::task::spawn_blocking({
-            let index = d.dir.join("index.redb");
-            move || ChunkStore::open(device, &index, options)
-        })
-        .await?
-        .context("open chunk store")?;
-        let store = Arc::new(store);
-        store_of_node = Some(store.clone());
-        let service = ChunkService::new(store.clone(), regions.clone(), d.stage_cache.0, peers.clone());
-        router = router.merge(service.router());
-        gc_task = Some(tokio::spawn(gc_loop(store, d.gc_when_free_below)));
+        let (s, service) = open_data(d, &regions, &peers).await?;
+        router = router.merge(service);
+        background
+            .tasks
+            .push(tokio::spawn(gc_loop(s.clone(), d.gc_when_free_below)));
+        store = Some(s);
     }
     let cluster = match &cfg.node.cluster_file {
         Some(f) => Some(ClusterFile::load(f)?),
@@ -193,119 +183,16 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         .with_context(|| format!("listen on {}", cfg.node.listen))?;
     let addr = cfg.node.advertise.unwrap_or_else(|| server.local_addr());
     let manager = match (&cfg.manager, &cluster, &initial_map) {
-        (Some(m), Some(c), Some(map)) => {
-            let mut mc = ManagerConfig::new(node_id.0, addr, m.dir.clone());
-            mc.down_after_ms = m.down_after_ms;
-            mc.down_phi = m.down_phi;
-            mc.heartbeat_pause_ms = m.heartbeat_pause_ms;
-            mc.out_after_ms = m.out_after_ms;
-            mc.down_on_refused = m.down_on_refused;
-            let manager = Manager::start_in(&slot, mc, peers.clone(), map.clone())
-                .await
-                .context("start the manager")?;
-            // The lowest-numbered manager forms the group on first start (a no-op later).
-            if c.managers.iter().map(|m| m.id).min() == Some(node_id.0) {
-                let members = c.managers.iter().map(|m| (m.id, m.addr)).collect();
-                manager.initialize(members).await.context("form the manager group")?;
-            }
-            Some(manager)
-        }
+        (Some(m), Some(c), Some(map)) => Some(start_manager(m, c, map, node_id, addr, &slot, &peers).await?),
         _ => None,
     };
-    let mut forward = None;
-    let mut repair = None;
-    let mut reclaim = Vec::new();
     if let Some(c) = &cluster {
-        let info = NodeInfo {
-            id: node_id,
-            addr,
-            roles: Roles {
-                manager: cfg.manager.is_some(),
-                meta: cfg.meta.is_some(),
-                data: cfg.data.is_some(),
-            },
-            domain: cfg.node.domain.clone().unwrap_or_else(|| format!("node-{}", node_id.0)),
-            state: NodeState::Up,
-        };
-        let wc = WatchConfig {
-            managers: c.manager_addrs(),
-            node: Some(info),
-            interval: std::time::Duration::from_millis(500),
-            touch_timeout: std::time::Duration::from_millis(1500),
-        };
-        let touch = meta.clone();
-        let watch = MapWatch::start(peers.clone(), wc, Duration::from_secs(120), move |ok| {
-            if let Some(m) = &touch {
-                m.set_in_touch(ok);
-            }
-        })
-        .await
-        .context("register with the managers")?;
-        let mut rx = watch.subscribe();
-        let _ = map_tx.send(rx.borrow_and_update().clone());
-        forward = Some(tokio::spawn(async move {
-            while rx.changed().await.is_ok() {
-                let m = rx.borrow_and_update().clone();
-                if map_tx.send(m).is_err() {
-                    return;
-                }
-            }
-        }));
-        if let Some(m) = &meta {
-            m.attach_watch(watch.clone());
-            m.start();
-            let rc = crate::daemons::repair::RepairConfig {
-                interval: Duration::from_millis(cfg.meta.as_ref().map_or(10_000, |s| s.repair_interval_ms)),
-                bytes_per_sec: cfg.meta.as_ref().map_or(200 << 20, |s| s.rebuild_rate.0),
-                ..Default::default()
-            };
-            let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
-            let purge = crate::daemons::reclaim::ReclaimConfig {
-                purge_interval: Duration::from_millis(cfg.meta.as_ref().map_or(1_000, |s| s.purge_interval_ms)),
-                ..Default::default()
-            };
-            reclaim.push(tokio::spawn(crate::daemons::reclaim::purge_loop(
-                m.clone(),
-                mc.clone(),
-                peers.clone(),
-                purge,
-            )));
-            repair = Some(tokio::spawn(crate::daemons::repair::run(
-                m.clone(),
-                mc,
-                peers.clone(),
-                rc,
-            )));
-        }
-        if let (Some(store), Some(d)) = (&store_of_node, &cfg.data) {
-            let every = Duration::from_millis(d.sweep_interval_ms);
-            let sweep = crate::daemons::reclaim::ReclaimConfig {
-                sweep_interval: every,
-                grace: every,
-                ..Default::default()
-            };
-            let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
-            let scrubbed = store.clone();
-            reclaim.push(tokio::spawn(crate::daemons::heal::heal_loop(
-                move || corrupt_versions(&scrubbed),
-                addr,
-                mc.clone(),
-                peers.clone(),
-                Duration::from_millis(d.scrub_interval_ms),
-            )));
-            let store = store.clone();
-            reclaim.push(tokio::spawn(crate::daemons::reclaim::sweep_loop(
-                move || store.inos(),
-                addr,
-                mc,
-                peers.clone(),
-                sweep,
-            )));
-        }
+        let joined = join_cluster(&cfg, c, node_id, addr, meta.as_ref(), store.as_ref(), &peers, map_tx).await?;
+        background.tasks.extend(joined.tasks);
     }
     let _metrics = match metrics_listen(&cfg)? {
         Some(a) => {
-            scrape_hooks(store_of_node, manager.clone(), meta.clone(), map_rx.clone());
+            scrape_hooks(store, manager.clone(), meta.clone(), map_rx.clone());
             // metrics_listen checked the exposure.
             let e = shingle_metrics::http::Endpoint::bind(a, true)
                 .await
@@ -323,18 +210,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         manager = manager.is_some(), "node started");
     shutdown.wait().await;
     info!("shutting down");
-    if let Some(t) = gc_task {
-        t.abort();
-    }
-    if let Some(t) = forward {
-        t.abort();
-    }
-    if let Some(t) = repair {
-        t.abort();
-    }
-    for t in reclaim {
-        t.abort();
-    }
+    background.stop();
     if let Some(m) = &meta {
         m.stop();
     }
@@ -344,6 +220,199 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     }
     peers.close();
     Ok(())
+}
+
+/// Opens a data node's zoned device (a block device, or one emulated in files) and its
+/// chunk store; returns the store and the chunk service's handlers.
+async fn open_data(
+    d: &crate::config::DataSection,
+    regions: &Arc<RegionTable>,
+    peers: &PeerClient,
+) -> Result<(Store, Router)> {
+    std::fs::create_dir_all(&d.dir).with_context(|| format!("create data dir {}", d.dir.display()))?;
+    let device: Arc<dyn ZonedDevice> = match &d.device {
+        Some(dev) => {
+            Arc::new(BlockZonedDevice::open(dev).with_context(|| format!("open zoned block device {}", dev.display()))?)
+        }
+        None => {
+            let geometry = Geometry {
+                zone_count: d.zones,
+                zone_capacity: d.zone_size.0,
+                block_size: u32::try_from(d.block_size.0).unwrap_or(4096),
+                max_open_zones: 0,
+            };
+            let dir = d.dir.join("zones");
+            Arc::new(
+                FileZonedDevice::open_or_create(&dir, geometry)
+                    .with_context(|| format!("open emulated zoned device {}", dir.display()))?,
+            )
+        }
+    };
+    let options = StoreOptions {
+        reserved_zones: d.reserved_zones,
+    };
+    let store = tokio::task::spawn_blocking({
+        let index = d.dir.join("index.redb");
+        move || ChunkStore::open(device, &index, options)
+    })
+    .await?
+    .context("open chunk store")?;
+    let store = Arc::new(store);
+    let service = ChunkService::new(store.clone(), regions.clone(), d.stage_cache.0, peers.clone());
+    Ok((store, service.router()))
+}
+
+/// Starts this node's manager; the lowest-numbered manager forms the group on first
+/// start (a no-op later).
+async fn start_manager(
+    m: &crate::config::ManagerSection,
+    c: &ClusterFile,
+    map: &ClusterMap,
+    node_id: NodeId,
+    addr: std::net::SocketAddr,
+    slot: &ManagerSlot,
+    peers: &PeerClient,
+) -> Result<Manager> {
+    let mut mc = ManagerConfig::new(node_id.0, addr, m.dir.clone());
+    mc.down_after_ms = m.down_after_ms;
+    mc.down_phi = m.down_phi;
+    mc.heartbeat_pause_ms = m.heartbeat_pause_ms;
+    mc.out_after_ms = m.out_after_ms;
+    mc.down_on_refused = m.down_on_refused;
+    let manager = Manager::start_in(slot, mc, peers.clone(), map.clone())
+        .await
+        .context("start the manager")?;
+    if c.managers.iter().map(|m| m.id).min() == Some(node_id.0) {
+        let members = c.managers.iter().map(|m| (m.id, m.addr)).collect();
+        manager.initialize(members).await.context("form the manager group")?;
+    }
+    Ok(manager)
+}
+
+/// Registers with the managers and follows their maps (forwarded to the metadata
+/// service through `map_tx`), then starts the daemons of this node's roles: the
+/// metadata service, repair and purges on meta nodes; scrub healing and the orphan
+/// sweep on data nodes.
+#[allow(clippy::too_many_arguments)]
+async fn join_cluster(
+    cfg: &NodeConfig,
+    c: &ClusterFile,
+    node_id: NodeId,
+    addr: std::net::SocketAddr,
+    meta: Option<&MetaNode>,
+    store: Option<&Store>,
+    peers: &PeerClient,
+    map_tx: tokio::sync::watch::Sender<Arc<ClusterMap>>,
+) -> Result<Background> {
+    let mut bg = Background::default();
+    let info = NodeInfo {
+        id: node_id,
+        addr,
+        roles: Roles {
+            manager: cfg.manager.is_some(),
+            meta: cfg.meta.is_some(),
+            data: cfg.data.is_some(),
+        },
+        domain: cfg.node.domain.clone().unwrap_or_else(|| format!("node-{}", node_id.0)),
+        state: NodeState::Up,
+    };
+    let wc = WatchConfig {
+        managers: c.manager_addrs(),
+        node: Some(info),
+        interval: std::time::Duration::from_millis(500),
+        touch_timeout: std::time::Duration::from_millis(1500),
+    };
+    let touch = meta.cloned();
+    let watch = MapWatch::start(peers.clone(), wc, Duration::from_secs(120), move |ok| {
+        if let Some(m) = &touch {
+            m.set_in_touch(ok);
+        }
+    })
+    .await
+    .context("register with the managers")?;
+    let mut rx = watch.subscribe();
+    let _ = map_tx.send(rx.borrow_and_update().clone());
+    bg.tasks.push(tokio::spawn(async move {
+        while rx.changed().await.is_ok() {
+            let m = rx.borrow_and_update().clone();
+            if map_tx.send(m).is_err() {
+                return;
+            }
+        }
+    }));
+    if let (Some(m), Some(ms)) = (meta, &cfg.meta) {
+        m.attach_watch(watch.clone());
+        m.start();
+        bg.tasks.extend(meta_daemons(m, ms, &watch, peers));
+    }
+    if let (Some(store), Some(d)) = (store, &cfg.data) {
+        bg.tasks.extend(data_daemons(store, d, addr, &watch, peers));
+    }
+    Ok(bg)
+}
+
+/// The daemons of a meta node: repair scans and purges of removed files.
+fn meta_daemons(
+    m: &MetaNode,
+    ms: &crate::config::MetaSection,
+    watch: &MapWatch,
+    peers: &PeerClient,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let rc = crate::daemons::repair::RepairConfig {
+        interval: Duration::from_millis(ms.repair_interval_ms),
+        bytes_per_sec: ms.rebuild_rate.0,
+        ..Default::default()
+    };
+    let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
+    let purge = crate::daemons::reclaim::ReclaimConfig {
+        purge_interval: Duration::from_millis(ms.purge_interval_ms),
+        ..Default::default()
+    };
+    vec![
+        tokio::spawn(crate::daemons::reclaim::purge_loop(
+            m.clone(),
+            mc.clone(),
+            peers.clone(),
+            purge,
+        )),
+        tokio::spawn(crate::daemons::repair::run(m.clone(), mc, peers.clone(), rc)),
+    ]
+}
+
+/// The daemons of a data node: healing what scrubs find corrupt, and the sweep of
+/// shards no committed layout references.
+fn data_daemons(
+    store: &Store,
+    d: &crate::config::DataSection,
+    addr: std::net::SocketAddr,
+    watch: &MapWatch,
+    peers: &PeerClient,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let every = Duration::from_millis(d.sweep_interval_ms);
+    let sweep = crate::daemons::reclaim::ReclaimConfig {
+        sweep_interval: every,
+        grace: every,
+        ..Default::default()
+    };
+    let mc = shingle_meta::meta_client::MetaClient::new(peers.clone(), watch.clone());
+    let scrubbed = store.clone();
+    let swept = store.clone();
+    vec![
+        tokio::spawn(crate::daemons::heal::heal_loop(
+            move || corrupt_versions(&scrubbed),
+            addr,
+            mc.clone(),
+            peers.clone(),
+            Duration::from_millis(d.scrub_interval_ms),
+        )),
+        tokio::spawn(crate::daemons::reclaim::sweep_loop(
+            move || swept.inos(),
+            addr,
+            mc,
+            peers.clone(),
+            sweep,
+        )),
+    ]
 }
 
 /// Scrubs the store: the (shard, version) pairs that fail verification.
