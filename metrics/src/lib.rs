@@ -216,196 +216,228 @@ impl Metrics {
             build_info: Family::default(),
         };
         let mut r = Registry::with_prefix("shingle");
-        let s = Unit::Seconds;
-        let b = Unit::Bytes;
-        r.register(
-            "rpc_server_requests",
-            "Requests handled, by kind and answer",
-            m.rpc_server_requests.clone(),
-        );
-        r.register_with_unit(
-            "rpc_server",
-            "Time to handle a request, by kind (dispatch to answer)",
-            s.clone(),
-            m.rpc_server_seconds.clone(),
-        );
-        r.register(
-            "rpc_server_inflight",
-            "Requests being handled now",
-            m.rpc_server_inflight.clone(),
-        );
-        r.register_with_unit(
-            "rpc_client",
-            "Latency of calls made, by kind and fabric",
-            s.clone(),
-            m.rpc_client_seconds.clone(),
-        );
-        r.register(
-            "rpc_client_errors",
-            "Calls that failed, by kind",
-            m.rpc_client_errors.clone(),
-        );
-        r.register(
-            "rpc_client_inflight",
-            "Calls in flight from this process",
-            m.rpc_client_inflight.clone(),
-        );
-        r.register_with_unit(
-            "remote_read",
-            "Bytes read from peers' regions, by fabric",
-            b.clone(),
-            m.remote_read_bytes.clone(),
-        );
-        r.register_with_unit(
-            "remote_read_served",
-            "Bytes served to remote reads over TCP",
-            b.clone(),
-            m.remote_read_served_bytes.clone(),
-        );
-        r.register_with_unit(
-            "fs_op",
-            "Latency of filesystem operations through the mount",
-            s,
-            m.fs_op_seconds.clone(),
-        );
-        r.register(
-            "fs_op_errors",
-            "Filesystem operations that returned an error",
-            m.fs_op_errors.clone(),
-        );
-        r.register_with_unit(
-            "fs_read",
-            "Bytes read through the mount",
-            b.clone(),
-            m.fs_read_bytes.clone(),
-        );
-        r.register_with_unit(
-            "fs_write",
-            "Bytes written through the mount",
-            b.clone(),
-            m.fs_write_bytes.clone(),
-        );
-        r.register(
-            "degraded_reads",
-            "Stripe reads that needed parity",
-            m.degraded_reads.clone(),
-        );
-        r.register(
-            "hedged_requests",
-            "Extra shard reads sent because a shard was slow",
-            m.hedged_requests.clone(),
-        );
-        r.register("zones", "Zones of this node's device (total, free)", m.zones.clone());
-        r.register_with_unit(
-            "store",
-            "Bytes of this node's device (capacity, written, live)",
-            b.clone(),
-            m.store_bytes.clone(),
-        );
-        r.register("chunks", "Chunks indexed on this node", m.chunks.clone());
-        r.register_with_unit(
-            "store_user_written",
-            "Record bytes written for users since open",
-            b.clone(),
-            m.store_user_written_bytes.clone(),
-        );
-        r.register_with_unit(
-            "gc_moved",
-            "Bytes garbage collection moved since open",
-            b,
-            m.gc_moved_bytes.clone(),
-        );
-        r.register(
-            "gc_zones_reset",
-            "Zones garbage collection reset since open",
-            m.gc_zones_reset.clone(),
-        );
-        r.register(
-            "repair_shards_todo",
-            "Shards to rebuild in the current repair pass",
-            m.repair_shards_todo.clone(),
-        );
-        r.register(
-            "repair_shards_done",
-            "Shards rebuilt in the current repair pass",
-            m.repair_shards_done.clone(),
-        );
-        r.register(
-            "repair_moves_todo",
-            "Shards to move in the current repair pass",
-            m.repair_moves_todo.clone(),
-        );
-        r.register(
-            "repair_moves_done",
-            "Shards moved in the current repair pass",
-            m.repair_moves_done.clone(),
-        );
-        r.register(
-            "repair_unreadable_stripes",
-            "Stripes with fewer than K readable shards",
-            m.repair_unreadable_stripes.clone(),
-        );
-        r.register(
-            "repair_shared_stripes",
-            "Stripes with two or more shards on one node (reduced redundancy)",
-            m.repair_shared_stripes.clone(),
-        );
-        r.register("repair_running", "1 while a repair pass runs", m.repair_running.clone());
-        r.register_with_unit(
-            "meta_store_commit",
-            "Group commits of the metadata store (one transaction and its fsync)",
-            Unit::Seconds,
-            m.meta_store_commit_seconds.clone(),
-        );
-        r.register(
-            "meta_store_writes",
-            "Partition writes persisted by the metadata store's group commits",
-            m.meta_store_writes.clone(),
-        );
-        r.register(
-            "meta_map_epochs_stepped",
-            "Map epochs learned together and adopted one by one from the managers' history",
-            m.meta_map_epochs_stepped.clone(),
-        );
-        r.register(
-            "meta_map_epochs_skipped",
-            "Maps adopted without the one before (copies stop serving until caught up)",
-            m.meta_map_epochs_skipped.clone(),
-        );
-        r.register(
-            "meta_fence_calls",
-            "Nodes asked to confirm a map that dropped them before a primary acknowledged",
-            m.meta_fence_calls.clone(),
-        );
-        r.register(
-            "purges_pending",
-            "Removed files whose data waits for its purge (held open, or a data node unreachable)",
-            m.purges_pending.clone(),
-        );
-        r.register(
-            "repair_passes",
-            "Repair passes finished since start",
-            m.repair_passes.clone(),
-        );
-        r.register("raft_term", "This manager's Raft term", m.raft_term.clone());
-        r.register("raft_leader", "1 when this manager leads", m.raft_leader.clone());
-        r.register(
-            "raft_applied_index",
-            "Last Raft entry applied to the map",
-            m.raft_applied_index.clone(),
-        );
-        r.register(
-            "map_epoch",
-            "Epoch of the cluster map this process holds",
-            m.map_epoch.clone(),
-        );
-        r.register("build_info", "The build that runs (always 1)", m.build_info.clone());
+        m.register_transport(&mut r);
+        m.register_client(&mut r);
+        m.register_data(&mut r);
+        m.register_meta(&mut r);
+        m.register_cluster(&mut r);
         m.build_info
             .get_or_create(&Version {
                 version: env!("CARGO_PKG_VERSION"),
             })
             .set(1);
         (m, r)
+    }
+
+    /// Registers the transport's metrics: RPCs served and made, remote reads (every process).
+    fn register_transport(&self, r: &mut Registry) {
+        let s = Unit::Seconds;
+        let b = Unit::Bytes;
+        r.register(
+            "rpc_server_requests",
+            "Requests handled, by kind and answer",
+            self.rpc_server_requests.clone(),
+        );
+        r.register_with_unit(
+            "rpc_server",
+            "Time to handle a request, by kind (dispatch to answer)",
+            s.clone(),
+            self.rpc_server_seconds.clone(),
+        );
+        r.register(
+            "rpc_server_inflight",
+            "Requests being handled now",
+            self.rpc_server_inflight.clone(),
+        );
+        r.register_with_unit(
+            "rpc_client",
+            "Latency of calls made, by kind and fabric",
+            s.clone(),
+            self.rpc_client_seconds.clone(),
+        );
+        r.register(
+            "rpc_client_errors",
+            "Calls that failed, by kind",
+            self.rpc_client_errors.clone(),
+        );
+        r.register(
+            "rpc_client_inflight",
+            "Calls in flight from this process",
+            self.rpc_client_inflight.clone(),
+        );
+        r.register_with_unit(
+            "remote_read",
+            "Bytes read from peers' regions, by fabric",
+            b.clone(),
+            self.remote_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "remote_read_served",
+            "Bytes served to remote reads over TCP",
+            b.clone(),
+            self.remote_read_served_bytes.clone(),
+        );
+    }
+
+    /// Registers a client's filesystem operations (the mount, the Python package).
+    fn register_client(&self, r: &mut Registry) {
+        let s = Unit::Seconds;
+        let b = Unit::Bytes;
+        r.register_with_unit(
+            "fs_op",
+            "Latency of filesystem operations through the mount",
+            s,
+            self.fs_op_seconds.clone(),
+        );
+        r.register(
+            "fs_op_errors",
+            "Filesystem operations that returned an error",
+            self.fs_op_errors.clone(),
+        );
+        r.register_with_unit(
+            "fs_read",
+            "Bytes read through the mount",
+            b.clone(),
+            self.fs_read_bytes.clone(),
+        );
+        r.register_with_unit(
+            "fs_write",
+            "Bytes written through the mount",
+            b.clone(),
+            self.fs_write_bytes.clone(),
+        );
+        r.register(
+            "degraded_reads",
+            "Stripe reads that needed parity",
+            self.degraded_reads.clone(),
+        );
+        r.register(
+            "hedged_requests",
+            "Extra shard reads sent because a shard was slow",
+            self.hedged_requests.clone(),
+        );
+    }
+
+    /// Registers a data node's zoned store and its garbage collection.
+    fn register_data(&self, r: &mut Registry) {
+        let b = Unit::Bytes;
+        r.register("zones", "Zones of this node's device (total, free)", self.zones.clone());
+        r.register_with_unit(
+            "store",
+            "Bytes of this node's device (capacity, written, live)",
+            b.clone(),
+            self.store_bytes.clone(),
+        );
+        r.register("chunks", "Chunks indexed on this node", self.chunks.clone());
+        r.register_with_unit(
+            "store_user_written",
+            "Record bytes written for users since open",
+            b.clone(),
+            self.store_user_written_bytes.clone(),
+        );
+        r.register_with_unit(
+            "gc_moved",
+            "Bytes garbage collection moved since open",
+            b,
+            self.gc_moved_bytes.clone(),
+        );
+        r.register(
+            "gc_zones_reset",
+            "Zones garbage collection reset since open",
+            self.gc_zones_reset.clone(),
+        );
+    }
+
+    /// Registers a meta node's store, maps, read fences, repair and purges.
+    fn register_meta(&self, r: &mut Registry) {
+        r.register(
+            "repair_shards_todo",
+            "Shards to rebuild in the current repair pass",
+            self.repair_shards_todo.clone(),
+        );
+        r.register(
+            "repair_shards_done",
+            "Shards rebuilt in the current repair pass",
+            self.repair_shards_done.clone(),
+        );
+        r.register(
+            "repair_moves_todo",
+            "Shards to move in the current repair pass",
+            self.repair_moves_todo.clone(),
+        );
+        r.register(
+            "repair_moves_done",
+            "Shards moved in the current repair pass",
+            self.repair_moves_done.clone(),
+        );
+        r.register(
+            "repair_unreadable_stripes",
+            "Stripes with fewer than K readable shards",
+            self.repair_unreadable_stripes.clone(),
+        );
+        r.register(
+            "repair_shared_stripes",
+            "Stripes with two or more shards on one node (reduced redundancy)",
+            self.repair_shared_stripes.clone(),
+        );
+        r.register(
+            "repair_running",
+            "1 while a repair pass runs",
+            self.repair_running.clone(),
+        );
+        r.register_with_unit(
+            "meta_store_commit",
+            "Group commits of the metadata store (one transaction and its fsync)",
+            Unit::Seconds,
+            self.meta_store_commit_seconds.clone(),
+        );
+        r.register(
+            "meta_store_writes",
+            "Partition writes persisted by the metadata store's group commits",
+            self.meta_store_writes.clone(),
+        );
+        r.register(
+            "meta_map_epochs_stepped",
+            "Map epochs learned together and adopted one by one from the managers' history",
+            self.meta_map_epochs_stepped.clone(),
+        );
+        r.register(
+            "meta_map_epochs_skipped",
+            "Maps adopted without the one before (copies stop serving until caught up)",
+            self.meta_map_epochs_skipped.clone(),
+        );
+        r.register(
+            "meta_fence_calls",
+            "Nodes asked to confirm a map that dropped them before a primary acknowledged",
+            self.meta_fence_calls.clone(),
+        );
+        r.register(
+            "purges_pending",
+            "Removed files whose data waits for its purge (held open, or a data node unreachable)",
+            self.purges_pending.clone(),
+        );
+        r.register(
+            "repair_passes",
+            "Repair passes finished since start",
+            self.repair_passes.clone(),
+        );
+    }
+
+    /// Registers the manager's Raft state, the map epoch and the build.
+    fn register_cluster(&self, r: &mut Registry) {
+        r.register("raft_term", "This manager's Raft term", self.raft_term.clone());
+        r.register("raft_leader", "1 when this manager leads", self.raft_leader.clone());
+        r.register(
+            "raft_applied_index",
+            "Last Raft entry applied to the map",
+            self.raft_applied_index.clone(),
+        );
+        r.register(
+            "map_epoch",
+            "Epoch of the cluster map this process holds",
+            self.map_epoch.clone(),
+        );
+        r.register("build_info", "The build that runs (always 1)", self.build_info.clone());
     }
 }
 
