@@ -135,9 +135,10 @@ struct Inner {
     /// Nodes that may still serve copies of partitions a map dropped them from: a
     /// primary hears from them before it acknowledges ([`super::read_fence`]).
     read_fence: Mutex<ReadFence>,
-    /// Held while asking fenced nodes, so partitions fenced on the same nodes (all of
-    /// them, after a restart) ask once and the others find the answers.
-    fence_asks: tokio::sync::Mutex<()>,
+    /// Questions to fenced nodes in flight, by node, with the epoch asked: partitions
+    /// fenced on the same node (all of them, after a restart) share one question, and
+    /// one node that does not answer holds up only the partitions that wait for it.
+    fence_asks: Mutex<HashMap<NodeId, (Epoch, FenceAsk)>>,
     map_rx: watch::Receiver<Arc<ClusterMap>>,
     stopped: AtomicBool,
     /// Progress of the repair scan this node runs (reported by `Stats`).
@@ -163,6 +164,9 @@ struct Inner {
     /// A copy here stopped serving outside a map change: catch up now.
     catch_up_now: tokio::sync::Notify,
 }
+
+/// A question to a fenced node, shared by the partitions waiting for its answer.
+type FenceAsk = futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<Epoch, String>>>;
 
 /// The namespace service of one node. Clones share it.
 #[derive(Clone)]
@@ -242,7 +246,7 @@ impl MetaNode {
             inflight: Mutex::new(BTreeSet::new()),
             in_touch: AtomicBool::new(true),
             read_fence: Mutex::new(ReadFence::default()),
-            fence_asks: tokio::sync::Mutex::new(()),
+            fence_asks: Mutex::new(HashMap::new()),
             map_rx: maps,
             watch: std::sync::OnceLock::new(),
             sweep_now: tokio::sync::Notify::new(),
@@ -909,24 +913,11 @@ impl MetaNode {
     /// misses what this primary acknowledges next. Nothing to ask almost always; after
     /// a move, one call per dropped node (answers count for every partition).
     async fn fence_dropped_holders(&self, p: PartitionId, v: &MapView) -> Result<(), Status> {
-        if self.inner.read_fence.lock().needed(p, v, self.me()).is_empty() {
-            return Ok(());
-        }
-        let _asking = self.inner.fence_asks.lock().await;
         let need = self.inner.read_fence.lock().needed(p, v, self.me());
         if need.is_empty() {
-            return Ok(()); // another partition's questions answered these
+            return Ok(());
         }
-        let req = Fence { epoch: v.map.epoch };
-        let t = self.inner.cfg.replicate_timeout;
-        let asks = need.iter().map(|(n, _)| {
-            let addr = v.addr(*n);
-            let req = &req;
-            async move {
-                let addr = addr.ok_or(CallError::Errno(Errno::EIO))?;
-                self.call_peer(addr, req, t).await
-            }
-        });
+        let asks: Vec<FenceAsk> = need.iter().map(|(n, _)| self.fence_ask(*n, v)).collect();
         let answers = futures_util::future::join_all(asks).await;
         let mut fence = self.inner.read_fence.lock();
         let mut failed = None;
@@ -937,12 +928,46 @@ impl MetaNode {
             }
         }
         drop(fence);
-        shingle_metrics::get().meta_fence_calls.inc_by(need.len() as u64);
         if let Some((n, e)) = failed {
             debug!(partition = p.0, node = n.0, error = %e, "a dropped holder did not confirm the map");
             return Err(errno_status(Errno::EAGAIN));
         }
         Ok(())
+    }
+
+    /// The question to node `n` whether it adopted `v`'s epoch: one in flight per node,
+    /// shared by every partition that waits for its answer.
+    fn fence_ask(&self, n: NodeId, v: &MapView) -> FenceAsk {
+        use futures_util::FutureExt;
+        let epoch = v.map.epoch;
+        let mut asks = self.inner.fence_asks.lock();
+        if let Some((e, ask)) = asks.get(&n)
+            && *e >= epoch
+        {
+            return ask.clone();
+        }
+        let node = self.clone();
+        let addr = v.addr(n);
+        let t = self.inner.cfg.replicate_timeout;
+        let ask = async move {
+            let answer = match addr {
+                Some(addr) => node
+                    .call_peer(addr, &Fence { epoch }, t)
+                    .await
+                    .map_err(|e| e.to_string()),
+                None => Err(format!("node {} has no address", n.0)),
+            };
+            let mut asks = node.inner.fence_asks.lock();
+            if asks.get(&n).is_some_and(|(e, _)| *e == epoch) {
+                asks.remove(&n);
+            }
+            answer
+        }
+        .boxed()
+        .shared();
+        shingle_metrics::get().meta_fence_calls.inc();
+        asks.insert(n, (epoch, ask.clone()));
+        ask
     }
 
     /// A primary asks whether this node adopted `epoch` (see [`Fence`]): fetched now if
