@@ -33,6 +33,12 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode::<PullPiece>(data);
     let _ = decode::<Settled>(data);
     let _ = decode::<PulledPiece>(data);
+    let _ = decode::<Fence>(data);
+    if let Ok(pos) = decode::<Pulled>(data) {
+        // What a member says it knows of a partition's fence is taken, never a panic.
+        let mut f = shingle_meta::service::read_fence::ReadFence::default();
+        f.absorb(shingle_meta::ids::PartitionId(0), &pos.fence);
+    }
     let _ = decode::<ReadReply>(data);
     let _ = decode::<OpReply>(data);
     let _ = <GetMapRequest as prost::Message>::decode(data);
