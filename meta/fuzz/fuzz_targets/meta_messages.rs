@@ -9,8 +9,8 @@ use shingle_meta::ids::Epoch;
 use shingle_meta::manager::rpc::{GetMapRequest, GetMapResponse};
 use shingle_meta::map::{ClusterMap, MapHistory};
 use shingle_meta::service::replica::Key;
-use std::sync::Arc;
 use shingle_meta::service::wire::*;
+use std::sync::Arc;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(op) = decode::<Op>(data) {
