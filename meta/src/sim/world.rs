@@ -315,7 +315,7 @@ struct Client {
     call: u64,
     /// Only reads, from the map it has (fetching another when a read fails).
     reader: bool,
-    /// The node a read went to.
+    /// The node the current call went to.
     asked: Option<NodeId>,
 }
 
@@ -1998,50 +1998,32 @@ impl World {
         }
         let (p, op, _) = self.clients[c].op.clone().expect("set above");
         let view = self.clients[c].view.clone();
-        if let Op::Read(names) = op {
-            // From any member of the client's map, which may be behind.
-            let members = view.members(p);
-            if members.is_empty() {
-                self.clients[c].view = self.view.clone();
-                self.at(100, Ev::Client(c));
-                return;
+        let (to, msg) = match op {
+            Op::Read(names) => {
+                // From any member of the client's map, which may be behind.
+                let members = view.members(p);
+                let to = (!members.is_empty()).then(|| members[self.rng.below(members.len() as u64) as usize]);
+                (to, Msg::Read { p, names })
             }
-            let to = members[self.rng.below(members.len() as u64) as usize];
-            self.clients[c].call += 1;
-            self.clients[c].asked = Some(to);
-            let call = self.clients[c].call;
-            self.send(
-                Addr::Client(c),
-                Addr::Node(to),
-                Packet::Req {
-                    call,
-                    msg: Msg::Read { p, names },
-                },
-            );
-            self.at(
-                CLIENT_TIMEOUT,
-                Ev::Timeout {
-                    at: Addr::Client(c),
-                    inc: 0,
-                    call,
-                },
-            );
-            return;
-        }
-        let Some(primary) = view.primary(p) else {
+            op => {
+                let msg = Msg::Exec {
+                    epoch: view.map.epoch,
+                    p,
+                    op,
+                    deadline: self.now + CLIENT_TIMEOUT,
+                };
+                (view.primary(p), msg)
+            }
+        };
+        let Some(to) = to else {
             self.clients[c].view = self.view.clone();
             self.at(100, Ev::Client(c));
             return;
         };
         self.clients[c].call += 1;
+        self.clients[c].asked = Some(to);
         let call = self.clients[c].call;
-        let msg = Msg::Exec {
-            epoch: view.map.epoch,
-            p,
-            op,
-            deadline: self.now + CLIENT_TIMEOUT,
-        };
-        self.send(Addr::Client(c), Addr::Node(primary), Packet::Req { call, msg });
+        self.send(Addr::Client(c), Addr::Node(to), Packet::Req { call, msg });
         self.at(
             CLIENT_TIMEOUT,
             Ev::Timeout {
