@@ -5,6 +5,7 @@
 
 use anyhow::{Context, Result, bail};
 use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::ids::NodeId;
 use shingle_meta::map::NodeState;
 use shingle_meta::meta_client::MetaClient;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
@@ -146,12 +147,34 @@ pub struct LocalCluster {
     pub cluster_file: PathBuf,
 }
 
+/// `n` distinct free ports on 127.0.0.1 for local nodes. They are taken below the
+/// kernel's ephemeral range: the cluster's own outgoing connections take ephemeral
+/// ports, and one of them could otherwise take a node's port between choosing it here
+/// and the node binding it (the node then cannot start). Random in that range, so
+/// clusters started side by side (parallel tests) rarely pick the same ones; each is
+/// checked free by binding it, and all are held until every one is chosen.
 fn free_ports(n: usize) -> Result<Vec<u16>> {
-    let ls: Vec<_> = (0..n)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<_, _>>()
-        .context("find free ports on 127.0.0.1")?;
-    ls.iter().map(|l| Ok(l.local_addr()?.port())).collect()
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let (start, end) = (low.saturating_sub(16384).max(1024), low);
+    let mut held = Vec::new();
+    let mut tries = 0;
+    while held.len() < n && end > start && tries < 64 * n {
+        tries += 1;
+        let mut r = [0u8; 2];
+        getrandom::fill(&mut r).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+        let port = start + u16::from_le_bytes(r) % (end - start);
+        if let Ok(l) = std::net::TcpListener::bind(("127.0.0.1", port)) {
+            held.push(l);
+        }
+    }
+    // A machine whose ephemeral range starts too low: any free port will do.
+    while held.len() < n {
+        held.push(std::net::TcpListener::bind("127.0.0.1:0").context("find free ports on 127.0.0.1")?);
+    }
+    held.iter().map(|l| Ok(l.local_addr()?.port())).collect()
 }
 
 /// What starting one node takes: the binary, its log filter, where its stderr goes
@@ -254,6 +277,39 @@ impl LocalNode {
 }
 
 impl LocalNode {
+    /// "node ID (ADDR) is not up", and the last lines of its log when it has one.
+    fn describe(&self) -> String {
+        let log = self
+            .config
+            .parent()
+            .and_then(Path::parent)
+            .map(|d| d.join(format!("node{}.log", self.id)));
+        let tail = log
+            .as_ref()
+            .and_then(|l| std::fs::read_to_string(l).ok())
+            .map(|t| {
+                // A panic in one of its tasks leaves a node running but silent: the
+                // panic is the line that explains it, wherever it is in the log.
+                let lines: Vec<&str> = t.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(8)..];
+                let panics = lines
+                    .iter()
+                    .filter(|l| l.contains("panicked at") && !tail.contains(l))
+                    .take(3);
+                panics.chain(tail).copied().collect::<Vec<_>>().join("\n    ")
+            })
+            .filter(|t| !t.is_empty());
+        match (log, tail) {
+            (Some(l), Some(t)) => format!(
+                "node {} ({}) is not up; the end of {}:\n    {t}",
+                self.id,
+                self.addr,
+                l.display()
+            ),
+            _ => format!("node {} ({}) is not up", self.id, self.addr),
+        }
+    }
+
     /// Kills the process with SIGKILL (a crash: nothing is flushed or said goodbye).
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -541,9 +597,16 @@ impl LocalCluster {
                 }
             }
             if Instant::now() >= deadline {
+                let missing: Vec<String> = self
+                    .nodes
+                    .iter()
+                    .filter(|n| v.map.nodes.get(&NodeId(n.id)).is_none_or(|m| m.state != NodeState::Up))
+                    .map(LocalNode::describe)
+                    .collect();
                 bail!(
-                    "cluster not ready after {timeout:?}: {up} of {} nodes up",
-                    self.nodes.len()
+                    "cluster not ready after {timeout:?}: {up} of {} nodes up{}",
+                    self.nodes.len(),
+                    missing.iter().map(|m| format!("\n{m}")).collect::<String>()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -584,4 +647,52 @@ pub async fn start_mounted(
     let (m, mc) = (mnt.to_path_buf(), mount.clone());
     let session = tokio::task::spawn_blocking(move || shingle_client::mount(client, rt, &m, &mc)).await??;
     Ok((cluster, session))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_clear_of_the_ephemeral_range() {
+        let ports = free_ports(16).expect("ports");
+        let mut sorted = ports.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 16, "{ports:?}");
+        let low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .expect("port range")
+            .split_whitespace()
+            .next()
+            .and_then(|s| s.parse().ok())
+            .expect("low end");
+        if low > 1024 + 16 {
+            assert!(ports.iter().all(|&p| p < low), "{ports:?} below {low}");
+        }
+    }
+
+    #[test]
+    fn a_node_not_up_is_described_with_its_panic_and_the_end_of_its_log() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(dir.path().join("node4")).expect("node dir");
+        let mut log: Vec<String> = (0..20).map(|i| format!("line {i}")).collect();
+        log[3] = "thread 'tokio-runtime-worker' panicked at meta/src/x.rs:1:1:".into();
+        std::fs::write(dir.path().join("node4.log"), log.join("\n")).expect("log");
+        let node = LocalNode {
+            id: 4,
+            addr: SocketAddr::from(([127, 0, 0, 1], 7104)),
+            config: dir.path().join("node4").join("node.toml"),
+            child: None,
+            cgroup: None,
+        };
+        let d = node.describe();
+        assert!(d.starts_with("node 4 (127.0.0.1:7104) is not up"), "{d}");
+        assert!(d.contains("panicked at meta/src/x.rs"), "{d}");
+        assert!(
+            d.contains("line 19") && d.contains("line 12") && !d.contains("line 11"),
+            "{d}"
+        );
+        std::fs::remove_file(dir.path().join("node4.log")).expect("rm");
+        assert_eq!(node.describe(), "node 4 (127.0.0.1:7104) is not up");
+    }
 }
