@@ -1,17 +1,25 @@
-//! Connection handshake: mutual HMAC-SHA256 challenge-response over the cluster secret.
+//! Connection handshake: mutual HMAC-SHA256 challenge-response over a key both sides
+//! hold: the cluster secret (servers, admins), or a client key derived from it.
 //!
 //! ```text
 //! server -> client  ServerHello  b"SHGH" | version u8 | 3 zero bytes | server_nonce[32]    (40 B)
-//! client -> server  ClientProof  client_nonce[32] | HMAC(secret, "shingle-v1 client" | sn | cn)  (64 B)
+//! client -> server  ClientProof  client_nonce[32] | identity[40]
+//!                                | HMAC(key, "shingle-v1 client" | sn | cn | identity)     (104 B)
 //! server -> client  ServerProof  verdict u8 (0 ok, 1 refused) | 3 zero bytes
-//!                                | HMAC(secret, "shingle-v1 server" | cn | sn)  (36 B)
+//!                                | HMAC(key, "shingle-v1 server" | cn | sn | identity)     (36 B)
 //! ```
 //!
-//! Each side proves knowledge of the secret over both fresh nonces, so a recorded
-//! handshake cannot be replayed and a client never talks to a server without the
-//! secret either. Nothing but these fixed-size messages is read before the proof is
-//! checked, and the whole exchange runs under a timeout. The secret never crosses
-//! the wire. See `docs/decisions/0003-authentication.md` for what this does not protect.
+//! `identity` is all zeros for the cluster secret, else a client's serial (u64 LE) and
+//! name (32 bytes, zero-padded); that client's key is HMAC(secret, "shingle-v1 client
+//! key" | identity), which any server computes from the cluster secret, so servers
+//! keep no key table and a client never holds the cluster secret. What the client may
+//! do (its grant, or that it was revoked) is the cluster map's business: the server
+//! only says who it is ([`Principal`]). Each side proves knowledge of the key over both
+//! fresh nonces, so a recorded handshake cannot be replayed and a client never talks
+//! to a server without the secret either. Nothing but these fixed-size messages is
+//! read before the proof is checked, and the whole exchange runs under a timeout. No
+//! key crosses the wire. See `docs/decisions/0003-authentication.md` and
+//! `docs/decisions/0010-client-keys.md`.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -29,25 +37,105 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// stripes, partition copies carry them, `PutStripes`/`CutStripes` mutations); 4: a
 /// create can hand its creator stripe versions (`NsOp::Mknod` gained `reserve`); 5: a
 /// primary fences the holders a map dropped before it acknowledges (`Fence`). See
-/// docs/operations.md "Versions".
-pub const PROTOCOL_VERSION: u8 = 5;
+/// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is).
+pub const PROTOCOL_VERSION: u8 = 6;
 const NONCE_LEN: usize = 32;
 const MAC_LEN: usize = 32;
 const HELLO_LEN: usize = 8 + NONCE_LEN;
-const PROOF_LEN: usize = NONCE_LEN + MAC_LEN;
+const IDENTITY_LEN: usize = 8 + NAME_LEN;
+const PROOF_LEN: usize = NONCE_LEN + IDENTITY_LEN + MAC_LEN;
 const VERDICT_LEN: usize = 4 + MAC_LEN;
 const CLIENT_LABEL: &[u8] = b"shingle-v1 client";
 const SERVER_LABEL: &[u8] = b"shingle-v1 server";
+const KEY_LABEL: &[u8] = b"shingle-v1 client key";
+const KEY_FILE_MAGIC: &str = "shingle-client-key";
+/// Longest client name (bytes).
+pub const NAME_LEN: usize = 32;
 /// Shortest secret accepted.
 pub const MIN_SECRET_LEN: usize = 16;
 
-/// The shared cluster secret. Its bytes are never printed.
+/// Who a client key belongs to: a name and the serial of its grant (a new grant of the
+/// same name gets a new serial, so the keys of earlier ones stop working).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// `[A-Za-z0-9._-]`, 1 to [`NAME_LEN`] bytes.
+    pub name: String,
+    /// At least 1.
+    pub serial: u64,
+}
+
+impl Identity {
+    /// Checks the name and the serial.
+    pub fn new(name: &str, serial: u64) -> Result<Identity, AuthError> {
+        let ok = !name.is_empty()
+            && name.len() <= NAME_LEN
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !ok {
+            return Err(AuthError::BadName(name.chars().take(64).collect()));
+        }
+        if serial == 0 {
+            return Err(AuthError::BadName(format!("{name} (serial 0)")));
+        }
+        Ok(Identity {
+            name: name.to_string(),
+            serial,
+        })
+    }
+
+    fn encode(id: Option<&Identity>) -> [u8; IDENTITY_LEN] {
+        let mut b = [0u8; IDENTITY_LEN];
+        if let Some(id) = id {
+            b[..8].copy_from_slice(&id.serial.to_le_bytes());
+            b[8..8 + id.name.len()].copy_from_slice(id.name.as_bytes());
+        }
+        b
+    }
+
+    /// `None` for all zeros (the cluster secret); an error for anything malformed.
+    fn decode(b: &[u8; IDENTITY_LEN]) -> Result<Option<Identity>, AuthError> {
+        if b.iter().all(|&x| x == 0) {
+            return Ok(None);
+        }
+        let serial = u64::from_le_bytes(b[..8].try_into().unwrap_or_default());
+        let name = &b[8..];
+        let len = name.iter().position(|&x| x == 0).unwrap_or(NAME_LEN);
+        if name[len..].iter().any(|&x| x != 0) {
+            return Err(AuthError::BadProof);
+        }
+        let name = std::str::from_utf8(&name[..len]).map_err(|_| AuthError::BadProof)?;
+        Identity::new(name, serial).map(Some).map_err(|_| AuthError::BadProof)
+    }
+}
+
+impl std::fmt::Display for Identity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}#{}", self.name, self.serial)
+    }
+}
+
+/// Who is on the other end of an authenticated connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Principal {
+    /// It holds the cluster secret: a node of the cluster, or an admin tool.
+    Cluster,
+    /// It holds the key of this client.
+    Client(Identity),
+}
+
+/// The key a connection is made with: the shared cluster secret, or a client key
+/// derived from it ([`ClusterSecret::client_key`]). Its bytes are never printed.
 #[derive(Clone)]
-pub struct ClusterSecret(Vec<u8>);
+pub struct ClusterSecret {
+    bytes: Vec<u8>,
+    identity: Option<Identity>,
+}
 
 impl std::fmt::Debug for ClusterSecret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ClusterSecret(..)")
+        match &self.identity {
+            None => f.write_str("ClusterSecret(..)"),
+            Some(id) => write!(f, "ClientKey({id}, ..)"),
+        }
     }
 }
 
@@ -58,14 +146,37 @@ impl ClusterSecret {
         if bytes.len() < MIN_SECRET_LEN {
             return Err(AuthError::WeakSecret(bytes.len()));
         }
-        Ok(ClusterSecret(bytes))
+        Ok(ClusterSecret { bytes, identity: None })
     }
 
-    /// Reads a secret file; surrounding whitespace is ignored.
+    /// Reads a secret file, or a client key file ([`ClusterSecret::key_file`]);
+    /// surrounding whitespace is ignored.
     pub fn from_file(path: &std::path::Path) -> Result<Self, AuthError> {
         let raw = std::fs::read(path).map_err(|e| AuthError::SecretFile(path.display().to_string(), e.to_string()))?;
         let trimmed = raw.trim_ascii();
+        if trimmed.starts_with(KEY_FILE_MAGIC.as_bytes()) {
+            let text = std::str::from_utf8(trimmed).unwrap_or_default();
+            return Self::parse_key_file(text)
+                .ok_or_else(|| AuthError::SecretFile(path.display().to_string(), "malformed client key file".into()));
+        }
         Self::new(trimmed.to_vec())
+    }
+
+    fn parse_key_file(text: &str) -> Option<Self> {
+        let mut w = text.split_whitespace();
+        let (magic, name, serial, hex) = (w.next()?, w.next()?, w.next()?, w.next()?);
+        if magic != KEY_FILE_MAGIC || w.next().is_some() || hex.len() != 2 * MAC_LEN {
+            return None;
+        }
+        let id = Identity::new(name, serial.parse().ok()?).ok()?;
+        let bytes = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(hex.get(i..i + 2)?, 16).ok())
+            .collect::<Option<Vec<u8>>>()?;
+        Some(ClusterSecret {
+            bytes,
+            identity: Some(id),
+        })
     }
 
     /// Makes a new random secret (hex text, 64 characters) for `shingle format`.
@@ -78,15 +189,48 @@ impl ClusterSecret {
 
     /// The secret's bytes (for writing the secret file).
     pub fn expose(&self) -> &[u8] {
-        &self.0
+        &self.bytes
     }
 
-    fn mac(&self, label: &[u8], first: &[u8; NONCE_LEN], second: &[u8; NONCE_LEN]) -> Hmac<Sha256> {
+    /// Whose key this is: `None` for the cluster secret.
+    pub fn identity(&self) -> Option<&Identity> {
+        self.identity.as_ref()
+    }
+
+    /// The key of client `id`, derived from this cluster secret (`None` when this is
+    /// a client key already: only the cluster secret makes keys).
+    pub fn client_key(&self, id: &Identity) -> Option<ClusterSecret> {
+        if self.identity.is_some() {
+            return None;
+        }
+        let mut m = self.hmac();
+        m.update(KEY_LABEL);
+        m.update(&Identity::encode(Some(id)));
+        Some(ClusterSecret {
+            bytes: m.finalize().into_bytes().to_vec(),
+            identity: Some(id.clone()),
+        })
+    }
+
+    /// The text of a client key file (`None` for the cluster secret): one line,
+    /// `shingle-client-key NAME SERIAL HEX`.
+    pub fn key_file(&self) -> Option<String> {
+        let id = self.identity.as_ref()?;
+        let hex: String = self.bytes.iter().map(|b| format!("{b:02x}")).collect();
+        Some(format!("{KEY_FILE_MAGIC} {} {} {hex}\n", id.name, id.serial))
+    }
+
+    fn hmac(&self) -> Hmac<Sha256> {
         // HMAC accepts keys of any length; new_from_slice cannot fail for it.
-        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).unwrap_or_else(|_| unreachable!());
+        <Hmac<Sha256> as KeyInit>::new_from_slice(&self.bytes).unwrap_or_else(|_| unreachable!())
+    }
+
+    fn mac(&self, label: &[u8], first: &[u8; NONCE_LEN], second: &[u8; NONCE_LEN], id: &[u8]) -> Hmac<Sha256> {
+        let mut m = self.hmac();
         m.update(label);
         m.update(first);
         m.update(second);
+        m.update(id);
         m
     }
 }
@@ -104,11 +248,17 @@ pub enum AuthError {
     #[error("cannot draw random bytes: {0}")]
     Random(String),
     /// The peer's proof does not match our secret.
-    #[error("peer failed authentication (wrong cluster secret)")]
+    #[error("peer failed authentication (wrong cluster secret or client key)")]
     BadProof,
     /// The server refused our proof.
-    #[error("server refused authentication (wrong cluster secret)")]
+    #[error("server refused authentication (wrong cluster secret or client key)")]
     Refused,
+    /// A client name that is not `[A-Za-z0-9._-]{1,32}`, or serial 0.
+    #[error("bad client name {0:?}: 1 to 32 of A-Z a-z 0-9 . _ - and a serial of 1 or more")]
+    BadName(String),
+    /// A client key was given where only the cluster secret will do (serving).
+    #[error("a client key cannot serve: servers hold the cluster secret")]
+    ClientKey,
     /// The peer does not speak the Shingle handshake.
     #[error("peer is not a Shingle endpoint (bad hello)")]
     NotShingle,
@@ -131,13 +281,17 @@ fn nonce() -> Result<[u8; NONCE_LEN], AuthError> {
     Ok(n)
 }
 
-/// Server side: challenge the client and check its proof. Returns only when the peer
-/// proved the secret; on a bad proof the client is told and the error returned.
+/// Server side: challenge the client and check its proof. Returns, only when the peer
+/// proved a key made from `secret`, who it is; on a bad proof the client is told and
+/// the error returned.
 pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: &ClusterSecret,
     timeout: Duration,
-) -> Result<(), AuthError> {
+) -> Result<Principal, AuthError> {
+    if secret.identity.is_some() {
+        return Err(AuthError::ClientKey);
+    }
     tokio::time::timeout(timeout, accept_inner(stream, secret))
         .await
         .map_err(|_| AuthError::Timeout(timeout))?
@@ -146,7 +300,7 @@ pub async fn accept<S: AsyncRead + AsyncWrite + Unpin>(
 async fn accept_inner<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
     secret: &ClusterSecret,
-) -> Result<(), AuthError> {
+) -> Result<Principal, AuthError> {
     let server_nonce = nonce()?;
     let mut hello = [0u8; HELLO_LEN];
     hello[..4].copy_from_slice(&HELLO_MAGIC);
@@ -159,23 +313,35 @@ async fn accept_inner<S: AsyncRead + AsyncWrite + Unpin>(
     stream.read_exact(&mut proof).await?;
     let mut client_nonce = [0u8; NONCE_LEN];
     client_nonce.copy_from_slice(&proof[..NONCE_LEN]);
-    let ok = secret
-        .mac(CLIENT_LABEL, &server_nonce, &client_nonce)
-        .verify_slice(&proof[NONCE_LEN..])
-        .is_ok();
+    let mut id_bytes = [0u8; IDENTITY_LEN];
+    id_bytes.copy_from_slice(&proof[NONCE_LEN..NONCE_LEN + IDENTITY_LEN]);
+    // The key the client must have proved: the secret, or its client key.
+    let checked = Identity::decode(&id_bytes).ok().and_then(|id| match id {
+        None => Some((secret.clone(), Principal::Cluster)),
+        Some(id) => secret.client_key(&id).map(|k| (k, Principal::Client(id))),
+    });
+    let ok = checked.as_ref().filter(|(key, _)| {
+        key.mac(CLIENT_LABEL, &server_nonce, &client_nonce, &id_bytes)
+            .verify_slice(&proof[NONCE_LEN + IDENTITY_LEN..])
+            .is_ok()
+    });
     let mut verdict = [0u8; VERDICT_LEN];
-    if ok {
-        let mac = secret
-            .mac(SERVER_LABEL, &client_nonce, &server_nonce)
-            .finalize()
-            .into_bytes();
-        verdict[4..].copy_from_slice(&mac);
-    } else {
-        verdict[0] = 1;
+    match ok {
+        Some((key, _)) => {
+            let mac = key
+                .mac(SERVER_LABEL, &client_nonce, &server_nonce, &id_bytes)
+                .finalize()
+                .into_bytes();
+            verdict[4..].copy_from_slice(&mac);
+        }
+        None => verdict[0] = 1,
     }
     stream.write_all(&verdict).await?;
     stream.flush().await?;
-    if ok { Ok(()) } else { Err(AuthError::BadProof) }
+    match ok {
+        Some((_, who)) => Ok(who.clone()),
+        None => Err(AuthError::BadProof),
+    }
 }
 
 /// Client side: answer the server's challenge and check the server's proof.
@@ -204,11 +370,13 @@ async fn connect_inner<S: AsyncRead + AsyncWrite + Unpin>(
     let mut server_nonce = [0u8; NONCE_LEN];
     server_nonce.copy_from_slice(&hello[8..]);
     let client_nonce = nonce()?;
+    let id_bytes = Identity::encode(secret.identity.as_ref());
     let mut proof = [0u8; PROOF_LEN];
     proof[..NONCE_LEN].copy_from_slice(&client_nonce);
-    proof[NONCE_LEN..].copy_from_slice(
+    proof[NONCE_LEN..NONCE_LEN + IDENTITY_LEN].copy_from_slice(&id_bytes);
+    proof[NONCE_LEN + IDENTITY_LEN..].copy_from_slice(
         &secret
-            .mac(CLIENT_LABEL, &server_nonce, &client_nonce)
+            .mac(CLIENT_LABEL, &server_nonce, &client_nonce, &id_bytes)
             .finalize()
             .into_bytes(),
     );
@@ -221,7 +389,7 @@ async fn connect_inner<S: AsyncRead + AsyncWrite + Unpin>(
         return Err(AuthError::Refused);
     }
     secret
-        .mac(SERVER_LABEL, &client_nonce, &server_nonce)
+        .mac(SERVER_LABEL, &client_nonce, &server_nonce, &id_bytes)
         .verify_slice(&verdict[4..])
         .map_err(|_| AuthError::BadProof)
 }
@@ -240,8 +408,67 @@ mod tests {
         let s = secret("0123456789abcdef-same");
         let t = Duration::from_secs(5);
         let (x, y) = tokio::join!(accept(&mut a, &s, t), connect(&mut b, &s, t));
-        x.expect("server side");
+        assert_eq!(x.expect("server side"), Principal::Cluster);
         y.expect("client side");
+    }
+
+    /// A client key made from the secret authenticates as that client; a key of
+    /// another serial, of another name, or made from another secret does not; a
+    /// client key cannot serve.
+    #[tokio::test]
+    async fn client_keys_name_their_client_and_only_their_client() {
+        let s = secret("0123456789abcdef-same");
+        let t = Duration::from_secs(5);
+        let id = Identity::new("gpu-host-1", 3).expect("id");
+        let key = s.client_key(&id).expect("key");
+        assert_eq!(format!("{key:?}"), "ClientKey(gpu-host-1#3, ..)");
+        let (mut a, mut b) = tokio::io::duplex(1024);
+        let (x, y) = tokio::join!(accept(&mut a, &s, t), connect(&mut b, &key, t));
+        assert_eq!(x.expect("server side"), Principal::Client(id.clone()));
+        y.expect("client side");
+        // The same key bytes claiming another serial or name, and a key of another cluster.
+        let forged = |name: &str, serial| ClusterSecret {
+            bytes: key.bytes.clone(),
+            identity: Some(Identity::new(name, serial).expect("id")),
+        };
+        let other = secret("0123456789abcdef-other").client_key(&id).expect("key");
+        for k in [forged("gpu-host-1", 4), forged("gpu-host-2", 3), other] {
+            let (mut a, mut b) = tokio::io::duplex(1024);
+            let (x, y) = tokio::join!(accept(&mut a, &s, t), connect(&mut b, &k, t));
+            assert!(matches!(x, Err(AuthError::BadProof)), "{k:?}");
+            assert!(matches!(y, Err(AuthError::Refused)), "{k:?}");
+        }
+        let (mut a, _b) = tokio::io::duplex(1024);
+        assert!(matches!(accept(&mut a, &key, t).await, Err(AuthError::ClientKey)));
+        assert!(key.client_key(&id).is_none(), "only the cluster secret makes keys");
+    }
+
+    #[test]
+    fn key_files_round_trip_and_names_are_checked() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let s = secret("0123456789abcdef-same");
+        let key = s
+            .client_key(&Identity::new("k8s.node_7", 12).expect("id"))
+            .expect("key");
+        let text = key.key_file().expect("a client key");
+        assert!(text.starts_with("shingle-client-key k8s.node_7 12 "), "{text}");
+        let path = dir.path().join("key");
+        std::fs::write(&path, &text).expect("write");
+        let back = ClusterSecret::from_file(&path).expect("read");
+        assert_eq!((back.expose(), back.identity()), (key.expose(), key.identity()));
+        assert!(s.key_file().is_none());
+        for bad in [
+            "shingle-client-key x 1 zz",
+            "shingle-client-key x 0 00",
+            "shingle-client-key a/b 1 00",
+        ] {
+            std::fs::write(&path, bad).expect("write");
+            assert!(ClusterSecret::from_file(&path).is_err(), "{bad}");
+        }
+        for name in ["", "a b", "ü", &"x".repeat(33)] {
+            assert!(Identity::new(name, 1).is_err(), "{name:?}");
+        }
+        assert!(Identity::new(&"x".repeat(32), 1).is_ok());
     }
 
     /// A server of another protocol version is refused by the client at its hello,
@@ -288,6 +515,10 @@ mod tests {
             a.write_all(&hello).await.expect("write");
             let mut p = [0u8; PROOF_LEN];
             a.read_exact(&mut p).await.expect("read");
+            assert!(
+                p[NONCE_LEN..NONCE_LEN + IDENTITY_LEN].iter().all(|&b| b == 0),
+                "no identity"
+            );
             a.write_all(&[0u8; VERDICT_LEN]).await.expect("write");
         };
         let s = secret("0123456789abcdef");

@@ -481,6 +481,66 @@ pub async fn wrong_secret_refused<T: TransportUnderTest>() {
     rig.stop().await;
 }
 
+/// A client key is who it says (the handler sees its identity), may send only what
+/// the server's guard allows (nothing without a guard), and may always use the
+/// transport's own verbs.
+pub async fn client_keys_pass_the_guard<T: TransportUnderTest>() {
+    use crate::auth::{Identity, Principal};
+    let reader = Identity::new("reader", 1).expect("id");
+    let key = secret().client_key(&reader).expect("key");
+    // No guard: a client may send no service kind, the cluster secret any.
+    let mut rig = Rig::<T>::start(quick()).await;
+    let client = T::client(quick(), key.clone());
+    let e = echo(&client, rig.addr, Bytes::from_static(b"x"), 0)
+        .await
+        .expect_err("refused");
+    assert_eq!(e.status().map(|s| s.code), Some(Code::PermissionDenied), "{e}");
+    let region = rig.regions.register(pattern(100, 0));
+    let (r, buf) = client.read(rig.addr, region, 0, 10, BytesMut::new()).await;
+    r.expect("transport reads are open");
+    assert_eq!(&buf[..], &pattern(100, 0)[..10]);
+    assert_eq!(
+        rig.calls.load(Ordering::SeqCst),
+        0,
+        "a handler ran for a refused client"
+    );
+    rig.stop().await;
+    // A guard that lets `reader` echo, and a handler that sees who called.
+    let seen = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let router = Router::new()
+        .rpc::<Echo, _, _>(move |ctx: CallContext, req: EchoMsg| {
+            s2.lock().push((*ctx.principal).clone());
+            async move { Ok(req) }
+        })
+        .guard(Arc::new(|p: &Principal, _kind: MsgKind| match p {
+            Principal::Client(id) if id.name == "reader" => Ok(()),
+            _ => Err(Status::new(Code::PermissionDenied, "not reader")),
+        }));
+    let (server, addr) = T::serve(router, Arc::new(RegionTable::new()), quick(), secret())
+        .await
+        .expect("start server");
+    let client = T::client(quick(), key);
+    echo(&client, addr, Bytes::from_static(b"x"), 0)
+        .await
+        .expect("reader may echo");
+    let other = T::client(
+        quick(),
+        secret()
+            .client_key(&Identity::new("other", 1).expect("id"))
+            .expect("key"),
+    );
+    let e = echo(&other, addr, Bytes::from_static(b"x"), 0)
+        .await
+        .expect_err("other may not");
+    assert_eq!(e.status().map(|s| s.code), Some(Code::PermissionDenied), "{e}");
+    echo(&T::client(quick(), secret()), addr, Bytes::from_static(b"x"), 0)
+        .await
+        .expect("the cluster may");
+    assert_eq!(*seen.lock(), vec![Principal::Client(reader), Principal::Cluster]);
+    T::stop(server).await;
+}
+
 /// Per-connection in-flight requests are bounded: callers beyond the bound wait, and
 /// everybody is served.
 pub async fn backpressure_bounds_inflight<T: TransportUnderTest>() {
@@ -611,7 +671,8 @@ macro_rules! conformance_tests {
         $crate::conformance_tests!(@cases [$(#[$attr])*] $t;
             rpc_round_trip, multiplexed_out_of_order, errors_are_typed, deadlines, frame_limits,
             remote_read_returns_region_bytes, remote_read_checks, remote_read_concurrent_and_cancelled,
-            wrong_secret_refused, backpressure_bounds_inflight, reconnects_after_restart,
+            wrong_secret_refused, client_keys_pass_the_guard, backpressure_bounds_inflight,
+            reconnects_after_restart,
             graceful_shutdown_finishes_inflight, dead_server_fails_calls_promptly);
     };
     (@cases $attrs:tt $t:ty; $($case:ident),* $(,)?) => {

@@ -7,7 +7,7 @@
 //! requests, lets the ones in flight finish (within the grace period) and flushes
 //! their replies before closing.
 
-use crate::auth::{self, ClusterSecret};
+use crate::auth::{self, ClusterSecret, Principal};
 use crate::config::TransportConfig;
 use crate::frame::{FrameHeader, MsgKind};
 use crate::region::{AccessError, RegionTable};
@@ -37,6 +37,8 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub struct CallContext {
     /// The authenticated peer.
     pub peer: SocketAddr,
+    /// Who it authenticated as.
+    pub principal: Arc<Principal>,
     /// The message kind.
     pub kind: MsgKind,
     /// When the caller stops waiting, if it said.
@@ -59,10 +61,16 @@ where
     }
 }
 
+/// Decides whether a client (a [`Principal::Client`]) may send a service kind; the
+/// cluster's own principal may send any. See [`Router::guard`].
+pub type Guard = Arc<dyn Fn(&Principal, MsgKind) -> Result<(), Status> + Send + Sync>;
+
 /// Maps message kinds to handlers.
 #[derive(Clone, Default)]
 pub struct Router {
     handlers: HashMap<MsgKind, Arc<dyn Handler>>,
+    /// Asked before every service request of a client; none: clients may send nothing.
+    guard: Option<Guard>,
     /// Run by [`Server::shutdown`] with the grace period (e.g. draining RDMA queue pairs).
     shutdown_hooks: Vec<ShutdownHook>,
 }
@@ -125,11 +133,27 @@ impl Router {
         })
     }
 
+    /// Sets what clients may send: `guard` is asked before each of their requests
+    /// of a service kind (the transport's own kinds, PING, REMOTE_READ and the RDMA
+    /// handshake, are open to every authenticated peer). Without a guard, a client's
+    /// service requests are all refused.
+    pub fn guard(mut self, guard: Guard) -> Self {
+        self.guard = Some(guard);
+        self
+    }
+
     /// Merges another router's handlers into this one.
+    ///
+    /// # Panics
+    /// When both have a guard (one server, one rule).
     pub fn merge(mut self, other: Router) -> Self {
         for (k, h) in other.handlers {
             let prev = self.handlers.insert(k, h);
             assert!(prev.is_none(), "message kind {k} registered twice");
+        }
+        if let Some(g) = other.guard {
+            assert!(self.guard.is_none(), "two guards merged");
+            self.guard = Some(g);
         }
         self.shutdown_hooks.extend(other.shutdown_hooks);
         self
@@ -217,6 +241,9 @@ impl Server {
         regions: Arc<RegionTable>,
     ) -> std::io::Result<Server> {
         config.validate().map_err(std::io::Error::other)?;
+        if secret.identity().is_some() {
+            return Err(std::io::Error::other(auth::AuthError::ClientKey));
+        }
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
         let shutdown = CancellationToken::new();
@@ -300,25 +327,28 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Cance
 }
 
 async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: CancellationToken) {
-    if let Err(e) = auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await {
-        match &e {
-            // Closed before proving anything: a liveness probe (a manager checking that
-            // a node still listens) or a port scan, not a failed authentication.
-            auth::AuthError::Io(io)
-                if matches!(
-                    io.kind(),
-                    std::io::ErrorKind::UnexpectedEof
-                        | std::io::ErrorKind::ConnectionReset
-                        | std::io::ErrorKind::BrokenPipe
-                ) =>
-            {
-                debug!(%peer, "connection closed before the handshake finished");
+    let principal = match auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await {
+        Ok(p) => Arc::new(p),
+        Err(e) => {
+            match &e {
+                // Closed before proving anything: a liveness probe (a manager checking that
+                // a node still listens) or a port scan, not a failed authentication.
+                auth::AuthError::Io(io)
+                    if matches!(
+                        io.kind(),
+                        std::io::ErrorKind::UnexpectedEof
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                    ) =>
+                {
+                    debug!(%peer, "connection closed before the handshake finished");
+                }
+                _ => warn!(%peer, error = %e, "refused connection: authentication failed"),
             }
-            _ => warn!(%peer, error = %e, "refused connection: authentication failed"),
+            return;
         }
-        return;
-    }
-    debug!(%peer, "peer authenticated");
+    };
+    debug!(%peer, ?principal, "peer authenticated");
     let (rd, wr) = stream.into_split();
     let max_inflight = shared.config.max_inflight_requests as usize;
     let (tx, rx) = mpsc::channel(max_inflight);
@@ -392,14 +422,15 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
             // Served by the transport without blocking: answer inline, saving a task
             // hop. The reply queue holds as many frames as there are permits, so the
             // send cannot wait.
-            serve_request(&shared, peer, header, payload.freeze(), budget, tx.clone()).await;
+            serve_request(&shared, peer, &principal, header, payload.freeze(), budget, tx.clone()).await;
             drop(permit);
             continue;
         }
         let shared = shared.clone();
         let tx = tx.clone();
+        let principal = principal.clone();
         handlers.spawn(async move {
-            serve_request(&shared, peer, header, payload.freeze(), budget, tx).await;
+            serve_request(&shared, peer, &principal, header, payload.freeze(), budget, tx).await;
             drop(permit);
         });
     }
@@ -422,6 +453,7 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
 async fn serve_request(
     shared: &Shared,
     peer: SocketAddr,
+    principal: &Arc<Principal>,
     header: FrameHeader,
     payload: Bytes,
     mut budget: Budget,
@@ -434,7 +466,7 @@ async fn serve_request(
         let result = match header.kind {
             MsgKind::PING => Ok(payload),
             MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
-            kind => dispatch(&shared.router, peer, kind, deadline, payload).await,
+            kind => dispatch(&shared.router, peer, principal, kind, deadline, payload).await,
         };
         // A reply larger than its request needs more of the budget; one that cannot get
         // it in time is answered Overloaded (the caller retries or goes elsewhere).
@@ -489,6 +521,7 @@ async fn serve_request(
 pub(crate) async fn dispatch(
     router: &Router,
     peer: SocketAddr,
+    principal: &Arc<Principal>,
     kind: MsgKind,
     deadline: Option<Duration>,
     payload: Bytes,
@@ -507,10 +540,25 @@ pub(crate) async fn dispatch(
             format!("no handler for message kind {kind}"),
         ));
     };
+    if matches!(**principal, Principal::Client(_)) && kind.0 >= MsgKind::FIRST_SERVICE {
+        let allowed = match &router.guard {
+            Some(g) => g(principal, kind),
+            None => Err(Status::new(Code::PermissionDenied, "this server takes no client keys")),
+        };
+        if let Err(s) = allowed {
+            m.rpc_server_requests
+                .get_or_create(&shingle_metrics::KindCode {
+                    kind: shingle_metrics::kind_name(kind.0),
+                    code: s.code.name(),
+                })
+                .inc();
+            return Err(s);
+        }
+    }
     let name = shingle_metrics::kind_name(kind.0);
     let _inflight = shingle_metrics::InFlight::new(&m.rpc_server_inflight);
     let started = Instant::now();
-    let r = handle(h, peer, kind, deadline, payload).await;
+    let r = handle(h, peer, principal, kind, deadline, payload).await;
     m.rpc_server_seconds
         .get_or_create(&shingle_metrics::Kind { kind: name })
         .observe(started.elapsed().as_secs_f64());
@@ -527,12 +575,14 @@ pub(crate) async fn dispatch(
 async fn handle(
     h: &Arc<dyn Handler>,
     peer: SocketAddr,
+    principal: &Arc<Principal>,
     kind: MsgKind,
     deadline: Option<Duration>,
     payload: Bytes,
 ) -> Result<Bytes, Status> {
     let ctx = CallContext {
         peer,
+        principal: principal.clone(),
         kind,
         deadline: deadline.map(|d| Instant::now() + d),
     };

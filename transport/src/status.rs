@@ -40,6 +40,9 @@ pub enum Code {
     /// The sender may no longer do this: its role passed to another node (a metadata
     /// coordinator whose partition has a new primary). Final for the sender.
     Fenced = 12,
+    /// The caller's client key may not do this (a kind only the cluster's own nodes
+    /// send, a write with a read-only key, or a key that was revoked). Final.
+    PermissionDenied = 13,
     /// A service-defined error; see `app_code`.
     Application = 100,
 }
@@ -61,6 +64,7 @@ impl Code {
             Code::StaleEpoch => "StaleEpoch",
             Code::NotRegistrable => "NotRegistrable",
             Code::Fenced => "Fenced",
+            Code::PermissionDenied => "PermissionDenied",
             Code::Application => "Application",
         }
     }
@@ -80,6 +84,7 @@ impl Code {
             10 => Code::StaleEpoch,
             11 => Code::NotRegistrable,
             12 => Code::Fenced,
+            13 => Code::PermissionDenied,
             100 => Code::Application,
             _ => Code::Unknown,
         }

@@ -75,7 +75,7 @@ async fn garbage_after_auth_closes_only_that_connection() {
     let mut s = TcpStream::connect(rig.addr).await.expect("connect");
     let mut hello = [0u8; 40];
     s.read_exact(&mut hello).await.expect("hello");
-    s.write_all(&[0u8; 64]).await.expect("write bogus proof");
+    s.write_all(&[0u8; 104]).await.expect("write bogus proof");
     let mut verdict = [0u8; 36];
     s.read_exact(&mut verdict).await.expect("verdict");
     assert_eq!(verdict[0], 1, "bogus proof accepted");

@@ -4,6 +4,7 @@
 use super::endpoint::Endpoint;
 use super::{Device, NewQp, QpInfo, RDMA_CONNECT, RDMA_RESOLVE, ResolveRequest, Resolved};
 use crate::TransportConfig;
+use crate::auth::Principal;
 use crate::frame::{Frame, MsgKind, decode_frame};
 use crate::region::{RegionKey, RegionTable};
 use crate::server::{CallContext, Router};
@@ -103,7 +104,7 @@ impl RdmaExport {
             let e = e.clone();
             async move {
                 let req: QpInfo = decode(&payload)?;
-                let reply = e.accept(ctx.peer, &req)?;
+                let reply = e.accept(ctx.peer, ctx.principal.clone(), &req)?;
                 Ok(Bytes::from(prost::Message::encode_to_vec(&reply)))
             }
         });
@@ -151,7 +152,12 @@ impl RdmaExport {
         }
     }
 
-    fn accept(self: &Arc<Self>, peer: SocketAddr, remote: &QpInfo) -> Result<QpInfo, Status> {
+    fn accept(
+        self: &Arc<Self>,
+        peer: SocketAddr,
+        principal: Arc<Principal>,
+        remote: &QpInfo,
+    ) -> Result<QpInfo, Status> {
         if self.closing.load(Ordering::Relaxed) {
             return Err(Status::new(Code::ShuttingDown, "the server is shutting down"));
         }
@@ -173,7 +179,7 @@ impl RdmaExport {
             max_message,
             Box::new(move |ep, id, msg| {
                 if let Some(e) = weak.upgrade() {
-                    e.on_message(peer, ep, id, msg);
+                    e.on_message(peer, &principal, ep, id, msg);
                 }
             }),
         )
@@ -202,7 +208,14 @@ impl RdmaExport {
     }
 
     /// A whole message from a client: a request frame, handled in a task of its own.
-    fn on_message(self: Arc<Self>, peer: SocketAddr, ep: &Arc<Endpoint>, id: u64, msg: Bytes) {
+    fn on_message(
+        self: Arc<Self>,
+        peer: SocketAddr,
+        principal: &Arc<Principal>,
+        ep: &Arc<Endpoint>,
+        id: u64,
+        msg: Bytes,
+    ) {
         let frame = match decode_frame(&msg, self.max_frame) {
             Ok((f, used)) if used == msg.len() && !f.header.is_response() => f,
             Ok(_) => {
@@ -227,6 +240,7 @@ impl RdmaExport {
         let router = self.router.lock().clone();
         let closing = self.closing.load(Ordering::Relaxed);
         let header = frame.header;
+        let principal = principal.clone();
         let span = info_span!("rpc.server", otel.kind = "server", rpc.kind = %header.kind, %peer, fabric = "rdma", bytes_in = frame.payload.len());
         crate::trace::adopt(&span, &header.trace);
         tokio::spawn(
@@ -240,7 +254,9 @@ impl RdmaExport {
                 let result = match (header.kind, router) {
                     _ if closing => Err(Status::new(Code::ShuttingDown, "the server is shutting down")),
                     (MsgKind::PING, _) => Ok(frame.payload),
-                    (kind, Some(r)) => crate::server::dispatch(&r, peer, kind, deadline, frame.payload).await,
+                    (kind, Some(r)) => {
+                        crate::server::dispatch(&r, peer, &principal, kind, deadline, frame.payload).await
+                    }
                     (kind, None) => Err(Status::new(Code::UnknownKind, format!("no handler for {kind}"))),
                 };
                 let reply = match result {
