@@ -109,6 +109,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   fuzz transport frame_decode
   fuzz transport control_messages
   fuzz transport rdma_fragments
+  fuzz transport handshake
   fuzz data chunk_record
   fuzz data shard_messages
   fuzz meta meta_messages

@@ -73,11 +73,14 @@ pub struct MountConfig {
     pub threads: usize,
     /// Kernel readahead window of the mount in KiB (sets the size of sequential reads).
     pub readahead_kb: u32,
+    /// Mount read-only (`ro`): the kernel refuses every change with EROFS (a mount
+    /// whose client key is read-only).
+    pub read_only: bool,
 }
 
 impl Default for MountConfig {
     /// 1 s caches (negative entries too), open to all users, 2 threads, 4 MiB
-    /// readahead.
+    /// readahead, read-write.
     fn default() -> Self {
         MountConfig {
             ttl: Duration::from_secs(1),
@@ -85,6 +88,7 @@ impl Default for MountConfig {
             allow_other: true,
             threads: 2,
             readahead_kb: 4096,
+            read_only: false,
         }
     }
 }

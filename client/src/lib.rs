@@ -46,6 +46,9 @@ pub fn mount(
     if cfg.allow_other {
         config.acl = SessionACL::All;
     }
+    if cfg.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
     config.n_threads = Some(cfg.threads.max(1));
     config.clone_fd = cfg.threads > 1;
     let fs = ShingleFs::new(client, rt, cfg);

@@ -363,10 +363,19 @@ pub fn client_config(cf: &crate::config::ClusterFile) -> ClientConfig {
 pub async fn mount(a: MountArgs) -> Result<()> {
     preflight(&a.mountpoint)?;
     let (meta, cf) = connect(&a.cluster_file, &a.secret_file, Duration::from_secs(30)).await?;
+    let read_only = match meta.transport().identity() {
+        // A client key: mounted as its grant allows, refused at once when it has none.
+        Some(id) => match meta.view().map.client(&id.name, id.serial) {
+            Some(g) => !g.write,
+            None => bail!("client key {id} is revoked or was never granted (see `shingle client list`)"),
+        },
+        None => false,
+    };
     let mc = MountConfig {
         ttl: Duration::from_secs_f64(a.ttl.max(0.0)),
         negative_ttl: Duration::from_secs_f64(a.negative_ttl.max(0.0)),
         allow_other: !a.private,
+        read_only,
         ..MountConfig::default()
     };
     serve_mount(

@@ -8,6 +8,7 @@
 //! (`logging`, `telemetry`, `fabric`). `banner` holds the lines the binary prints
 //! when it is ready, which whoever starts it waits for.
 
+pub mod access;
 pub mod bench;
 pub mod check;
 pub mod cli;
@@ -15,6 +16,7 @@ pub mod config;
 pub mod daemons;
 pub mod dev;
 pub mod fabric;
+pub mod keys;
 pub mod local;
 pub mod logging;
 pub mod progress;

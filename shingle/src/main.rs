@@ -36,6 +36,9 @@ enum Command {
     /// Cluster tools without a mount: status, ls, stat, put, get, setlayout.
     #[command(flatten)]
     Tool(cli::Tool),
+    /// Client keys: grant (read-write or read-only, root squashed), revoke, list.
+    #[command(subcommand)]
+    Client(shingle::keys::ClientCommand),
     /// Create a new cluster: write the cluster file every node of it shares.
     Format(FormatArgs),
     /// Create a new random cluster secret file (mode 0600).
@@ -159,6 +162,7 @@ fn main() -> Result<()> {
             Command::Bench(BenchCommand::IsoWriter(a)) => bench::failover::iso_writer(a).await,
             Command::Bench(BenchCommand::LoaderWorker(a)) => bench::loader::worker(a),
             Command::Tool(t) => cli::run(t).await,
+            Command::Client(c) => shingle::keys::run(c).await,
         }
     });
     // Tasks still running end (and close their spans) with the runtime; then the spans

@@ -178,6 +178,8 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     if cfg.data.is_some() {
         router = crate::fabric::export(&rdma, router, &regions, &transport)?;
     }
+    // Client keys may send what their grant in the current map allows.
+    let router = router.guard(crate::access::guard(map_rx.clone()));
     let server = Server::bind(cfg.node.listen, transport, secret, router, regions)
         .await
         .with_context(|| format!("listen on {}", cfg.node.listen))?;

@@ -3,13 +3,13 @@
 
 mod common;
 
-use common::{DevMount, pattern};
+use common::{DevMount, SecondMount, pattern};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Child, Command};
+use std::time::Duration;
 
 /// The dev cluster these tests mount: 48 zones per node.
 fn start_dev(data: &Path, mount: &Path) -> DevMount {
@@ -238,64 +238,6 @@ fn tree_permissions_concurrency_big_files_and_remount() {
         "a healthy run logged warnings or errors:\n{}",
         bad.join("\n")
     );
-}
-
-/// A second mount of the same cluster, as another GPU host would have (`shingle mount`).
-struct SecondMount {
-    child: Child,
-    mount: PathBuf,
-}
-
-impl SecondMount {
-    fn start(data: &Path, mount: &Path) -> SecondMount {
-        SecondMount::with_args(data, mount, &[])
-    }
-
-    fn with_args(data: &Path, mount: &Path, args: &[&str]) -> SecondMount {
-        std::fs::create_dir_all(mount).expect("mount dir");
-        let child = Command::new(env!("CARGO_BIN_EXE_shingle"))
-            .arg("mount")
-            .args(args)
-            .arg("--cluster-file")
-            .arg(data.join("cluster.toml"))
-            .arg("--secret-file")
-            .arg(data.join("secret"))
-            .arg(mount)
-            .env("SHINGLE_LOG", "warn,openraft=error")
-            .env("SHINGLE_METRICS_LISTEN", "off")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn shingle mount");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let needle = format!(" {} ", mount.display());
-        while !std::fs::read_to_string("/proc/self/mountinfo")
-            .unwrap_or_default()
-            .contains(&needle)
-        {
-            assert!(Instant::now() < deadline, "second mount did not appear");
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        SecondMount {
-            child,
-            mount: mount.to_path_buf(),
-        }
-    }
-}
-
-impl Drop for SecondMount {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
-    }
 }
 
 /// Two mounts of one cluster on one file: what one closes, the other sees at its next

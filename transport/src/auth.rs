@@ -19,7 +19,7 @@
 //! to a server without the secret either. Nothing but these fixed-size messages is
 //! read before the proof is checked, and the whole exchange runs under a timeout. No
 //! key crosses the wire. See `docs/decisions/0003-authentication.md` and
-//! `docs/decisions/0010-client-keys.md`.
+//! `docs/decisions/0020-client-keys.md`.
 
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
@@ -39,11 +39,14 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// primary fences the holders a map dropped before it acknowledges (`Fence`). See
 /// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is).
 pub const PROTOCOL_VERSION: u8 = 6;
-const NONCE_LEN: usize = 32;
-const MAC_LEN: usize = 32;
+/// Bytes of a handshake nonce.
+pub const NONCE_LEN: usize = 32;
+/// Bytes of a handshake MAC.
+pub const MAC_LEN: usize = 32;
 const HELLO_LEN: usize = 8 + NONCE_LEN;
 const IDENTITY_LEN: usize = 8 + NAME_LEN;
-const PROOF_LEN: usize = NONCE_LEN + IDENTITY_LEN + MAC_LEN;
+/// Bytes of a client's proof: nonce, identity, MAC.
+pub const PROOF_LEN: usize = NONCE_LEN + IDENTITY_LEN + MAC_LEN;
 const VERDICT_LEN: usize = 4 + MAC_LEN;
 const CLIENT_LABEL: &[u8] = b"shingle-v1 client";
 const SERVER_LABEL: &[u8] = b"shingle-v1 server";
@@ -220,6 +223,22 @@ impl ClusterSecret {
         Some(format!("{KEY_FILE_MAGIC} {} {} {hex}\n", id.name, id.serial))
     }
 
+    /// The proof a client with this key sends for `server_nonce` and its own
+    /// `client_nonce` (what [`check_proof`] checks).
+    pub fn client_proof(&self, server_nonce: &[u8; NONCE_LEN], client_nonce: &[u8; NONCE_LEN]) -> Vec<u8> {
+        let id_bytes = Identity::encode(self.identity.as_ref());
+        let mut proof = Vec::with_capacity(PROOF_LEN);
+        proof.extend_from_slice(client_nonce);
+        proof.extend_from_slice(&id_bytes);
+        proof.extend_from_slice(
+            &self
+                .mac(CLIENT_LABEL, server_nonce, client_nonce, &id_bytes)
+                .finalize()
+                .into_bytes(),
+        );
+        proof
+    }
+
     fn hmac(&self) -> Hmac<Sha256> {
         // HMAC accepts keys of any length; new_from_slice cannot fail for it.
         <Hmac<Sha256> as KeyInit>::new_from_slice(&self.bytes).unwrap_or_else(|_| unreachable!())
@@ -311,37 +330,50 @@ async fn accept_inner<S: AsyncRead + AsyncWrite + Unpin>(
 
     let mut proof = [0u8; PROOF_LEN];
     stream.read_exact(&mut proof).await?;
+    let checked = check_proof(secret, &server_nonce, &proof);
+    let mut verdict = [0u8; VERDICT_LEN];
+    match &checked {
+        Ok((_, mac)) => verdict[4..].copy_from_slice(mac),
+        Err(_) => verdict[0] = 1,
+    }
+    stream.write_all(&verdict).await?;
+    stream.flush().await?;
+    checked.map(|(who, _)| who)
+}
+
+/// The server's check of a client's proof (any bytes; only a whole proof can pass):
+/// who proved which key, and the server's own proof to send back. Pure, so that it
+/// is fuzzed without sockets (`transport/fuzz`, target `handshake`).
+pub fn check_proof(
+    secret: &ClusterSecret,
+    server_nonce: &[u8; NONCE_LEN],
+    proof: &[u8],
+) -> Result<(Principal, [u8; MAC_LEN]), AuthError> {
+    if proof.len() != PROOF_LEN || secret.identity.is_some() {
+        return Err(AuthError::BadProof);
+    }
     let mut client_nonce = [0u8; NONCE_LEN];
     client_nonce.copy_from_slice(&proof[..NONCE_LEN]);
     let mut id_bytes = [0u8; IDENTITY_LEN];
     id_bytes.copy_from_slice(&proof[NONCE_LEN..NONCE_LEN + IDENTITY_LEN]);
     // The key the client must have proved: the secret, or its client key.
-    let checked = Identity::decode(&id_bytes).ok().and_then(|id| match id {
-        None => Some((secret.clone(), Principal::Cluster)),
-        Some(id) => secret.client_key(&id).map(|k| (k, Principal::Client(id))),
-    });
-    let ok = checked.as_ref().filter(|(key, _)| {
-        key.mac(CLIENT_LABEL, &server_nonce, &client_nonce, &id_bytes)
-            .verify_slice(&proof[NONCE_LEN + IDENTITY_LEN..])
-            .is_ok()
-    });
-    let mut verdict = [0u8; VERDICT_LEN];
-    match ok {
-        Some((key, _)) => {
-            let mac = key
-                .mac(SERVER_LABEL, &client_nonce, &server_nonce, &id_bytes)
-                .finalize()
-                .into_bytes();
-            verdict[4..].copy_from_slice(&mac);
-        }
-        None => verdict[0] = 1,
-    }
-    stream.write_all(&verdict).await?;
-    stream.flush().await?;
-    match ok {
-        Some((_, who)) => Ok(who.clone()),
-        None => Err(AuthError::BadProof),
-    }
+    let (key, who) = match Identity::decode(&id_bytes)? {
+        None => (secret.clone(), Principal::Cluster),
+        Some(id) => (
+            secret.client_key(&id).ok_or(AuthError::BadProof)?,
+            Principal::Client(id),
+        ),
+    };
+    key.mac(CLIENT_LABEL, server_nonce, &client_nonce, &id_bytes)
+        .verify_slice(&proof[NONCE_LEN + IDENTITY_LEN..])
+        .map_err(|_| AuthError::BadProof)?;
+    let mut mac = [0u8; MAC_LEN];
+    mac.copy_from_slice(
+        &key.mac(SERVER_LABEL, &client_nonce, server_nonce, &id_bytes)
+            .finalize()
+            .into_bytes(),
+    );
+    Ok((who, mac))
 }
 
 /// Client side: answer the server's challenge and check the server's proof.
@@ -371,15 +403,7 @@ async fn connect_inner<S: AsyncRead + AsyncWrite + Unpin>(
     server_nonce.copy_from_slice(&hello[8..]);
     let client_nonce = nonce()?;
     let id_bytes = Identity::encode(secret.identity.as_ref());
-    let mut proof = [0u8; PROOF_LEN];
-    proof[..NONCE_LEN].copy_from_slice(&client_nonce);
-    proof[NONCE_LEN..NONCE_LEN + IDENTITY_LEN].copy_from_slice(&id_bytes);
-    proof[NONCE_LEN + IDENTITY_LEN..].copy_from_slice(
-        &secret
-            .mac(CLIENT_LABEL, &server_nonce, &client_nonce, &id_bytes)
-            .finalize()
-            .into_bytes(),
-    );
+    let proof = secret.client_proof(&server_nonce, &client_nonce);
     stream.write_all(&proof).await?;
     stream.flush().await?;
 

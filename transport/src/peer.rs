@@ -137,6 +137,11 @@ impl Drop for PendingGuard<'_> {
 }
 
 impl PeerClient {
+    /// Whose client key this client connects with (`None`: the cluster secret).
+    pub fn identity(&self) -> Option<&crate::auth::Identity> {
+        self.inner.secret.identity()
+    }
+
     /// A client that authenticates with `secret`. Connections are made on first use.
     pub fn new(config: TransportConfig, secret: ClusterSecret) -> Self {
         PeerClient {

@@ -511,14 +511,16 @@ impl ManagerSlot {
             }
         };
         let s = self.clone();
-        let heartbeat = move |_: CallContext, req: rpc::HeartbeatRequest| {
+        let heartbeat = move |ctx: CallContext, req: rpc::HeartbeatRequest| {
             let s = s.clone();
             async move {
                 let m = s.get()?;
                 // Only nodes of the map are watched (an unknown id would add an entry
-                // that nothing ever removes).
+                // that nothing ever removes), and only the cluster's own principal
+                // speaks for a node: a client key cannot keep a dead node Up.
                 let known = m.map_rx.borrow().nodes.contains_key(&NodeId(req.node_id));
-                if req.node_id != 0 && known {
+                let node = matches!(*ctx.principal, shingle_transport::auth::Principal::Cluster);
+                if req.node_id != 0 && known && node {
                     m.saw(req.node_id);
                 }
                 let (leader, term) = {

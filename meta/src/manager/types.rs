@@ -83,14 +83,23 @@ pub enum MapRefusal {
         /// Its owner.
         other: NodeId,
     },
+    /// See [`MapError::BadClientName`].
+    BadClientName(String),
+    /// See [`MapError::UnknownClient`].
+    UnknownClient(String),
 }
 
 impl From<&MapError> for MapRefusal {
     fn from(e: &MapError) -> Self {
-        match *e {
-            MapError::UnknownNode(id) => MapRefusal::UnknownNode(id),
-            MapError::NotOut(id) => MapRefusal::NotOut(id),
-            MapError::AddressInUse { addr, other } => MapRefusal::AddressInUse { addr, other },
+        match e {
+            MapError::UnknownNode(id) => MapRefusal::UnknownNode(*id),
+            MapError::NotOut(id) => MapRefusal::NotOut(*id),
+            MapError::AddressInUse { addr, other } => MapRefusal::AddressInUse {
+                addr: *addr,
+                other: *other,
+            },
+            MapError::BadClientName(n) => MapRefusal::BadClientName(n.clone()),
+            MapError::UnknownClient(n) => MapRefusal::UnknownClient(n.clone()),
         }
     }
 }
@@ -101,6 +110,8 @@ impl From<MapRefusal> for MapError {
             MapRefusal::UnknownNode(id) => MapError::UnknownNode(id),
             MapRefusal::NotOut(id) => MapError::NotOut(id),
             MapRefusal::AddressInUse { addr, other } => MapError::AddressInUse { addr, other },
+            MapRefusal::BadClientName(n) => MapError::BadClientName(n),
+            MapRefusal::UnknownClient(n) => MapError::UnknownClient(n),
         }
     }
 }
@@ -118,6 +129,8 @@ mod tests {
                 addr: SocketAddr::from(([127, 0, 0, 1], 9)),
                 other: NodeId(5),
             },
+            MapError::BadClientName("a b".into()),
+            MapError::UnknownClient("gone".into()),
         ];
         for e in errors {
             let r = MapResponse::from(Err(e.clone()));

@@ -80,7 +80,38 @@ pub enum MapCommand {
         /// The epoch their primary checked every replica in.
         checked_in: Epoch,
     },
+    /// Grants client `name` a key (a new serial: the keys of its earlier grants stop
+    /// working), with what it may do.
+    GrantClient {
+        /// `[A-Za-z0-9._-]`, 1 to 32 bytes.
+        name: String,
+        /// Write (else read only).
+        write: bool,
+        /// uid 0 acts as nobody (65534).
+        root_squash: bool,
+    },
+    /// Revokes client `name`'s key.
+    RevokeClient {
+        /// The client.
+        name: String,
+    },
 }
+
+/// What a client key may do ([`ClusterMap::clients`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClientGrant {
+    /// The serial its key is made with; earlier serials are dead.
+    pub serial: u64,
+    /// Revoked: no serial of this name works (until granted again).
+    pub revoked: bool,
+    /// May change the namespace and write data; else read only.
+    pub write: bool,
+    /// Its uid 0 acts as uid/gid 65534.
+    pub root_squash: bool,
+}
+
+/// The uid and gid a squashed root acts as (nobody, nogroup).
+pub const SQUASHED_ID: u32 = 65534;
 
 /// A metadata partition whose placement moved (a node joined, left, or changed domain):
 /// its earlier replicas stay replicas, first in order, beside the new ones, until its
@@ -118,6 +149,12 @@ pub enum MapError {
         /// Its owner.
         other: NodeId,
     },
+    /// A client name that cannot name a key.
+    #[error("bad client name {0:?}: 1 to 32 of A-Z a-z 0-9 . _ -")]
+    BadClientName(String),
+    /// Revoking a client never granted.
+    #[error("no client {0:?} was ever granted a key")]
+    UnknownClient(String),
 }
 
 /// The cluster map.
@@ -140,6 +177,10 @@ pub struct ClusterMap {
     /// Partitions still held by their replicas from before a placement change.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub moves: BTreeMap<PartitionId, PartitionMove>,
+    /// Client keys ever granted, by name (revoked ones stay, so their serials are
+    /// never handed out again).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub clients: BTreeMap<String, ClientGrant>,
 }
 
 impl ClusterMap {
@@ -154,14 +195,20 @@ impl ClusterMap {
             pg_width,
             nodes: BTreeMap::new(),
             moves: BTreeMap::new(),
+            clients: BTreeMap::new(),
         }
+    }
+
+    /// The grant of a client key of `name` and `serial`, when it is live.
+    pub fn client(&self, name: &str, serial: u64) -> Option<&ClientGrant> {
+        self.clients.get(name).filter(|g| g.serial == serial && !g.revoked)
     }
 
     /// Applies a command; returns the new epoch (unchanged when the command changed nothing).
     pub fn apply(&mut self, cmd: &MapCommand) -> Result<Epoch, MapError> {
         // What placement was before a change of nodes, to see which partitions move.
         let before = match cmd {
-            MapCommand::MoveDone { .. } => None,
+            MapCommand::MoveDone { .. } | MapCommand::GrantClient { .. } | MapCommand::RevokeClient { .. } => None,
             _ => Some(self.clone()),
         };
         let changed = match cmd {
@@ -199,6 +246,32 @@ impl ClusterMap {
                 }
                 self.moves.len() != before
             }
+            MapCommand::GrantClient {
+                name,
+                write,
+                root_squash,
+            } => {
+                let serial = self.clients.get(name).map_or(0, |g| g.serial) + 1;
+                shingle_transport::auth::Identity::new(name, serial)
+                    .map_err(|_| MapError::BadClientName(name.chars().take(64).collect()))?;
+                self.clients.insert(
+                    name.clone(),
+                    ClientGrant {
+                        serial,
+                        revoked: false,
+                        write: *write,
+                        root_squash: *root_squash,
+                    },
+                );
+                true
+            }
+            MapCommand::RevokeClient { name } => {
+                let g = self
+                    .clients
+                    .get_mut(name)
+                    .ok_or_else(|| MapError::UnknownClient(name.chars().take(64).collect()))?;
+                !std::mem::replace(&mut g.revoked, true)
+            }
         };
         if changed {
             self.epoch = Epoch(self.epoch.0 + 1);
@@ -206,7 +279,9 @@ impl ClusterMap {
                 let node = match cmd {
                     MapCommand::Register(n) => n.id,
                     MapCommand::SetState { id, .. } | MapCommand::Remove { id } => *id,
-                    MapCommand::MoveDone { .. } => unreachable!("no node changes"),
+                    MapCommand::MoveDone { .. } | MapCommand::GrantClient { .. } | MapCommand::RevokeClient { .. } => {
+                        unreachable!("no node changes")
+                    }
                 };
                 self.track_moves(&before, node);
             }
@@ -641,5 +716,41 @@ mod tests {
             epochs(h.chain(Epoch(last - 1), Epoch(last))),
             Some(vec![last - 1, last])
         );
+    }
+
+    #[test]
+    fn client_grants_take_new_serials_and_revoked_ones_stay_dead() {
+        let mut m = ClusterMap::new("c", 8, 8, 3, 6);
+        let grant = |write| MapCommand::GrantClient {
+            name: "gpu-1".into(),
+            write,
+            root_squash: true,
+        };
+        let e1 = m.apply(&grant(true)).expect("grant");
+        assert_eq!(m.client("gpu-1", 1).map(|g| g.write), Some(true));
+        m.apply(&grant(false)).expect("grant again");
+        assert!(m.client("gpu-1", 1).is_none(), "the first key is dead");
+        assert_eq!(
+            m.client("gpu-1", 2).map(|g| (g.write, g.root_squash)),
+            Some((false, true))
+        );
+        let revoke = MapCommand::RevokeClient { name: "gpu-1".into() };
+        let e3 = m.apply(&revoke).expect("revoke");
+        assert!(e3 > e1 && m.client("gpu-1", 2).is_none());
+        assert_eq!(m.apply(&revoke).expect("again"), e3, "revoking twice changes nothing");
+        m.apply(&grant(true)).expect("granted anew");
+        assert!(m.client("gpu-1", 2).is_none() && m.client("gpu-1", 3).is_some());
+        assert_eq!(
+            m.apply(&MapCommand::RevokeClient { name: "never".into() }),
+            Err(MapError::UnknownClient("never".into()))
+        );
+        let bad = MapCommand::GrantClient {
+            name: "a/b".into(),
+            write: true,
+            root_squash: false,
+        };
+        assert_eq!(m.apply(&bad), Err(MapError::BadClientName("a/b".into())));
+        let json = serde_json::to_string(&m).expect("json");
+        assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("back"), m);
     }
 }

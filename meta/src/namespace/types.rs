@@ -33,6 +33,8 @@ pub enum Errno {
     EFBIG = 27,
     /// No space left on device.
     ENOSPC = 28,
+    /// Read-only file system (a read-only client key).
+    EROFS = 30,
     /// Too many links.
     EMLINK = 31,
     /// Result too large (xattr buffer).
@@ -78,6 +80,7 @@ impl Errno {
             EINVAL,
             EFBIG,
             ENOSPC,
+            EROFS,
             EMLINK,
             ERANGE,
             ENAMETOOLONG,

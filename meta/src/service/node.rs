@@ -2047,7 +2047,10 @@ impl MetaNode {
     pub fn router(&self) -> Router {
         let mut r = Router::new();
         // Reads are served from any caught-up copy whatever the caller's epoch.
-        r = self.route::<Read, _, _>(r, |n, _, req| {
+        r = self.route::<Read, _, _>(r, |n, ctx, mut req| {
+            if let ReadOp::GetXattr { creds, .. } | ReadOp::ListXattr { creds, .. } = &mut req.op {
+                n.squash(&ctx, creds);
+            }
             let parts = n.view().map.partitions;
             let partition = match &req.op {
                 ReadOp::Lookup { parent, name } => Some(crate::placement::dentry_partition(*parent, name, parts).0),
@@ -2057,7 +2060,8 @@ impl MetaNode {
             let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
             async move { n.on_read(&req.op) }.instrument(span)
         });
-        r = self.route::<Op, _, _>(r, |n, _, req| {
+        r = self.route::<Op, _, _>(r, |n, ctx, mut req| {
+            let admitted = n.admit_client_op(&ctx, &mut req);
             let parts = n.view().map.partitions;
             let span = info_span!(
                 "meta.op",
@@ -2066,7 +2070,11 @@ impl MetaNode {
                 ino = req.op.ino().0,
                 retries = 0u32,
             );
-            async move { n.on_op(req).await }.instrument(span)
+            async move {
+                admitted?;
+                n.on_op(req).await
+            }
+            .instrument(span)
         });
         r = self.route::<Fetch, _, _>(r, |n, _, req| {
             let span = info_span!("meta.fetch", inodes = req.inodes.len(), dentries = req.dentries.len());
@@ -2144,6 +2152,43 @@ impl MetaNode {
             Ok(n.settled_here(req.partition))
         });
         r
+    }
+
+    /// What a client key's operation may be: what the nodes' own daemons record (a
+    /// purge done, shards relocated) is refused; a hold on a removed file it has open
+    /// is its own business (root's only because nodes check it so); everything else
+    /// runs with its credentials squashed as its grant says.
+    fn admit_client_op(&self, ctx: &CallContext, req: &mut Op) -> Result<(), Status> {
+        if !matches!(*ctx.principal, shingle_transport::auth::Principal::Client(_)) {
+            return Ok(());
+        }
+        match req.op {
+            NsOp::Purged { .. } | NsOp::RelocateShards { .. } => Err(errno_status(Errno::EPERM)),
+            NsOp::HoldPurge { .. } => Ok(()),
+            _ => {
+                self.squash(ctx, &mut req.creds);
+                Ok(())
+            }
+        }
+    }
+
+    /// A caller whose client key squashes root acts as nobody when it says uid 0
+    /// (what it may send at all is the node's guard's business).
+    fn squash(&self, ctx: &CallContext, creds: &mut crate::namespace::Creds) {
+        if let shingle_transport::auth::Principal::Client(id) = &*ctx.principal {
+            let squashed = self
+                .view()
+                .map
+                .client(&id.name, id.serial)
+                .is_none_or(|g| g.root_squash);
+            if squashed && creds.uid == 0 {
+                *creds = crate::namespace::Creds {
+                    uid: crate::map::SQUASHED_ID,
+                    gid: crate::map::SQUASHED_ID,
+                    groups: Vec::new(),
+                };
+            }
+        }
     }
 
     fn route<R, F, Fut>(&self, router: Router, f: F) -> Router

@@ -871,6 +871,11 @@ pub async fn call<C: RpcChannel, R: MetaRpc>(
         Err(e) => Err(match e.status() {
             Some(s) if s.code == Code::Application => CallError::Errno(Errno::from_code(s.app_code as i32)),
             Some(s) if s.code == Code::StaleEpoch => CallError::Stale(peer),
+            // A client key that may not: EROFS when the server says so (read only).
+            Some(s) if s.code == Code::PermissionDenied => CallError::Errno(match s.app_code {
+                0 => Errno::EACCES,
+                c => Errno::from_code(c as i32),
+            }),
             _ => CallError::Transport(e),
         }),
     }

@@ -1,6 +1,6 @@
 //! What the integration tests share: a cluster of real `shingle serve` processes
 //! (`Cluster`, through `shingle::local`), a lone node (`spawn`), `shingle dev` with its
-//! mount (`DevMount`), the command-line tools (`tool`, `json`), test data (`pattern`)
+//! mount (`DevMount`), another mount of a cluster (`SecondMount`), the command-line tools (`tool`, `json`), test data (`pattern`)
 //! and on-disk corruption (`corrupt_first_record`).
 #![allow(dead_code)]
 
@@ -311,5 +311,71 @@ impl Drop for DevMount {
             let _ = Command::new("fusermount3").arg("-u").arg(&self.mount).status();
             let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
         }
+    }
+}
+
+/// A second mount of the same cluster, as another GPU host would have (`shingle mount`).
+pub struct SecondMount {
+    child: Child,
+    pub mount: PathBuf,
+}
+
+impl SecondMount {
+    /// `shingle mount` of the cluster in `data` (a `shingle dev` or `Cluster` root)
+    /// with its cluster secret.
+    pub fn start(data: &Path, mount: &Path) -> SecondMount {
+        SecondMount::with_args(data, mount, &[])
+    }
+
+    /// [`SecondMount::start`] with more arguments.
+    pub fn with_args(data: &Path, mount: &Path, args: &[&str]) -> SecondMount {
+        SecondMount::with_key(data, &data.join("secret"), mount, args)
+    }
+
+    /// [`SecondMount::with_args`] with `key` (a client key file) as its secret file.
+    pub fn with_key(data: &Path, key: &Path, mount: &Path, args: &[&str]) -> SecondMount {
+        std::fs::create_dir_all(mount).expect("mount dir");
+        let child = Command::new(env!("CARGO_BIN_EXE_shingle"))
+            .arg("mount")
+            .args(args)
+            .arg("--cluster-file")
+            .arg(data.join("cluster.toml"))
+            .arg("--secret-file")
+            .arg(key)
+            .arg(mount)
+            .env("SHINGLE_LOG", "warn,openraft=error")
+            .env("SHINGLE_METRICS_LISTEN", "off")
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn shingle mount");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let needle = format!(" {} ", mount.display());
+        while !std::fs::read_to_string("/proc/self/mountinfo")
+            .unwrap_or_default()
+            .contains(&needle)
+        {
+            assert!(Instant::now() < deadline, "second mount did not appear");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        SecondMount {
+            child,
+            mount: mount.to_path_buf(),
+        }
+    }
+}
+
+impl Drop for SecondMount {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
     }
 }

@@ -1,0 +1,144 @@
+//! `shingle client grant|revoke|list`: client keys, for mounts and tools that should
+//! not hold the cluster secret (issue 16; `docs/decisions/0020-client-keys.md`).
+//!
+//! A grant is a command in the managers' replicated cluster map (name, serial, read
+//! or write, root squashing); the key is derived from the cluster secret for that
+//! name and serial, so it is written once, here, and kept by nobody else. Every node
+//! checks each client request against the map it holds ([`crate::access`]).
+
+use crate::cli::ClusterArgs;
+use anyhow::{Context, Result, bail};
+use shingle_meta::manager::{fetch_map_since, propose};
+use shingle_meta::map::{ClientGrant, MapCommand};
+use shingle_transport::auth::Identity;
+use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
+use std::path::PathBuf;
+
+/// Client keys.
+#[derive(Debug, clap::Subcommand)]
+pub enum ClientCommand {
+    /// Grant a client a key and write it to a file (mode 0600; refuses to overwrite).
+    /// Granting a name again makes a new key; the earlier one stops working.
+    Grant {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// The client's name: 1 to 32 of A-Z a-z 0-9 . _ -
+        name: String,
+        /// Where to write the key; give it to the mount as its --secret-file.
+        #[arg(long)]
+        out: PathBuf,
+        /// Reads only: no change to the namespace, no data written.
+        #[arg(long)]
+        read_only: bool,
+        /// Let the client's uid 0 act as root (by default it acts as nobody, 65534).
+        #[arg(long)]
+        no_root_squash: bool,
+    },
+    /// Revoke a client's key: every node refuses its next request.
+    Revoke {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// The client's name.
+        name: String,
+    },
+    /// The clients granted keys, and what they may do.
+    List {
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+}
+
+/// Runs a `shingle client` command.
+pub async fn run(cmd: ClientCommand) -> Result<()> {
+    let cluster = match &cmd {
+        ClientCommand::Grant { cluster, .. }
+        | ClientCommand::Revoke { cluster, .. }
+        | ClientCommand::List { cluster } => cluster.clone(),
+    };
+    let cf = crate::config::ClusterFile::load(&cluster.cluster_file)?;
+    let secret = ClusterSecret::from_file(&cluster.secret_file)
+        .with_context(|| format!("load cluster secret {}", cluster.secret_file.display()))?;
+    if let Some(id) = secret.identity() {
+        bail!(
+            "{} is the client key of {id}: managing keys takes the cluster secret",
+            cluster.secret_file.display()
+        );
+    }
+    let tcp = PeerClient::new(TransportConfig::default(), secret.clone());
+    let managers = cf.manager_addrs();
+    match cmd {
+        ClientCommand::Grant {
+            name,
+            out,
+            read_only,
+            no_root_squash,
+            ..
+        } => {
+            Identity::new(&name, 1)?;
+            // Refuse before granting: a grant whose key nobody wrote down is useless.
+            if out.exists() {
+                bail!("{} exists; not overwriting it", out.display());
+            }
+            let cmd = MapCommand::GrantClient {
+                name: name.clone(),
+                write: !read_only,
+                root_squash: !no_root_squash,
+            };
+            let epoch = propose(&tcp, &managers, &cmd).await.context("grant the key")?;
+            let (map, _) = fetch_map_since(&tcp, &managers, None, epoch).await?;
+            let Some(grant) = map.clients.get(&name).filter(|_| map.epoch >= epoch) else {
+                bail!("the managers answered with a map that does not show the grant yet; run `shingle client list`");
+            };
+            let id = Identity::new(&name, grant.serial)?;
+            let key = secret.client_key(&id).context("derive the key")?;
+            write_key(&out, &key)?;
+            println!(
+                "granted {id} ({}); key in {} (give it to `shingle mount --secret-file`)",
+                describe(grant),
+                out.display()
+            );
+        }
+        ClientCommand::Revoke { name, .. } => {
+            let epoch = propose(&tcp, &managers, &MapCommand::RevokeClient { name: name.clone() })
+                .await
+                .context("revoke the key")?;
+            println!("revoked {name} (map epoch {})", epoch.0);
+        }
+        ClientCommand::List { .. } => {
+            let (map, _) = fetch_map_since(&tcp, &managers, None, shingle_meta::ids::Epoch(1)).await?;
+            if map.clients.is_empty() {
+                println!("no client keys granted");
+            }
+            for (name, g) in &map.clients {
+                println!("{name:<32} serial {:<4} {}", g.serial, describe(g));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn describe(g: &ClientGrant) -> String {
+    if g.revoked {
+        return "revoked".into();
+    }
+    format!(
+        "{}, {}",
+        if g.write { "read-write" } else { "read-only" },
+        if g.root_squash { "root squashed" } else { "root kept" }
+    )
+}
+
+fn write_key(out: &std::path::Path, key: &ClusterSecret) -> Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let text = key.key_file().context("a client key")?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .with_context(|| format!("create {}", out.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}

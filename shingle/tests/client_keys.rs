@@ -1,0 +1,171 @@
+//! Client keys (issue 16 part 1), on six real `shingle serve` processes and real FUSE
+//! mounts: `shingle client grant` writes a key a mount uses instead of the cluster
+//! secret; a read-write key's root acts as nobody (65534); a read-only key mounts
+//! read-only and its nodes refuse its changes even when the kernel is bypassed; no
+//! client key may send what only the cluster's nodes send; a revoked key is refused
+//! by every node while other keys go on working.
+
+mod common;
+
+use common::{Cluster, SecondMount, Spec, pattern, tool};
+use shingle_data::wire::{Scrub, ScrubRequest};
+use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::ids::Ino;
+use shingle_meta::manager::rpc::{Propose, ProposeRequest};
+use shingle_meta::meta_client::MetaClient;
+use shingle_meta::namespace::{Creds, Errno, FileKind};
+use shingle_transport::{CallOptions, ClusterSecret, Code, PeerClient, RpcChannel, TransportConfig};
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+fn grant(root: &Path, name: &str, extra: &[&str]) -> std::path::PathBuf {
+    let key = root.join(format!("{name}.key"));
+    let mut args = vec!["client", "grant", name, "--out", key.to_str().expect("utf-8")];
+    args.extend_from_slice(extra);
+    let out = tool(root, &args);
+    assert!(
+        out.status.success(),
+        "grant {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("granted {name}#1")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let mode = std::fs::metadata(&key).expect("key file").mode() & 0o777;
+    assert_eq!(mode, 0o600, "the key file is private");
+    key
+}
+
+/// A namespace client that connects with `key`.
+async fn client_with(cluster: &Cluster, key: &Path) -> (PeerClient, MetaClient) {
+    let tcp = PeerClient::new(TransportConfig::default(), ClusterSecret::from_file(key).expect("key"));
+    let wc = WatchConfig {
+        managers: cluster.local.managers.clone(),
+        node: None,
+        interval: Duration::from_millis(500),
+        touch_timeout: Duration::from_secs(5),
+    };
+    let maps = MapWatch::start(tcp.clone(), wc, Duration::from_secs(30), |_| {})
+        .await
+        .expect("a client key reads the map");
+    (tcp.clone(), MetaClient::new(tcp, maps))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let root = tmp.path().join("cluster");
+    let cluster = Cluster::start(
+        &root,
+        Spec {
+            nodes: 6,
+            managers: 1,
+            data: true,
+            partitions: 8,
+            down_after_ms: 3000,
+            data_toml: "",
+            zones: (10, "8MiB"),
+            node_toml: "",
+            manager_toml: "",
+        },
+    );
+    let admin = cluster.client().await;
+    cluster.wait_ready(&admin).await;
+    let shared = admin
+        .mknod(&Creds::root(), Ino::ROOT, b"shared", FileKind::Dir, 0o777, 0, None)
+        .await
+        .expect("mkdir /shared");
+
+    let writer_key = grant(&root, "writer", &[]);
+    let reader_key = grant(&root, "reader", &["--read-only"]);
+    let refused = tool(
+        &root,
+        &[
+            "client",
+            "grant",
+            "writer",
+            "--out",
+            writer_key.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(!refused.status.success(), "a key file is never overwritten");
+
+    // Read-write, root squashed: root's new file belongs to nobody.
+    let writer = SecondMount::with_key(&root, &writer_key, &tmp.path().join("w"), &[]);
+    let data = pattern(7, 3 << 20);
+    let file = writer.mount.join("shared/f.bin");
+    std::fs::write(&file, &data).expect("write through the writer's mount");
+    let meta = std::fs::metadata(&file).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "root is squashed");
+    let e = std::fs::write(writer.mount.join("at-root"), b"x").expect_err("nobody may not write /");
+    assert_eq!(e.raw_os_error(), Some(libc_eacces()), "{e}");
+
+    // Read-only: the mount is read-only, and the nodes refuse changes anyway.
+    let reader = SecondMount::with_key(&root, &reader_key, &tmp.path().join("r"), &[]);
+    assert!(std::fs::read(reader.mount.join("shared/f.bin")).expect("read") == data);
+    let e = std::fs::write(reader.mount.join("shared/g"), b"x").expect_err("read-only");
+    assert_eq!(e.raw_os_error(), Some(30), "EROFS: {e}");
+    let (reader_tcp, reader_meta) = client_with(&cluster, &reader_key).await;
+    let e = reader_meta
+        .mknod(&Creds::root(), shared.ino, b"g", FileKind::File, 0o644, 0, None)
+        .await
+        .expect_err("the nodes refuse a read-only key's change");
+    assert_eq!(e, Errno::EROFS);
+    assert!(reader_meta.lookup(shared.ino, b"f.bin").await.is_ok(), "reads work");
+
+    // What only nodes and admins send: a proposal to the managers, a scrub.
+    let manager = cluster.local.managers[0];
+    let (writer_tcp, _) = client_with(&cluster, &writer_key).await;
+    for tcp in [&reader_tcp, &writer_tcp] {
+        let r = tcp
+            .call::<Propose>(
+                manager,
+                &ProposeRequest {
+                    command_json: r#"{"RevokeClient":{"name":"reader"}}"#.into(),
+                    forwarded: false,
+                },
+                CallOptions::default(),
+            )
+            .await;
+        assert_eq!(
+            r.expect_err("refused").status().map(|s| s.code),
+            Some(Code::PermissionDenied)
+        );
+        let r = tcp
+            .call::<Scrub>(manager, &ScrubRequest {}, CallOptions::default())
+            .await;
+        assert_eq!(
+            r.expect_err("refused").status().map(|s| s.code),
+            Some(Code::PermissionDenied)
+        );
+    }
+
+    // Revoked: every node refuses the writer within a heartbeat or two; the reader
+    // goes on.
+    let out = tool(&root, &["client", "revoke", "writer"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut i = 0;
+    loop {
+        i += 1;
+        match std::fs::write(writer.mount.join(format!("shared/after-{i}")), b"x") {
+            Err(e) if e.raw_os_error() == Some(libc_eacces()) => break,
+            r => assert!(Instant::now() < deadline, "a revoked key still writes: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(std::fs::read(reader.mount.join("shared/f.bin")).expect("reader still reads") == data);
+    let list = tool(&root, &["client", "list"]);
+    let text = String::from_utf8_lossy(&list.stdout);
+    assert!(
+        text.contains("revoked") && text.contains("read-only, root squashed"),
+        "{text}"
+    );
+}
+
+fn libc_eacces() -> i32 {
+    Errno::EACCES.code()
+}
