@@ -7,8 +7,11 @@
 //! and — for the kinds a client sends — `shingle fsck` then reads every file whole.
 //!
 //! The node-to-node kinds (Execute, Replicate, InstallPiece, SyncMe, the managers' Raft
-//! messages) are sent last and checked only for panics and liveness: today a holder of
-//! the cluster secret may send them as a peer would (per-client credentials: issue 16).
+//! messages) are sent next and checked only for panics and liveness: a holder of the
+//! cluster secret may send them as a peer would. Last, client keys (decision 0020): a
+//! read-only key and a read-write key with root squashed have every node-to-node kind
+//! (and the read-only key every change) refused, and the read-write key's mutated
+//! requests, those on root's file included, leave that file whole.
 //!
 //! `SHINGLE_HOSTILE_SEED=N` replays a run; `SHINGLE_HOSTILE_ROUNDS=N` sets the requests
 //! per kind (default 300). The counts are printed for docs/benchmarks.md.
@@ -235,6 +238,20 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         std::fs::write(&local, common::pattern(7, (5 << 20) + 123)).expect("write local");
         let out = tool(root, &["put", local.to_str().expect("utf-8"), &format!("/{name}")]);
         assert!(out.status.success(), "put: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    // Two client keys for part 4, granted first so that every request below is built
+    // at the map epoch they leave behind.
+    let rw_key = root.join("hostile-rw.key");
+    let ro_key = root.join("hostile-ro.key");
+    for (name, key, extra) in [
+        ("hostile-rw", &rw_key, None),
+        ("hostile-ro", &ro_key, Some("--read-only")),
+    ] {
+        let mut args = vec!["client", "grant", name, "--out", key.to_str().expect("utf-8")];
+        args.extend(extra);
+        let out = tool(root, &args);
+        assert!(out.status.success(), "grant: {}", String::from_utf8_lossy(&out.stderr));
     }
 
     let c = cluster.client().await;
@@ -828,6 +845,90 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         ));
     }
     all_answer(&c, &mut cluster).await;
+
+    // 4. The same requests from client keys (issue 16): a read-write key whose root is
+    //    squashed to nobody, and a read-only key. Every node-to-node kind is refused to
+    //    both before any handler runs, as is every change from the read-only key. The
+    //    read-write key's mutated namespace requests run — including those on f.bin,
+    //    which only its owner (root) may change, so nothing is skipped for them — and
+    //    f.bin must still read back whole. (Its shards are another matter: data nodes
+    //    do not know whose shards they hold, decision 0020, so shard writes and deletes
+    //    naming f.bin are still skipped.)
+    let key_client = |key: &std::path::Path| {
+        shingle_transport::PeerClient::new(
+            shingle_transport::TransportConfig::default(),
+            shingle_transport::ClusterSecret::from_file(key).expect("key"),
+        )
+    };
+    let (rw, ro) = (key_client(&rw_key), key_client(&ro_key));
+    let denied = |r: Result<Bytes, TransportError>, what: &str| match r {
+        // UnknownKind: a node without that role (Raft on a node that is no manager).
+        Err(TransportError::Remote { status, .. })
+            if matches!(status.code, Code::PermissionDenied | Code::UnknownKind) => {}
+        other => panic!("{what} was not refused to a client key: {other:?}"),
+    };
+    let opts = || CallOptions {
+        timeout: Some(Duration::from_secs(3)),
+    };
+    let mut refused = 0u64;
+    // What mounts send (written out here, not taken from the code under test): reads
+    // and shard staging for any live grant, changes for a write grant; everything else
+    // is what nodes send each other.
+    let reads = [
+        "Read/Lookup",
+        "Read/ReadDir",
+        "Read/Stripes",
+        "Read/GetXattr",
+        "StageShard",
+        "Stats",
+        "Stat",
+    ];
+    let writes = ["Op/Mknod", "Op/SetXattr", "Op/CommitWrite", "WriteShard", "DeleteShard"];
+    for (name, k, valid) in peer_kinds.iter().chain(&client_kinds) {
+        let keys: Vec<&shingle_transport::PeerClient> = if reads.contains(name) {
+            vec![]
+        } else if writes.contains(name) {
+            vec![&ro]
+        } else {
+            vec![&rw, &ro]
+        };
+        for key in keys {
+            for i in 0..1 + rounds / 10 {
+                let (_, to) = nodes[rng.below(nodes.len())];
+                let req = if i == 0 { valid.clone() } else { mutate(&mut rng, valid) };
+                denied(key.call_raw(to, *k, Bytes::from(req), opts()).await, name);
+                refused += 1;
+            }
+        }
+    }
+    report.push(format!(
+        "client keys: {refused} node-to-node or read-only-change requests, all refused"
+    ));
+    for (name, k, valid) in &client_kinds {
+        let started = std::time::Instant::now();
+        let mut t = Tally::default();
+        let shard_kind = *k == shingle_data::wire::WriteShard::KIND || *k == shingle_data::wire::DeleteShard::KIND;
+        for _ in 0..rounds {
+            let (_, to) = nodes[rng.below(nodes.len())];
+            let to = if k.0 < 0x0400 { to } else { [to, fp][rng.below(2)] };
+            let req = mutate(&mut rng, valid);
+            if shard_kind && names_victim(*k, &req, f) {
+                t.confined += 1;
+                continue;
+            }
+            send(&rw, to, *k, req, &mut t).await;
+        }
+        report.push(format!(
+            "{name} (read-write key, root squashed): {t:?} in {:.1} s",
+            started.elapsed().as_secs_f64()
+        ));
+    }
+    all_answer(&c, &mut cluster).await;
+    let own = json(&tool(root, &["fsck", "/f.bin", "--json"]));
+    assert!(
+        own["ok"].as_u64() == Some(1) && own["bad"].as_array().is_some_and(|b| b.is_empty()),
+        "a squashed client key broke root's file: {own}"
+    );
     for line in &report {
         println!("{line}");
     }
