@@ -95,6 +95,7 @@ mod tests {
                 name: name.into(),
                 write,
                 root_squash: true,
+                act_as: None,
             })
             .expect("grant");
         }

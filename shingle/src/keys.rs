@@ -8,11 +8,14 @@
 
 use crate::cli::ClusterArgs;
 use anyhow::{Context, Result, bail};
+use shingle_meta::ids::NodeId;
 use shingle_meta::manager::{fetch_map_since, propose};
+use shingle_meta::map::NodeState;
 use shingle_meta::map::{ClientGrant, MapCommand};
 use shingle_transport::auth::Identity;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
 /// Client keys.
 #[derive(Debug, clap::Subcommand)]
@@ -33,6 +36,10 @@ pub enum ClientCommand {
         /// Let the client's uid 0 act as root (by default it acts as nobody, 65534).
         #[arg(long)]
         no_root_squash: bool,
+        /// Every uid of the client acts as this one, UID:GID (a tenant whose hosts must
+        /// not act as anyone else, whatever they assert).
+        #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
+        act_as: Option<(u32, u32)>,
     },
     /// Revoke a client's key: every node refuses its next request.
     Revoke {
@@ -72,6 +79,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             out,
             read_only,
             no_root_squash,
+            act_as,
             ..
         } => {
             Identity::new(&name, 1)?;
@@ -83,6 +91,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
                 name: name.clone(),
                 write: !read_only,
                 root_squash: !no_root_squash,
+                act_as,
             };
             let epoch = propose(&tcp, &managers, &cmd).await.context("grant the key")?;
             let (map, _) = fetch_map_since(&tcp, &managers, None, epoch).await?;
@@ -92,8 +101,9 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             let id = Identity::new(&name, grant.serial)?;
             let key = secret.client_key(&id).context("derive the key")?;
             write_key(&out, &key)?;
+            let held = nodes_hold(&cluster, epoch).await?;
             println!(
-                "granted {id} ({}); key in {} (give it to `shingle mount --secret-file`)",
+                "granted {id} ({}); key in {} (give it to `shingle mount --secret-file`); {held}",
                 describe(grant),
                 out.display()
             );
@@ -102,7 +112,8 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             let epoch = propose(&tcp, &managers, &MapCommand::RevokeClient { name: name.clone() })
                 .await
                 .context("revoke the key")?;
-            println!("revoked {name} (map epoch {})", epoch.0);
+            let held = nodes_hold(&cluster, epoch).await?;
+            println!("revoked {name} (map epoch {}); {held}", epoch.0);
         }
         ClientCommand::List { .. } => {
             let (map, _) = fetch_map_since(&tcp, &managers, None, shingle_meta::ids::Epoch(1)).await?;
@@ -117,15 +128,51 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
     Ok(())
 }
 
+/// Waits (up to 10 s) until every Up metadata node holds the map of `epoch`, so that a
+/// key just granted works at once (and one just revoked is refused everywhere); says
+/// how that went. Nodes without the metadata role adopt it within a heartbeat too, but
+/// cannot be asked.
+async fn nodes_hold(cluster: &ClusterArgs, epoch: shingle_meta::ids::Epoch) -> Result<String> {
+    let (meta, _) = crate::dev::connect(&cluster.cluster_file, &cluster.secret_file, Duration::from_secs(10)).await?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let view = meta.view();
+        let up = |id: &NodeId| view.map.nodes.get(id).is_some_and(|n| n.state == NodeState::Up);
+        let behind: Vec<u64> = meta
+            .stats()
+            .await
+            .into_iter()
+            .filter(|(id, s)| up(id) && s.as_ref().map_or(true, |s| s.epoch < epoch))
+            .map(|(id, _)| id.0)
+            .collect();
+        if behind.is_empty() {
+            return Ok("every metadata node holds it".into());
+        }
+        if Instant::now() >= deadline {
+            return Ok(format!(
+                "nodes {behind:?} did not confirm within 10 s (they will within a heartbeat of reaching the managers)"
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn describe(g: &ClientGrant) -> String {
     if g.revoked {
         return "revoked".into();
     }
-    format!(
-        "{}, {}",
-        if g.write { "read-write" } else { "read-only" },
-        if g.root_squash { "root squashed" } else { "root kept" }
-    )
+    let who = match g.act_as {
+        Some((uid, gid)) => format!("everyone acts as {uid}:{gid}"),
+        None if g.root_squash => "root squashed".into(),
+        None => "root kept".into(),
+    };
+    format!("{}, {who}", if g.write { "read-write" } else { "read-only" })
+}
+
+fn parse_ids(s: &str) -> Result<(u32, u32), String> {
+    let (u, g) = s.split_once(':').ok_or("UID:GID, e.g. 1000:1000")?;
+    let n = |x: &str| x.parse::<u32>().map_err(|e| format!("{x:?}: {e}"));
+    Ok((n(u)?, n(g)?))
 }
 
 fn write_key(out: &std::path::Path, key: &ClusterSecret) -> Result<()> {

@@ -2,7 +2,8 @@
 //! mounts: `shingle client grant` writes a key a mount uses instead of the cluster
 //! secret; a read-write key's root acts as nobody (65534); a read-only key mounts
 //! read-only and its nodes refuse its changes even when the kernel is bypassed; no
-//! client key may send what only the cluster's nodes send; a revoked key is refused
+//! client key may send what only the cluster's nodes send; a tenant key acts as one
+//! uid and gid whatever its host asserts; a revoked key is refused
 //! by every node while other keys go on working.
 
 mod common;
@@ -102,6 +103,18 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
     assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "root is squashed");
     let e = std::fs::write(writer.mount.join("at-root"), b"x").expect_err("nobody may not write /");
     assert_eq!(e.raw_os_error(), Some(libc_eacces()), "{e}");
+
+    // A tenant: every uid of its host acts as 2000:3000. Its files are its own, and
+    // the squashed writer's file is not.
+    let tenant_key = grant(&root, "tenant", &["--act-as", "2000:3000"]);
+    let tenant = SecondMount::with_key(&root, &tenant_key, &tmp.path().join("t"), &[]);
+    let mine = tenant.mount.join("shared/tenant.txt");
+    std::fs::write(&mine, b"mine").expect("the tenant writes its own file");
+    let meta = std::fs::metadata(&mine).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (2000, 3000), "everyone acts as the tenant");
+    let e = std::fs::write(tenant.mount.join("shared/f.bin"), b"x").expect_err("not the tenant's file");
+    assert_eq!(e.raw_os_error(), Some(libc_eacces()), "{e}");
+    drop(tenant);
 
     // Read-only: the mount is read-only, and the nodes refuse changes anyway.
     let reader = SecondMount::with_key(&root, &reader_key, &tmp.path().join("r"), &[]);

@@ -89,6 +89,10 @@ pub enum MapCommand {
         write: bool,
         /// uid 0 acts as nobody (65534).
         root_squash: bool,
+        /// Every uid acts as this uid and gid (NFS `all_squash` with `anonuid`/`anongid`):
+        /// a tenant's hosts cannot act as anyone else whatever they assert.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        act_as: Option<(u32, u32)>,
     },
     /// Revokes client `name`'s key.
     RevokeClient {
@@ -108,6 +112,25 @@ pub struct ClientGrant {
     pub write: bool,
     /// Its uid 0 acts as uid/gid 65534.
     pub root_squash: bool,
+    /// Every uid of it acts as this uid and gid (overrides `root_squash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub act_as: Option<(u32, u32)>,
+}
+
+impl ClientGrant {
+    /// The credentials a request of this client runs with, given what it asserts.
+    pub fn squash(&self, creds: &mut crate::namespace::Creds) {
+        let (uid, gid) = match self.act_as {
+            Some(ids) => ids,
+            None if self.root_squash && creds.uid == 0 => (SQUASHED_ID, SQUASHED_ID),
+            None => return,
+        };
+        *creds = crate::namespace::Creds {
+            uid,
+            gid,
+            groups: Vec::new(),
+        };
+    }
 }
 
 /// The uid and gid a squashed root acts as (nobody, nogroup).
@@ -250,6 +273,7 @@ impl ClusterMap {
                 name,
                 write,
                 root_squash,
+                act_as,
             } => {
                 let serial = self.clients.get(name).map_or(0, |g| g.serial) + 1;
                 shingle_transport::auth::Identity::new(name, serial)
@@ -261,6 +285,7 @@ impl ClusterMap {
                         revoked: false,
                         write: *write,
                         root_squash: *root_squash,
+                        act_as: *act_as,
                     },
                 );
                 true
@@ -725,6 +750,7 @@ mod tests {
             name: "gpu-1".into(),
             write,
             root_squash: true,
+            act_as: None,
         };
         let e1 = m.apply(&grant(true)).expect("grant");
         assert_eq!(m.client("gpu-1", 1).map(|g| g.write), Some(true));
@@ -748,9 +774,53 @@ mod tests {
             name: "a/b".into(),
             write: true,
             root_squash: false,
+            act_as: None,
         };
         assert_eq!(m.apply(&bad), Err(MapError::BadClientName("a/b".into())));
         let json = serde_json::to_string(&m).expect("json");
         assert_eq!(serde_json::from_str::<ClusterMap>(&json).expect("back"), m);
+    }
+
+    #[test]
+    fn grants_squash_root_or_everyone() {
+        use crate::namespace::Creds;
+        let g = |root_squash, act_as| ClientGrant {
+            serial: 1,
+            revoked: false,
+            write: true,
+            root_squash,
+            act_as,
+        };
+        let user = Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: vec![4, 27],
+        };
+        let nobody = Creds {
+            uid: SQUASHED_ID,
+            gid: SQUASHED_ID,
+            groups: vec![],
+        };
+        let after = |grant: ClientGrant, mut c: Creds| {
+            grant.squash(&mut c);
+            c
+        };
+        assert_eq!(after(g(true, None), Creds::root()), nobody);
+        assert_eq!(after(g(true, None), user.clone()), user, "only root is squashed");
+        assert_eq!(after(g(false, None), Creds::root()), Creds::root());
+        let tenant = Creds {
+            uid: 2000,
+            gid: 3000,
+            groups: vec![],
+        };
+        for c in [Creds::root(), user.clone()] {
+            assert_eq!(after(g(false, Some((2000, 3000))), c), tenant);
+        }
+        // A grant written before `act_as` existed reads back without it.
+        let old = r#"{"serial":1,"revoked":false,"write":true,"root_squash":true}"#;
+        assert_eq!(
+            serde_json::from_str::<ClientGrant>(old).expect("old grant"),
+            g(true, None)
+        );
     }
 }

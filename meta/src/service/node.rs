@@ -2172,21 +2172,21 @@ impl MetaNode {
         }
     }
 
-    /// A caller whose client key squashes root acts as nobody when it says uid 0
-    /// (what it may send at all is the node's guard's business).
+    /// A caller with a client key acts as its grant says: nobody for uid 0 when root
+    /// is squashed, one fixed uid and gid when the grant names them (what it may send
+    /// at all is the node's guard's business).
     fn squash(&self, ctx: &CallContext, creds: &mut crate::namespace::Creds) {
         if let shingle_transport::auth::Principal::Client(id) = &*ctx.principal {
-            let squashed = self
-                .view()
-                .map
-                .client(&id.name, id.serial)
-                .is_none_or(|g| g.root_squash);
-            if squashed && creds.uid == 0 {
-                *creds = crate::namespace::Creds {
-                    uid: crate::map::SQUASHED_ID,
-                    gid: crate::map::SQUASHED_ID,
-                    groups: Vec::new(),
-                };
+            match self.view().map.client(&id.name, id.serial) {
+                Some(g) => g.squash(creds),
+                // Revoked since the guard let the request in: nobody, to be safe.
+                None => {
+                    *creds = crate::namespace::Creds {
+                        uid: crate::map::SQUASHED_ID,
+                        gid: crate::map::SQUASHED_ID,
+                        groups: Vec::new(),
+                    }
+                }
             }
         }
     }
