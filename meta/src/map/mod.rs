@@ -125,11 +125,20 @@ impl ClientGrant {
             None if self.root_squash && creds.uid == 0 => (SQUASHED_ID, SQUASHED_ID),
             None => return,
         };
-        *creds = crate::namespace::Creds {
-            uid,
-            gid,
-            groups: Vec::new(),
-        };
+        *creds = only(uid, gid);
+    }
+}
+
+/// The credentials of nobody: a squashed root, or a client whose grant went away.
+pub fn nobody() -> crate::namespace::Creds {
+    only(SQUASHED_ID, SQUASHED_ID)
+}
+
+fn only(uid: u32, gid: u32) -> crate::namespace::Creds {
+    crate::namespace::Creds {
+        uid,
+        gid,
+        groups: Vec::new(),
     }
 }
 

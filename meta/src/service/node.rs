@@ -2180,13 +2180,7 @@ impl MetaNode {
             match self.view().map.client(&id.name, id.serial) {
                 Some(g) => g.squash(creds),
                 // Revoked since the guard let the request in: nobody, to be safe.
-                None => {
-                    *creds = crate::namespace::Creds {
-                        uid: crate::map::SQUASHED_ID,
-                        gid: crate::map::SQUASHED_ID,
-                        groups: Vec::new(),
-                    }
-                }
+                None => *creds = crate::map::nobody(),
             }
         }
     }
