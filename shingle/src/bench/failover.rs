@@ -549,6 +549,356 @@ async fn wait_until(client: &Client, limit: Duration, settled: bool) -> Result<f
 }
 
 /// Runs the benchmark.
+/// Kills three nodes that hold one stripe (leaving every partition a replica), reads
+/// every preloaded file (each must read or fail with EIO, promptly), restarts them and
+/// waits for health: the report, and what went wrong.
+async fn three_down(
+    cluster: &mut LocalCluster,
+    spec: &LocalSpec,
+    client: &Client,
+    pre: Ino,
+    files: usize,
+    len: usize,
+    heal_secs: u64,
+) -> Result<(serde_json::Value, Option<String>)> {
+    let victims = three_victims(client.meta(), pre, files, 3)
+        .await
+        .context("no three nodes that hold one stripe and leave every partition a replica")?;
+    eprintln!("# phase three-down: nodes {victims:?} killed");
+    for id in &victims {
+        cluster.nodes[*id as usize - 1].kill();
+    }
+    let (mut ok, mut eio, mut other, mut max_ms) = (0, 0, Vec::new(), 0.0f64);
+    for i in 0..files {
+        let s = Instant::now();
+        let r = read_file(client, pre, &format!("f{i:04}"), i as u64, len).await;
+        max_ms = max_ms.max(s.elapsed().as_secs_f64() * 1e3);
+        match r {
+            Ok(()) => ok += 1,
+            Err(e) if e.contains("Input/output error") || e.contains("EIO") => eio += 1,
+            Err(e) => other.push(e),
+        }
+    }
+    let three = serde_json::json!({"victims": victims, "files": files, "ok": ok, "eio": eio, "other_errors": other, "max_ms": max_ms});
+    let mut err = None;
+    if !other.is_empty() || max_ms > 10_000.0 || eio == 0 {
+        err = Some(format!(
+            "three down: {ok} read, {eio} EIO, other errors {other:?}, slowest {max_ms:.0} ms"
+        ));
+    }
+    for id in &victims {
+        cluster.nodes[*id as usize - 1].restart(spec)?;
+    }
+    if let Err(e) = wait_healthy(client, Duration::from_secs(heal_secs)).await {
+        err.get_or_insert(format!("after three down: {e}"));
+    }
+    Ok((three, err))
+}
+
+/// Adds a node and waits for the moves to settle: the report (its share of partition
+/// replicas and shards, shards moved, time), and what went wrong.
+async fn add_node(
+    cluster: &mut LocalCluster,
+    spec: &LocalSpec,
+    client: &Client,
+    heal_secs: u64,
+) -> Result<(serde_json::Value, Option<String>)> {
+    let meta = client.meta();
+    let before = cluster_health(client).await.repair.moved_total;
+    let t = Instant::now();
+    let id = cluster.add_node(spec)?;
+    eprintln!("# phase add-node: node {id} joins");
+    // Wait for its registration, then for the moves to finish.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !meta.view().map.is_up(shingle_meta::ids::NodeId(id)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = wait_until(client, Duration::from_secs(heal_secs), true).await;
+    let secs = t.elapsed().as_secs_f64();
+    let after = cluster_health(client).await.repair.moved_total;
+    let v = meta.view();
+    let replicas = u64::from(v.map.partitions) * u64::from(v.map.replication);
+    let held = v.placement.partitions_of(shingle_meta::ids::NodeId(id)).len() as u64;
+    let (mut chunks_new, mut chunks_all) = (0u64, 0u64);
+    for n in v.map.nodes.values().filter(|n| n.roles.data) {
+        use shingle_data::wire::{Stat, StatRequest};
+        if let Ok(st) = meta
+            .transport()
+            .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(5)))
+            .await
+        {
+            chunks_all += st.chunks;
+            if n.id.0 == id {
+                chunks_new += st.chunks;
+            }
+        }
+    }
+    let report = serde_json::json!({
+        "node": id, "nodes": v.map.nodes.len(), "settled": settled.is_ok(), "secs": secs,
+        "partition_share": held as f64 / replicas.max(1) as f64,
+        "shard_share": chunks_new as f64 / chunks_all.max(1) as f64,
+        "moved_shards": after.saturating_sub(before),
+    });
+    Ok((report, settled.err().map(|e| format!("after adding a node: {e}"))))
+}
+
+/// Names in `dirs` that share an inode (each name must have its own).
+async fn shared_inodes(meta: &MetaClient, dirs: &[Ino]) -> Vec<String> {
+    let mut inos: std::collections::BTreeMap<Ino, Vec<String>> = std::collections::BTreeMap::new();
+    for &dir in dirs {
+        let mut after: Option<Vec<u8>> = None;
+        while let Ok(page) = meta.readdir(dir, after.as_deref(), 1000).await {
+            let Some(last) = page.last() else { break };
+            after = Some(last.name.clone());
+            for e in page {
+                inos.entry(e.ino)
+                    .or_default()
+                    .push(String::from_utf8_lossy(&e.name).into_owned());
+            }
+        }
+    }
+    inos.iter()
+        .filter(|(_, n)| n.len() > 1)
+        .map(|(ino, names)| format!("inode {ino} has several names: {names:?}"))
+        .collect()
+}
+
+/// When the partition of the isolated host's writer began and ended, and when the
+/// manager leader was killed and restarted (wall-clock ms), to place its writes.
+struct CutTimes {
+    cut_ms: u64,
+    heal_ms: u64,
+    lead: u64,
+    lead_kill_ms: u64,
+    lead_restart_ms: u64,
+}
+
+/// The writer inside the partitioned host: stops it, then checks that nothing was
+/// acknowledged while it was cut off (a write begun just before the cut may finish)
+/// and that everything it acknowledged reads back. The report, and what is wrong.
+async fn check_iso_writer(
+    mut child: std::process::Child,
+    acks: &std::path::Path,
+    log: &std::path::Path,
+    client: &Client,
+    iso_dir: Ino,
+    t: &CutTimes,
+) -> (serde_json::Value, Vec<String>) {
+    let _ = child.kill();
+    let _ = child.wait();
+    let mut bad = Vec::new();
+    let text = std::fs::read_to_string(acks).unwrap_or_default();
+    let mut during = Vec::new();
+    let mut acked_iso = 0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let [_, acked, name, seed, len, ino, ..] = f[..] else {
+            continue;
+        };
+        let (acked, seed, len): (u64, u64, usize) = (
+            acked.parse().unwrap_or(0),
+            seed.parse().unwrap_or(0),
+            len.parse().unwrap_or(0),
+        );
+        acked_iso += 1;
+        // Acknowledged while cut off: after the cut (a second for what was already
+        // on the wire) and before the heal. A write begun during the cut that
+        // finishes after the heal is fine.
+        if acked > t.cut_ms + 1000 && acked < t.heal_ms {
+            during.push(name.to_string());
+        }
+        if let Err(e) = read_file(client, iso_dir, name, seed, len).await {
+            let ino = Ino(ino.parse().unwrap_or(0));
+            let when = acked as i64;
+            bad.push(format!(
+                "partitioned host's acknowledged {name} (acked {} ms after the cut, {} ms after the heal, {} ms after node {} was killed, {} ms after it restarted): {e}; {}",
+                when - t.cut_ms as i64,
+                when - t.heal_ms as i64,
+                when - t.lead_kill_ms as i64,
+                t.lead,
+                when - t.lead_restart_ms as i64,
+                where_is(client.meta(), iso_dir, name, ino).await
+            ));
+            let log = std::fs::read_to_string(log).unwrap_or_default();
+            for l in log
+                .lines()
+                .filter(|l| l.contains(name) || l.contains(&format!("ino={}", ino.0)))
+            {
+                bad.push(format!("  iso writer: {l}"));
+            }
+        }
+    }
+    if !during.is_empty() {
+        bad.push(format!("acknowledged while partitioned (split brain): {during:?}"));
+    }
+    eprintln!(
+        "# partitioned host's writer: {acked_iso} acknowledged, {} while cut off",
+        during.len()
+    );
+    (
+        serde_json::json!({"acked": acked_iso, "acked_while_cut": during.len()}),
+        bad,
+    )
+}
+
+/// Reads back the `files` preloaded files of `pre` and the writer's acknowledged ones
+/// in `wdir`: what is lost or corrupt (with where its shards are, for a written one).
+async fn read_back(
+    client: &Client,
+    pre: Ino,
+    files: usize,
+    len: usize,
+    wdir: Ino,
+    acked: &[(String, u64, usize)],
+) -> Vec<String> {
+    let mut bad = Vec::new();
+    for i in 0..files {
+        if let Err(e) = read_file(client, pre, &format!("f{i:04}"), i as u64, len).await {
+            bad.push(e);
+        }
+    }
+    for (name, seed, wlen) in acked {
+        if let Err(e) = read_file(client, wdir, name, *seed, *wlen).await {
+            let why = diagnose(client, wdir, name, *seed, *wlen).await;
+            bad.push(format!("{e}; {why}"));
+        }
+    }
+    bad
+}
+
+/// The per-phase table on stdout.
+fn print_phases(phases: &[Phase]) {
+    println!("phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail  max ms");
+    for p in phases {
+        println!(
+            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4} {:7.1}",
+            p.name,
+            p.secs,
+            p.reads,
+            p.failed_reads,
+            p.read_p50_ms,
+            p.read_max_ms,
+            p.read_mib_s,
+            p.lookups,
+            p.failed_lookups,
+            p.lookup_max_ms,
+            p.writes,
+            p.failed_writes,
+            p.write_max_ms
+        );
+    }
+}
+
+/// What the load tasks share: where they log, when to stop, the run's start, the
+/// preloaded files.
+struct Load {
+    log: Arc<Log>,
+    stop: Arc<AtomicBool>,
+    t0: Instant,
+    files: usize,
+    len: usize,
+}
+
+impl Load {
+    /// Reader `r`: reads the preloaded files back in a stride of its own until stopped.
+    fn reader(&self, c: Client, pre: Ino, r: usize) -> tokio::task::JoinHandle<()> {
+        let (log, stop, files, len, t0) = (self.log.clone(), self.stop.clone(), self.files, self.len, self.t0);
+        tokio::spawn(async move {
+            let mut i = r * 7919;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 13) % files;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = read_file(&c, pre, &format!("f{i:04}"), i as u64, len).await;
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                if let Err(e) = &r {
+                    log.errors.lock().push(format!("{at:.1}s read: {e}"));
+                }
+                push(
+                    &log.reads,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: len as u64,
+                    },
+                );
+            }
+        })
+    }
+
+    /// The lookup prober: one lookup of a preloaded name every 2 ms until stopped.
+    fn prober(&self, m: MetaClient, pre: Ino) -> tokio::task::JoinHandle<()> {
+        let (log, stop, files, t0) = (self.log.clone(), self.stop.clone(), self.files, self.t0);
+        tokio::spawn(async move {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                i = (i + 1) % files;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = m.lookup(pre, format!("f{i:04}").as_bytes()).await;
+                if let Err(e) = &r {
+                    log.errors.lock().push(format!("{at:.1}s lookup: {e}"));
+                }
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                push(
+                    &log.lookups,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: 0,
+                    },
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    }
+
+    /// The writer: new files of half a preloaded file's size in `wdir`, one after the
+    /// other, each acknowledged one logged for the read-back.
+    fn writer(&self, c: Client, wdir: Ino) -> tokio::task::JoinHandle<()> {
+        let (log, stop, t0) = (self.log.clone(), self.stop.clone(), self.t0);
+        let wlen = self.len / 2 + 4321;
+        tokio::spawn(async move {
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let name = format!("w{i:05}");
+                let seed = 1_000_000 + i;
+                i += 1;
+                let s = Instant::now();
+                let at = t0.elapsed().as_secs_f64();
+                let r = write_file(&c, wdir, &name, seed, wlen).await;
+                let ms = s.elapsed().as_secs_f64() * 1e3;
+                match &r {
+                    Ok(()) => log.acked.lock().push((name, seed, wlen)),
+                    Err(e) if WRITER_STAGE.load(Ordering::Relaxed) == 2 => {
+                        let ino = Ino(WRITER_INO.load(Ordering::Relaxed));
+                        let who = who_has(c.meta(), ino).await;
+                        log.errors
+                            .lock()
+                            .push(format!("{at:.1}s write {name}: {e} in open of {ino}; {who}"));
+                    }
+                    Err(e) => log.errors.lock().push(format!(
+                        "{at:.1}s write {name}: {e} (in {})",
+                        STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                    )),
+                }
+                push(
+                    &log.writes,
+                    Sample {
+                        at,
+                        ms,
+                        ok: r.is_ok(),
+                        bytes: wlen as u64,
+                    },
+                );
+            }
+        })
+    }
+}
+
 pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let mut tmp = tempfile::Builder::new()
         .prefix("shingle-failover-")
@@ -603,97 +953,16 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let log = Arc::new(Log::default());
     let stop = Arc::new(AtomicBool::new(false));
     let t0 = Instant::now();
-    let mut tasks = Vec::new();
-    for r in 0..a.readers {
-        let (c, log, stop, files) = (client.clone(), log.clone(), stop.clone(), a.files);
-        tasks.push(tokio::spawn(async move {
-            let mut i = r * 7919;
-            while !stop.load(Ordering::Relaxed) {
-                i = (i + 13) % files;
-                let s = Instant::now();
-                let at = t0.elapsed().as_secs_f64();
-                let r = read_file(&c, pre, &format!("f{i:04}"), i as u64, len).await;
-                let ms = s.elapsed().as_secs_f64() * 1e3;
-                if let Err(e) = &r {
-                    log.errors.lock().push(format!("{at:.1}s read: {e}"));
-                }
-                push(
-                    &log.reads,
-                    Sample {
-                        at,
-                        ms,
-                        ok: r.is_ok(),
-                        bytes: len as u64,
-                    },
-                );
-            }
-        }));
-    }
-    {
-        let (m, log, stop, files) = (meta.clone(), log.clone(), stop.clone(), a.files);
-        tasks.push(tokio::spawn(async move {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                i = (i + 1) % files;
-                let s = Instant::now();
-                let at = t0.elapsed().as_secs_f64();
-                let r = m.lookup(pre, format!("f{i:04}").as_bytes()).await;
-                if let Err(e) = &r {
-                    log.errors.lock().push(format!("{at:.1}s lookup: {e}"));
-                }
-                let ms = s.elapsed().as_secs_f64() * 1e3;
-                push(
-                    &log.lookups,
-                    Sample {
-                        at,
-                        ms,
-                        ok: r.is_ok(),
-                        bytes: 0,
-                    },
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-        }));
-    }
-    let written = Arc::new(AtomicU64::new(0));
-    {
-        let (c, log, stop, n) = (client.clone(), log.clone(), stop.clone(), written.clone());
-        let wlen = len / 2 + 4321;
-        tasks.push(tokio::spawn(async move {
-            while !stop.load(Ordering::Relaxed) {
-                let i = n.fetch_add(1, Ordering::Relaxed);
-                let name = format!("w{i:05}");
-                let seed = 1_000_000 + i;
-                let s = Instant::now();
-                let at = t0.elapsed().as_secs_f64();
-                let r = write_file(&c, wdir, &name, seed, wlen).await;
-                let ms = s.elapsed().as_secs_f64() * 1e3;
-                match &r {
-                    Ok(()) => log.acked.lock().push((name, seed, wlen)),
-                    Err(e) if WRITER_STAGE.load(Ordering::Relaxed) == 2 => {
-                        let ino = Ino(WRITER_INO.load(Ordering::Relaxed));
-                        let who = who_has(c.meta(), ino).await;
-                        log.errors
-                            .lock()
-                            .push(format!("{at:.1}s write {name}: {e} in open of {ino}; {who}"));
-                    }
-                    Err(e) => log.errors.lock().push(format!(
-                        "{at:.1}s write {name}: {e} (in {})",
-                        STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
-                    )),
-                }
-                push(
-                    &log.writes,
-                    Sample {
-                        at,
-                        ms,
-                        ok: r.is_ok(),
-                        bytes: wlen as u64,
-                    },
-                );
-            }
-        }));
-    }
+    let load = Load {
+        log: log.clone(),
+        stop: stop.clone(),
+        t0,
+        files: a.files,
+        len,
+    };
+    let mut tasks: Vec<_> = (0..a.readers).map(|r| load.reader(client.clone(), pre, r)).collect();
+    tasks.push(load.prober(meta.clone(), pre));
+    tasks.push(load.writer(client.clone(), wdir));
 
     let phase_len = Duration::from_secs(a.phase_secs);
     let mut marks = vec![0.0];
@@ -820,174 +1089,44 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     let degraded2_ratio = phases[2].read_mib_s / phases[0].read_mib_s.max(1e-9);
 
     // Three down: a clear EIO, promptly; nothing lost once they return.
-    let mut three = serde_json::json!(null);
-    let mut three_err: Option<String> = None;
-    if healed.is_ok() {
-        let victims = three_victims(&meta, pre, a.files, 3)
-            .await
-            .context("no three nodes that hold one stripe and leave every partition a replica")?;
-        eprintln!("# phase three-down: nodes {victims:?} killed");
-        for id in &victims {
-            cluster.nodes[*id as usize - 1].kill();
-        }
-        let (mut ok, mut eio, mut other, mut max_ms) = (0, 0, Vec::new(), 0.0f64);
-        for i in 0..a.files {
-            let s = Instant::now();
-            let r = read_file(&client, pre, &format!("f{i:04}"), i as u64, len).await;
-            max_ms = max_ms.max(s.elapsed().as_secs_f64() * 1e3);
-            match r {
-                Ok(()) => ok += 1,
-                Err(e) if e.contains("Input/output error") || e.contains("EIO") => eio += 1,
-                Err(e) => other.push(e),
-            }
-        }
-        three = serde_json::json!({"victims": victims, "files": a.files, "ok": ok, "eio": eio, "other_errors": other, "max_ms": max_ms});
-        if !other.is_empty() || max_ms > 10_000.0 || eio == 0 {
-            three_err = Some(format!(
-                "three down: {ok} read, {eio} EIO, other errors {other:?}, slowest {max_ms:.0} ms"
-            ));
-        }
-        for id in &victims {
-            cluster.nodes[*id as usize - 1].restart(&spec)?;
-        }
-        if let Err(e) = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await {
-            three_err.get_or_insert(format!("after three down: {e}"));
-        }
-    }
+    let (three, mut three_err) = if healed.is_ok() {
+        three_down(&mut cluster, &spec, &client, pre, a.files, len, a.heal_secs).await?
+    } else {
+        (serde_json::json!(null), None)
+    };
 
     // A node joins: it should get about 1/N of the partition replicas and shards,
     // moved online and throttled by the repair scans.
     let mut add = serde_json::json!(null);
     if three_err.is_none() {
-        let before = cluster_health(&client).await.repair.moved_total;
-        let t = Instant::now();
-        let id = cluster.add_node(&spec)?;
-        eprintln!("# phase add-node: node {id} joins");
-        // Wait for its registration, then for the moves to finish.
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !meta.view().map.is_up(shingle_meta::ids::NodeId(id)) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        let settled = wait_until(&client, Duration::from_secs(a.heal_secs), true).await;
-        let secs = t.elapsed().as_secs_f64();
-        let after = cluster_health(&client).await.repair.moved_total;
-        let v = meta.view();
-        let replicas = u64::from(v.map.partitions) * u64::from(v.map.replication);
-        let held = v.placement.partitions_of(shingle_meta::ids::NodeId(id)).len() as u64;
-        let (mut chunks_new, mut chunks_all) = (0u64, 0u64);
-        for n in v.map.nodes.values().filter(|n| n.roles.data) {
-            use shingle_data::wire::{Stat, StatRequest};
-            if let Ok(st) = meta
-                .transport()
-                .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(5)))
-                .await
-            {
-                chunks_all += st.chunks;
-                if n.id.0 == id {
-                    chunks_new += st.chunks;
-                }
-            }
-        }
-        add = serde_json::json!({
-            "node": id, "nodes": v.map.nodes.len(), "settled": settled.is_ok(), "secs": secs,
-            "partition_share": held as f64 / replicas.max(1) as f64,
-            "shard_share": chunks_new as f64 / chunks_all.max(1) as f64,
-            "moved_shards": after.saturating_sub(before),
-        });
-        if let Err(e) = settled {
-            three_err = Some(format!("after adding a node: {e}"));
-        }
+        let (report, err) = add_node(&mut cluster, &spec, &client, a.heal_secs).await?;
+        add = report;
+        three_err = err;
     }
 
     // Read everything back.
     let acked = log.acked.lock().clone();
-    let mut bad = Vec::new();
-    for i in 0..a.files {
-        if let Err(e) = read_file(&client, pre, &format!("f{i:04}"), i as u64, len).await {
-            bad.push(e);
-        }
-    }
-    for (name, seed, wlen) in &acked {
-        if let Err(e) = read_file(&client, wdir, name, *seed, *wlen).await {
-            let why = diagnose(&client, wdir, name, *seed, *wlen).await;
-            bad.push(format!("{e}; {why}"));
-        }
-    }
+    let mut bad = read_back(&client, pre, a.files, len, wdir, &acked).await;
     // The writer inside the partitioned host: nothing acknowledged while it was cut off
     // (a write begun just before the cut may finish), and everything it had
     // acknowledged is there.
     let mut iso = serde_json::json!(null);
-    if let Some(mut c) = iso_child.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-        let text = std::fs::read_to_string(&iso_acks).unwrap_or_default();
-        let mut during = Vec::new();
-        let mut acked_iso = 0;
-        for line in text.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            let [_, acked, name, seed, len, ino, ..] = f[..] else {
-                continue;
-            };
-            let (acked, seed, len): (u64, u64, usize) = (
-                acked.parse().unwrap_or(0),
-                seed.parse().unwrap_or(0),
-                len.parse().unwrap_or(0),
-            );
-            acked_iso += 1;
-            // Acknowledged while cut off: after the cut (a second for what was already
-            // on the wire) and before the heal. A write begun during the cut that
-            // finishes after the heal is fine.
-            if acked > cut_ms + 1000 && acked < heal_ms {
-                during.push(name.to_string());
-            }
-            if let Err(e) = read_file(&client, iso_dir, name, seed, len).await {
-                let ino = Ino(ino.parse().unwrap_or(0));
-                let when = acked as i64;
-                bad.push(format!(
-                    "partitioned host's acknowledged {name} (acked {} ms after the cut, {} ms after the heal, {} ms after node {lead} was killed, {} ms after it restarted): {e}; {}",
-                    when - cut_ms as i64,
-                    when - heal_ms as i64,
-                    when - lead_kill_ms as i64,
-                    when - lead_restart_ms as i64,
-                    where_is(&meta, iso_dir, name, ino).await
-                ));
-                let log = std::fs::read_to_string(tmp.path().join("iso-writer.log")).unwrap_or_default();
-                for l in log
-                    .lines()
-                    .filter(|l| l.contains(name) || l.contains(&format!("ino={}", ino.0)))
-                {
-                    bad.push(format!("  iso writer: {l}"));
-                }
-            }
-        }
-        if !during.is_empty() {
-            bad.push(format!("acknowledged while partitioned (split brain): {during:?}"));
-        }
-        iso = serde_json::json!({"acked": acked_iso, "acked_while_cut": during.len()});
-        eprintln!(
-            "# partitioned host's writer: {acked_iso} acknowledged, {} while cut off",
-            during.len()
-        );
+    if let Some(c) = iso_child.take() {
+        let times = CutTimes {
+            cut_ms,
+            heal_ms,
+            lead,
+            lead_kill_ms,
+            lead_restart_ms,
+        };
+        let log = tmp.path().join("iso-writer.log");
+        let (report, found) = check_iso_writer(c, &iso_acks, &log, &client, iso_dir, &times).await;
+        iso = report;
+        bad.extend(found);
     }
 
     // Every name must have its own inode.
-    let mut inos: std::collections::BTreeMap<Ino, Vec<String>> = std::collections::BTreeMap::new();
-    for dir in [pre, wdir] {
-        let mut after: Option<Vec<u8>> = None;
-        while let Ok(page) = meta.readdir(dir, after.as_deref(), 1000).await {
-            let Some(last) = page.last() else { break };
-            after = Some(last.name.clone());
-            for e in page {
-                inos.entry(e.ino)
-                    .or_default()
-                    .push(String::from_utf8_lossy(&e.name).into_owned());
-            }
-        }
-    }
-    for (ino, names) in inos.iter().filter(|(_, n)| n.len() > 1) {
-        bad.push(format!("inode {ino} has several names: {names:?}"));
-    }
+    bad.extend(shared_inodes(&meta, &[pre, wdir]).await);
     let verified = (a.files + acked.len()).saturating_sub(bad.len());
     cluster.stop();
 
@@ -996,25 +1135,7 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         "# failover ({machine}): 8 nodes, 3 managers, ec(4,2), {} readers + 1 writer + 1 lookup prober",
         a.readers
     );
-    println!("phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail  max ms");
-    for p in &phases {
-        println!(
-            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4} {:7.1}",
-            p.name,
-            p.secs,
-            p.reads,
-            p.failed_reads,
-            p.read_p50_ms,
-            p.read_max_ms,
-            p.read_mib_s,
-            p.lookups,
-            p.failed_lookups,
-            p.lookup_max_ms,
-            p.writes,
-            p.failed_writes,
-            p.write_max_ms
-        );
-    }
+    print_phases(&phases);
     let rebuilt_mib = rebuilt_bytes as f64 / (1u64 << 20) as f64;
     println!(
         "longest read stall {stall_ms:.1} ms (target <= 100); median read {:.1} ms before, {:.1} ms after the first kill",
