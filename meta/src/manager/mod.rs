@@ -385,173 +385,48 @@ impl ManagerSlot {
         self.inner.read().is_some()
     }
 
-    /// The manager's handlers (Raft RPCs, `GetMap`, `Propose`), to merge into the node's
-    /// transport router. May be called any number of times, before or after start.
+    /// The manager's handlers (Raft RPCs, `GetMap`, `Propose`, heartbeats and reports),
+    /// to merge into the node's transport router. May be called any number of times,
+    /// before or after start; while no manager runs they answer `ShuttingDown`.
     pub fn router(&self) -> Router {
-        let s = self.clone();
-        let append = move |_: CallContext, payload: Bytes| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                let req = decode_request(&payload)?;
-                let r = m.raft.append_entries(req).await;
-                if r.is_ok() {
-                    *m.leader_heard.lock() = Instant::now();
-                }
-                encode_reply(&r)
-            }
-        };
-        let s = self.clone();
-        let vote = move |_: CallContext, payload: Bytes| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                let req = decode_request(&payload)?;
-                encode_reply(&m.raft.vote(req).await)
-            }
-        };
-        let s = self.clone();
-        let snapshot = move |_: CallContext, payload: Bytes| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                let req: InstallSnapshotRequest<TypeConfig> = decode_request(&payload)?;
-                // openraft writes a chunk at its offset, filling the gap with zeros: an
-                // offset from the request must stay within what a map snapshot can be.
-                let end = req.offset.checked_add(req.data.len() as u64);
-                if end.is_none_or(|e| e > MAX_SNAPSHOT_BYTES) {
-                    return Err(Status::new(
-                        Code::InvalidRequest,
-                        format!("snapshot chunk past {MAX_SNAPSHOT_BYTES} bytes"),
-                    ));
-                }
-                encode_reply(&m.raft.install_snapshot(req).await)
-            }
-        };
-        let s = self.clone();
-        let get_map = move |_: CallContext, req: GetMapRequest| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                let map = m.map_rx.borrow().clone();
-                if req.known_epoch.is_some_and(|k| k >= map.epoch.0) {
-                    return Ok(GetMapResponse {
-                        epoch: map.epoch.0,
-                        newer: false,
-                        map_json: String::new(),
-                        history_json: Vec::new(),
-                    });
-                }
-                let encode = |m: &ClusterMap| {
-                    serde_json::to_string(m)
-                        .map_err(|e| Status::new(Code::Internal, format!("cannot encode the map: {e}")))
-                };
-                // The maps between the caller's and this one, when every one is held.
-                let history_json = match req.history_from {
-                    Some(from) if from < map.epoch.0 && map.epoch.0 - from <= rpc::MAX_HISTORY => {
-                        let chain = m.history.lock().chain(Epoch(from), Epoch(map.epoch.0 - 1));
-                        match chain {
-                            Some(maps) => maps.iter().map(|m| encode(m)).collect::<Result<Vec<_>, _>>()?,
-                            None => Vec::new(),
-                        }
-                    }
-                    _ => Vec::new(),
-                };
-                Ok(GetMapResponse {
-                    epoch: map.epoch.0,
-                    newer: true,
-                    map_json: encode(&map)?,
-                    history_json,
-                })
-            }
-        };
-        let s = self.clone();
-        let propose = move |ctx: CallContext, req: ProposeRequest| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                let cmd: MapCommand = serde_json::from_str(&req.command_json)
-                    .map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode command: {e}")))?;
-                debug!(peer = %ctx.peer, forwarded = req.forwarded, ?cmd, "proposal received");
-                let registers = match &cmd {
-                    MapCommand::Register(n) => Some(n.id.0),
-                    _ => None,
-                };
-                let outcome = if req.forwarded {
-                    match m.propose_once(&cmd, false, m.propose_timeout).await {
-                        Attempt::Done(r) => Ok(r),
-                        Attempt::Retry(why) => Err(ManagerError::NoLeader {
-                            waited: Duration::ZERO,
-                            last: why,
-                        }),
-                        Attempt::Fail(e) => Err(e),
-                    }
-                } else {
-                    m.propose(cmd).await
-                };
-                if let (Some(id), Ok(MapResponse::Applied(_))) = (registers, &outcome) {
-                    // A node registering is alive now: a heartbeat record left from
-                    // before it died would have the liveness watch mark it Down again
-                    // at once (and Up at its next heartbeat: two more epochs that
-                    // every meta node must follow).
-                    m.saw(id);
-                }
-                match outcome {
-                    Ok(MapResponse::Applied(epoch)) => Ok(ProposeResponse {
-                        epoch: epoch.0,
-                        refusal_json: String::new(),
-                    }),
-                    Ok(MapResponse::Refused(r)) => Ok(ProposeResponse {
-                        epoch: m.map_rx.borrow().epoch.0,
-                        refusal_json: serde_json::to_string(&r)
-                            .map_err(|e| Status::new(Code::Internal, format!("cannot encode refusal: {e}")))?,
-                    }),
-                    Err(e) => Err(e.to_status()),
-                }
-            }
-        };
-        let s = self.clone();
-        let heartbeat = move |ctx: CallContext, req: rpc::HeartbeatRequest| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                // Only nodes of the map are watched (an unknown id would add an entry
-                // that nothing ever removes), and only the cluster's own principal
-                // speaks for a node: a client key cannot keep a dead node Up.
-                let known = m.map_rx.borrow().nodes.contains_key(&NodeId(req.node_id));
-                let node = matches!(*ctx.principal, shingle_transport::auth::Principal::Cluster);
-                if req.node_id != 0 && known && node {
-                    m.saw(req.node_id);
-                }
-                let (leader, term) = {
-                    let rm = m.raft.metrics();
-                    let rm = rm.borrow();
-                    (rm.current_leader.unwrap_or(0), rm.current_term)
-                };
-                Ok(rpc::HeartbeatResponse {
-                    epoch: m.map_rx.borrow().epoch.0,
-                    leader,
-                    term,
-                })
-            }
-        };
-        let s = self.clone();
-        let report = move |ctx: CallContext, req: rpc::ReportRequest| {
-            let s = s.clone();
-            async move {
-                let m = s.get()?;
-                if m.down_on_refused && m.raft.metrics().borrow().state == ServerState::Leader {
-                    // Probed in the background: the reporter goes on retrying meanwhile.
-                    for id in req.unreachable.into_iter().take(16) {
-                        tokio::spawn(probe_reported(m.clone(), NodeId(id), ctx.peer));
-                    }
-                }
-                Ok(rpc::ReportResponse {})
-            }
-        };
         shingle_transport::name_kind_as(kinds::APPEND_ENTRIES, "RaftAppendEntries");
         shingle_transport::name_kind_as(kinds::VOTE, "RaftVote");
         shingle_transport::name_kind_as(kinds::INSTALL_SNAPSHOT, "RaftInstallSnapshot");
+        let s = self.clone();
+        let append = move |_: CallContext, payload: Bytes| {
+            let m = s.get();
+            async move { m?.on_append(payload).await }
+        };
+        let s = self.clone();
+        let vote = move |_: CallContext, payload: Bytes| {
+            let m = s.get();
+            async move { m?.on_vote(payload).await }
+        };
+        let s = self.clone();
+        let snapshot = move |_: CallContext, payload: Bytes| {
+            let m = s.get();
+            async move { m?.on_snapshot(payload).await }
+        };
+        let s = self.clone();
+        let get_map = move |_: CallContext, req: GetMapRequest| {
+            let m = s.get();
+            async move { m?.on_get_map(&req) }
+        };
+        let s = self.clone();
+        let propose = move |ctx: CallContext, req: ProposeRequest| {
+            let m = s.get();
+            async move { m?.on_propose(&ctx, req).await }
+        };
+        let s = self.clone();
+        let heartbeat = move |ctx: CallContext, req: rpc::HeartbeatRequest| {
+            let m = s.get();
+            async move { m?.on_heartbeat(&ctx, &req) }
+        };
+        let s = self.clone();
+        let report = move |ctx: CallContext, req: rpc::ReportRequest| {
+            let m = s.get();
+            async move { m?.on_report(&ctx, req) }
+        };
         Router::new()
             .rpc::<rpc::Heartbeat, _, _>(heartbeat)
             .rpc::<rpc::Report, _, _>(report)
@@ -586,6 +461,144 @@ enum Attempt {
     Retry(String),
     /// Failed for good.
     Fail(ManagerError),
+}
+
+/// The handlers of the manager's requests (see [`ManagerSlot::router`]).
+impl Inner {
+    async fn on_append(&self, payload: Bytes) -> Result<Bytes, Status> {
+        let req = decode_request(&payload)?;
+        let r = self.raft.append_entries(req).await;
+        if r.is_ok() {
+            *self.leader_heard.lock() = Instant::now();
+        }
+        encode_reply(&r)
+    }
+
+    async fn on_vote(&self, payload: Bytes) -> Result<Bytes, Status> {
+        let req = decode_request(&payload)?;
+        encode_reply(&self.raft.vote(req).await)
+    }
+
+    async fn on_snapshot(&self, payload: Bytes) -> Result<Bytes, Status> {
+        let req: InstallSnapshotRequest<TypeConfig> = decode_request(&payload)?;
+        // openraft writes a chunk at its offset, filling the gap with zeros: an offset
+        // from the request must stay within what a map snapshot can be.
+        let end = req.offset.checked_add(req.data.len() as u64);
+        if end.is_none_or(|e| e > MAX_SNAPSHOT_BYTES) {
+            return Err(Status::new(
+                Code::InvalidRequest,
+                format!("snapshot chunk past {MAX_SNAPSHOT_BYTES} bytes"),
+            ));
+        }
+        encode_reply(&self.raft.install_snapshot(req).await)
+    }
+
+    /// The current map (unless the caller has it), with the maps between the caller's
+    /// and it when every one is held.
+    fn on_get_map(&self, req: &GetMapRequest) -> Result<GetMapResponse, Status> {
+        let map = self.map_rx.borrow().clone();
+        if req.known_epoch.is_some_and(|k| k >= map.epoch.0) {
+            return Ok(GetMapResponse {
+                epoch: map.epoch.0,
+                newer: false,
+                map_json: String::new(),
+                history_json: Vec::new(),
+            });
+        }
+        let encode = |m: &ClusterMap| {
+            serde_json::to_string(m).map_err(|e| Status::new(Code::Internal, format!("cannot encode the map: {e}")))
+        };
+        let history_json = match req.history_from {
+            Some(from) if from < map.epoch.0 && map.epoch.0 - from <= rpc::MAX_HISTORY => {
+                let chain = self.history.lock().chain(Epoch(from), Epoch(map.epoch.0 - 1));
+                match chain {
+                    Some(maps) => maps.iter().map(|m| encode(m)).collect::<Result<Vec<_>, _>>()?,
+                    None => Vec::new(),
+                }
+            }
+            _ => Vec::new(),
+        };
+        Ok(GetMapResponse {
+            epoch: map.epoch.0,
+            newer: true,
+            map_json: encode(&map)?,
+            history_json,
+        })
+    }
+
+    /// Commits a command (forwarded to the leader unless it was forwarded here).
+    async fn on_propose(&self, ctx: &CallContext, req: ProposeRequest) -> Result<ProposeResponse, Status> {
+        let cmd: MapCommand = serde_json::from_str(&req.command_json)
+            .map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode command: {e}")))?;
+        debug!(peer = %ctx.peer, forwarded = req.forwarded, ?cmd, "proposal received");
+        let registers = match &cmd {
+            MapCommand::Register(n) => Some(n.id.0),
+            _ => None,
+        };
+        let outcome = if req.forwarded {
+            match self.propose_once(&cmd, false, self.propose_timeout).await {
+                Attempt::Done(r) => Ok(r),
+                Attempt::Retry(why) => Err(ManagerError::NoLeader {
+                    waited: Duration::ZERO,
+                    last: why,
+                }),
+                Attempt::Fail(e) => Err(e),
+            }
+        } else {
+            self.propose(cmd).await
+        };
+        if let (Some(id), Ok(MapResponse::Applied(_))) = (registers, &outcome) {
+            // A node registering is alive now: a heartbeat record left from before it
+            // died would have the liveness watch mark it Down again at once (and Up at
+            // its next heartbeat: two more epochs that every meta node must follow).
+            self.saw(id);
+        }
+        match outcome {
+            Ok(MapResponse::Applied(epoch)) => Ok(ProposeResponse {
+                epoch: epoch.0,
+                refusal_json: String::new(),
+            }),
+            Ok(MapResponse::Refused(r)) => Ok(ProposeResponse {
+                epoch: self.map_rx.borrow().epoch.0,
+                refusal_json: serde_json::to_string(&r)
+                    .map_err(|e| Status::new(Code::Internal, format!("cannot encode refusal: {e}")))?,
+            }),
+            Err(e) => Err(e.to_status()),
+        }
+    }
+
+    /// A node's (or a client's) heartbeat: the current epoch and leader.
+    fn on_heartbeat(&self, ctx: &CallContext, req: &rpc::HeartbeatRequest) -> Result<rpc::HeartbeatResponse, Status> {
+        // Only nodes of the map are watched (an unknown id would add an entry that
+        // nothing ever removes), and only the cluster's own principal speaks for a
+        // node: a client key cannot keep a dead node Up.
+        let known = self.map_rx.borrow().nodes.contains_key(&NodeId(req.node_id));
+        let node = matches!(*ctx.principal, shingle_transport::auth::Principal::Cluster);
+        if req.node_id != 0 && known && node {
+            self.saw(req.node_id);
+        }
+        let (leader, term) = {
+            let rm = self.raft.metrics();
+            let rm = rm.borrow();
+            (rm.current_leader.unwrap_or(0), rm.current_term)
+        };
+        Ok(rpc::HeartbeatResponse {
+            epoch: self.map_rx.borrow().epoch.0,
+            leader,
+            term,
+        })
+    }
+
+    /// Nodes a caller could not reach: the leader probes them in the background (the
+    /// reporter goes on retrying meanwhile).
+    fn on_report(self: Arc<Self>, ctx: &CallContext, req: rpc::ReportRequest) -> Result<rpc::ReportResponse, Status> {
+        if self.down_on_refused && self.raft.metrics().borrow().state == ServerState::Leader {
+            for id in req.unreachable.into_iter().take(16) {
+                tokio::spawn(probe_reported(self.clone(), NodeId(id), ctx.peer));
+            }
+        }
+        Ok(rpc::ReportResponse {})
+    }
 }
 
 /// State shared by the handle and the handlers.
