@@ -43,6 +43,59 @@ fn moved_step(src: DentryVal, newparent: Ino, now: TimeNs) -> (PartitionId, Muta
     (src.ino.partition(), m)
 }
 
+/// A rename's two names and where their entries live.
+struct Move<'a> {
+    parent: Ino,
+    name: &'a [u8],
+    newparent: Ino,
+    newname: &'a [u8],
+    /// The entry being moved.
+    src: DentryVal,
+    /// The partitions of the source's and of the target's entry.
+    sdp: PartitionId,
+    ddp: PartitionId,
+    now: TimeNs,
+}
+
+impl Move<'_> {
+    /// The target name now names `val`.
+    fn put_dst(&self, val: DentryVal) -> (PartitionId, Mutation) {
+        (
+            self.ddp,
+            Mutation::PutDentry {
+                parent: self.newparent,
+                name: self.newname.to_vec(),
+                val,
+            },
+        )
+    }
+
+    /// The source name is gone.
+    fn del_src(&self) -> (PartitionId, Mutation) {
+        (
+            self.sdp,
+            Mutation::DelDentry {
+                parent: self.parent,
+                name: self.name.to_vec(),
+            },
+        )
+    }
+
+    /// Directory `dir` gains `entries` entries and `subdirs` subdirectories (either
+    /// negative), touched now.
+    fn adjust(&self, dir: Ino, entries: i64, subdirs: i64) -> (PartitionId, Mutation) {
+        (
+            dir.partition(),
+            Mutation::AdjustDir {
+                dir,
+                entries,
+                subdirs,
+                time: self.now,
+            },
+        )
+    }
+}
+
 /// `rename` flags.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RenameFlags {
@@ -837,186 +890,134 @@ impl Namespace {
             // Moving a directory rewrites its "..": needs write access to it.
             perm::check(creds, &src_attr, W)?;
         }
-        let sdp = self.dpart(parent, name);
-        let ddp = self.dpart(newparent, newname);
-        let mut steps = Vec::new();
-        match dst {
-            Some(d) if flags.noreplace => {
-                let _ = d;
-                return Err(Errno::EEXIST);
-            }
-            Some(d) if flags.exchange => {
-                let dst_attr = self.getattr(d.ino)?;
-                perm::check_delete(creds, &dpa, &dst_attr)?;
-                let dst_is_dir = d.kind == FileKind::Dir;
-                if dst_is_dir && newparent != parent {
-                    if self.is_within(parent, d.ino)? {
-                        return Err(Errno::EINVAL);
-                    }
-                    perm::check(creds, &dst_attr, W)?;
-                }
-                steps.push((
-                    ddp,
-                    Mutation::PutDentry {
-                        parent: newparent,
-                        name: newname.to_vec(),
-                        val: src,
-                    },
-                ));
-                steps.push((
-                    sdp,
-                    Mutation::PutDentry {
-                        parent,
-                        name: name.to_vec(),
-                        val: d,
-                    },
-                ));
-                if src_is_dir {
-                    steps.push((
-                        src.ino.partition(),
-                        Mutation::SetParent {
-                            dir: src.ino,
-                            parent: newparent,
-                            time: now,
-                        },
-                    ));
-                }
-                if dst_is_dir {
-                    steps.push((
-                        d.ino.partition(),
-                        Mutation::SetParent {
-                            dir: d.ino,
-                            parent,
-                            time: now,
-                        },
-                    ));
-                }
-                let moved = i64::from(src_is_dir) - i64::from(dst_is_dir);
-                steps.push((
-                    parent.partition(),
-                    Mutation::AdjustDir {
-                        dir: parent,
-                        entries: 0,
-                        subdirs: -moved,
-                        time: now,
-                    },
-                ));
-                steps.push((
-                    newparent.partition(),
-                    Mutation::AdjustDir {
-                        dir: newparent,
-                        entries: 0,
-                        subdirs: moved,
-                        time: now,
-                    },
-                ));
-            }
-            Some(d) => {
-                if d.ino == src.ino {
-                    return Ok(()); // Two links to the same inode: POSIX says do nothing.
-                }
-                let dst_attr = self.getattr(d.ino)?;
-                perm::check_delete(creds, &dpa, &dst_attr)?;
-                match (src_is_dir, d.kind == FileKind::Dir) {
-                    (true, false) => return Err(Errno::ENOTDIR),
-                    (false, true) => return Err(Errno::EISDIR),
-                    (true, true) if dst_attr.size != 0 => return Err(Errno::ENOTEMPTY),
-                    _ => {}
-                }
-                if d.kind == FileKind::Dir && self.is_within(parent, d.ino)? {
-                    return Err(Errno::EINVAL);
-                }
-                steps.push((
-                    ddp,
-                    Mutation::PutDentry {
-                        parent: newparent,
-                        name: newname.to_vec(),
-                        val: src,
-                    },
-                ));
-                steps.push((
-                    sdp,
-                    Mutation::DelDentry {
-                        parent,
-                        name: name.to_vec(),
-                    },
-                ));
-                if d.kind == FileKind::Dir {
-                    steps.push((d.ino.partition(), Mutation::DelInode(d.ino)));
-                } else {
-                    steps.push((
-                        d.ino.partition(),
-                        Mutation::AdjustLinks {
-                            ino: d.ino,
-                            delta: -1,
-                            time: now,
-                        },
-                    ));
-                }
-                steps.push(moved_step(src, newparent, now));
-                let sub = i64::from(src_is_dir);
-                let dst_sub = i64::from(d.kind == FileKind::Dir);
-                steps.push((
-                    parent.partition(),
-                    Mutation::AdjustDir {
-                        dir: parent,
-                        entries: -1,
-                        subdirs: -sub,
-                        time: now,
-                    },
-                ));
-                steps.push((
-                    newparent.partition(),
-                    Mutation::AdjustDir {
-                        dir: newparent,
-                        entries: 0,
-                        subdirs: sub - dst_sub,
-                        time: now,
-                    },
-                ));
-            }
+        let mv = Move {
+            parent,
+            name,
+            newparent,
+            newname,
+            src,
+            sdp: self.dpart(parent, name),
+            ddp: self.dpart(newparent, newname),
+            now,
+        };
+        let steps = match dst {
+            Some(_) if flags.noreplace => return Err(Errno::EEXIST),
+            Some(d) if flags.exchange => self.exchange_steps(creds, &dpa, &mv, d)?,
+            // Two links to the same inode: POSIX says do nothing.
+            Some(d) if d.ino == src.ino => return Ok(()),
+            Some(d) => self.replace_steps(creds, &dpa, &mv, d)?,
             None => {
                 if src_is_dir && newparent != parent && dpa.nlink >= LINK_MAX {
                     return Err(Errno::EMLINK);
                 }
-                steps.push((
-                    ddp,
-                    Mutation::PutDentry {
-                        parent: newparent,
-                        name: newname.to_vec(),
-                        val: src,
-                    },
-                ));
-                steps.push((
-                    sdp,
-                    Mutation::DelDentry {
-                        parent,
-                        name: name.to_vec(),
-                    },
-                ));
-                steps.push(moved_step(src, newparent, now));
                 let sub = i64::from(src_is_dir);
-                steps.push((
-                    parent.partition(),
-                    Mutation::AdjustDir {
-                        dir: parent,
-                        entries: -1,
-                        subdirs: -sub,
-                        time: now,
-                    },
-                ));
-                steps.push((
-                    newparent.partition(),
-                    Mutation::AdjustDir {
-                        dir: newparent,
-                        entries: 1,
-                        subdirs: sub,
-                        time: now,
-                    },
-                ));
+                vec![
+                    mv.put_dst(src),
+                    mv.del_src(),
+                    moved_step(src, newparent, now),
+                    mv.adjust(parent, -1, -sub),
+                    mv.adjust(newparent, 1, sub),
+                ]
             }
+        };
+        self.execute(mv.ddp, steps)
+    }
+
+    /// The steps of a rename that swaps two existing names (RENAME_EXCHANGE).
+    fn exchange_steps(
+        &self,
+        creds: &Creds,
+        dpa: &Attr,
+        mv: &Move<'_>,
+        d: DentryVal,
+    ) -> NsResult<Vec<(PartitionId, Mutation)>> {
+        let (parent, newparent, src, now) = (mv.parent, mv.newparent, mv.src, mv.now);
+        let dst_attr = self.getattr(d.ino)?;
+        perm::check_delete(creds, dpa, &dst_attr)?;
+        let (src_is_dir, dst_is_dir) = (src.kind == FileKind::Dir, d.kind == FileKind::Dir);
+        if dst_is_dir && newparent != parent {
+            if self.is_within(parent, d.ino)? {
+                return Err(Errno::EINVAL);
+            }
+            perm::check(creds, &dst_attr, W)?;
         }
-        self.execute(ddp, steps)
+        let mut steps = vec![
+            mv.put_dst(src),
+            (
+                mv.sdp,
+                Mutation::PutDentry {
+                    parent,
+                    name: mv.name.to_vec(),
+                    val: d,
+                },
+            ),
+        ];
+        if src_is_dir {
+            steps.push((
+                src.ino.partition(),
+                Mutation::SetParent {
+                    dir: src.ino,
+                    parent: newparent,
+                    time: now,
+                },
+            ));
+        }
+        if dst_is_dir {
+            steps.push((
+                d.ino.partition(),
+                Mutation::SetParent {
+                    dir: d.ino,
+                    parent,
+                    time: now,
+                },
+            ));
+        }
+        let moved = i64::from(src_is_dir) - i64::from(dst_is_dir);
+        steps.push(mv.adjust(parent, 0, -moved));
+        steps.push(mv.adjust(newparent, 0, moved));
+        Ok(steps)
+    }
+
+    /// The steps of a rename onto an existing name of another inode, which loses that
+    /// link (an empty directory, or a file's link).
+    fn replace_steps(
+        &self,
+        creds: &Creds,
+        dpa: &Attr,
+        mv: &Move<'_>,
+        d: DentryVal,
+    ) -> NsResult<Vec<(PartitionId, Mutation)>> {
+        let (parent, newparent, src, now) = (mv.parent, mv.newparent, mv.src, mv.now);
+        let src_is_dir = src.kind == FileKind::Dir;
+        let dst_attr = self.getattr(d.ino)?;
+        perm::check_delete(creds, dpa, &dst_attr)?;
+        match (src_is_dir, d.kind == FileKind::Dir) {
+            (true, false) => return Err(Errno::ENOTDIR),
+            (false, true) => return Err(Errno::EISDIR),
+            (true, true) if dst_attr.size != 0 => return Err(Errno::ENOTEMPTY),
+            _ => {}
+        }
+        if d.kind == FileKind::Dir && self.is_within(parent, d.ino)? {
+            return Err(Errno::EINVAL);
+        }
+        let lose = if d.kind == FileKind::Dir {
+            Mutation::DelInode(d.ino)
+        } else {
+            Mutation::AdjustLinks {
+                ino: d.ino,
+                delta: -1,
+                time: now,
+            }
+        };
+        let (sub, dst_sub) = (i64::from(src_is_dir), i64::from(d.kind == FileKind::Dir));
+        Ok(vec![
+            mv.put_dst(src),
+            mv.del_src(),
+            (d.ino.partition(), lose),
+            moved_step(src, newparent, now),
+            mv.adjust(parent, -1, -sub),
+            mv.adjust(newparent, 0, sub - dst_sub),
+        ])
     }
 
     /// Changes attributes (chmod, chown, truncate, utimes).
