@@ -175,105 +175,10 @@ async fn run_tool(t: Tool) -> Result<()> {
         Tool::Status {
             json, wait: Some(secs), ..
         } => wait_healthy(&client, &cf, json, Duration::from_secs(secs)).await,
-        Tool::Ls { path, .. } => {
-            let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
-            let mut after: Option<Vec<u8>> = None;
-            loop {
-                let page = meta
-                    .readdir(d.ino, after.as_deref(), 1000)
-                    .await
-                    .map_err(|e| errno(e, &path))?;
-                let Some(last) = page.last() else { break };
-                after = Some(last.name.clone());
-                for e in &page {
-                    let a = client.getattr(e.ino).await.ok();
-                    println!(
-                        "{}{:o} {:>12} {}",
-                        kind_char(e.kind),
-                        a.as_ref().map_or(0, |a| a.perm),
-                        a.as_ref().map_or(0, |a| a.size),
-                        String::from_utf8_lossy(&e.name)
-                    );
-                }
-            }
-            Ok(())
-        }
-        Tool::Stat { path, .. } => {
-            let a = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
-            let rec = meta.get_inode(a.ino).await.map_err(|e| errno(e, &path))?;
-            print_attr(&path, &a);
-            if let Some(l) = rec.layout {
-                println!(
-                    "  layout: ec({},{}) unit {} KiB, {} stripes written",
-                    l.k,
-                    l.m,
-                    l.unit / 1024,
-                    l.stripes.len()
-                );
-            }
-            if let Some(t) = rec.target {
-                println!("  target: {}", String::from_utf8_lossy(&t));
-            }
-            Ok(())
-        }
-        Tool::Put { local, path, .. } => {
-            let (dir, name) = split(&path)?;
-            let d = meta.resolve(dir.as_bytes()).await.map_err(|e| errno(e, &dir))?;
-            let a = match meta
-                .mknod(&root, d.ino, name.as_bytes(), FileKind::File, 0o644, 0, None)
-                .await
-            {
-                Ok(a) => a,
-                Err(Errno::EEXIST) => {
-                    let a = meta.lookup(d.ino, name.as_bytes()).await.map_err(|e| errno(e, &path))?;
-                    let set = shingle_meta::namespace::SetAttr {
-                        size: Some(0),
-                        ..Default::default()
-                    };
-                    client.setattr(&root, a.ino, set).await.map_err(|e| errno(e, &path))?
-                }
-                Err(e) => return Err(errno(e, &path)),
-            };
-            let f = client.open(&root, a.ino).await.map_err(|e| errno(e, &path))?;
-            let mut input: Box<dyn Read> = if local.as_os_str() == "-" {
-                Box::new(std::io::stdin())
-            } else {
-                Box::new(std::fs::File::open(&local).with_context(|| format!("open {}", local.display()))?)
-            };
-            let mut buf = vec![0u8; 4 << 20];
-            let mut off = 0u64;
-            loop {
-                let n = input.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                f.write(off, &buf[..n]).await.map_err(|e| errno(e, &path))?;
-                off += n as u64;
-            }
-            f.flush().await.map_err(|e| errno(e, &path))?;
-            eprintln!("wrote {off} bytes to {path}");
-            Ok(())
-        }
-        Tool::Get { path, local, .. } => {
-            let a = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
-            let f = client.open(&root, a.ino).await.map_err(|e| errno(e, &path))?;
-            let mut out: Box<dyn Write> = if local.as_os_str() == "-" {
-                Box::new(std::io::stdout())
-            } else {
-                Box::new(std::fs::File::create(&local).with_context(|| format!("create {}", local.display()))?)
-            };
-            let mut off = 0u64;
-            loop {
-                let b = f.read(off, 4 << 20).await.map_err(|e| errno(e, &path))?;
-                if b.is_empty() {
-                    break;
-                }
-                out.write_all(&b)?;
-                off += b.len() as u64;
-            }
-            out.flush()?;
-            Ok(())
-        }
+        Tool::Ls { path, .. } => ls(&client, &path).await,
+        Tool::Stat { path, .. } => stat(&client, &path).await,
+        Tool::Put { local, path, .. } => put(&client, &local, &path).await,
+        Tool::Get { path, local, .. } => get(&client, &path, &local).await,
         Tool::Setlayout { path, policy, .. } => {
             let p = shingle_data::ec::EcPolicy::parse(&policy).map_err(|e| anyhow::anyhow!("{policy}: {e}"))?;
             let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, &path))?;
@@ -288,6 +193,121 @@ async fn run_tool(t: Tool) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `shingle ls`: one line per entry (kind and mode, size, name).
+async fn ls(client: &Client, path: &str) -> Result<()> {
+    let meta = client.meta();
+    let d = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, path))?;
+    let mut after: Option<Vec<u8>> = None;
+    loop {
+        let page = meta
+            .readdir(d.ino, after.as_deref(), 1000)
+            .await
+            .map_err(|e| errno(e, path))?;
+        let Some(last) = page.last() else { break };
+        after = Some(last.name.clone());
+        for e in &page {
+            let a = client.getattr(e.ino).await.ok();
+            println!(
+                "{}{:o} {:>12} {}",
+                kind_char(e.kind),
+                a.as_ref().map_or(0, |a| a.perm),
+                a.as_ref().map_or(0, |a| a.size),
+                String::from_utf8_lossy(&e.name)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `shingle stat`: attributes, layout, symlink target.
+async fn stat(client: &Client, path: &str) -> Result<()> {
+    let meta = client.meta();
+    let a = meta.resolve(path.as_bytes()).await.map_err(|e| errno(e, path))?;
+    let rec = meta.get_inode(a.ino).await.map_err(|e| errno(e, path))?;
+    print_attr(path, &a);
+    if let Some(l) = rec.layout {
+        println!(
+            "  layout: ec({},{}) unit {} KiB, {} stripes written",
+            l.k,
+            l.m,
+            l.unit / 1024,
+            l.stripes.len()
+        );
+    }
+    if let Some(t) = rec.target {
+        println!("  target: {}", String::from_utf8_lossy(&t));
+    }
+    Ok(())
+}
+
+/// `shingle put`: creates the file (or truncates it) and writes `local` (or stdin)
+/// into it.
+async fn put(client: &Client, local: &std::path::Path, path: &str) -> Result<()> {
+    let (meta, root) = (client.meta(), Creds::root());
+    let (dir, name) = split(path)?;
+    let d = meta.resolve(dir.as_bytes()).await.map_err(|e| errno(e, &dir))?;
+    let a = match meta
+        .mknod(&root, d.ino, name.as_bytes(), FileKind::File, 0o644, 0, None)
+        .await
+    {
+        Ok(a) => a,
+        Err(Errno::EEXIST) => {
+            let a = meta.lookup(d.ino, name.as_bytes()).await.map_err(|e| errno(e, path))?;
+            let set = shingle_meta::namespace::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
+            client.setattr(&root, a.ino, set).await.map_err(|e| errno(e, path))?
+        }
+        Err(e) => return Err(errno(e, path)),
+    };
+    let f = client.open(&root, a.ino).await.map_err(|e| errno(e, path))?;
+    let mut input: Box<dyn Read> = if local.as_os_str() == "-" {
+        Box::new(std::io::stdin())
+    } else {
+        Box::new(std::fs::File::open(local).with_context(|| format!("open {}", local.display()))?)
+    };
+    let mut buf = vec![0u8; 4 << 20];
+    let mut off = 0u64;
+    loop {
+        let n = input.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        f.write(off, &buf[..n]).await.map_err(|e| errno(e, path))?;
+        off += n as u64;
+    }
+    f.flush().await.map_err(|e| errno(e, path))?;
+    eprintln!("wrote {off} bytes to {path}");
+    Ok(())
+}
+
+/// `shingle get`: the file's bytes into `local` (or stdout).
+async fn get(client: &Client, path: &str, local: &std::path::Path) -> Result<()> {
+    let a = client
+        .meta()
+        .resolve(path.as_bytes())
+        .await
+        .map_err(|e| errno(e, path))?;
+    let f = client.open(&Creds::root(), a.ino).await.map_err(|e| errno(e, path))?;
+    let mut out: Box<dyn Write> = if local.as_os_str() == "-" {
+        Box::new(std::io::stdout())
+    } else {
+        Box::new(std::fs::File::create(local).with_context(|| format!("create {}", local.display()))?)
+    };
+    let mut off = 0u64;
+    loop {
+        let b = f.read(off, 4 << 20).await.map_err(|e| errno(e, path))?;
+        if b.is_empty() {
+            break;
+        }
+        out.write_all(&b)?;
+        off += b.len() as u64;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 fn print_attr(path: &str, a: &Attr) {
