@@ -174,6 +174,41 @@ def test_errors_are_oserrors_with_the_right_errno(client, cluster, tmpdir_fs):
         shingle.Client("/nonexistent/cluster.toml", cluster["secret_file"], timeout=1)
 
 
+def test_client_keys_read_and_are_refused_what_their_grant_does_not_allow(client, cluster, tmpdir_fs):
+    """A host given a client key instead of the cluster secret (docs/operations.md
+    "Security"): a read-only key reads and its changes fail with EROFS; a read-write
+    key's root acts as nobody."""
+    import subprocess
+    import tempfile
+
+    binary = os.environ["SHINGLE_BIN"]
+    data = rand(5 * MiB, 9)
+    client.write_bytes(f"{tmpdir_fs}/shared.bin", data)
+    client.chmod(tmpdir_fs, 0o777)
+    keys = tempfile.mkdtemp(prefix="shingle-keys-")
+    made = {}
+    for name, extra in [("py-reader", ["--read-only"]), ("py-writer", [])]:
+        path = os.path.join(keys, f"{name}.key")
+        subprocess.run(
+            [binary, "client", "grant", name, "--out", path, *extra,
+             "--cluster-file", cluster["cluster_file"], "--secret-file", cluster["secret_file"]],
+            check=True, capture_output=True,
+        )
+        made[name] = path
+    with shingle.Client(cluster["cluster_file"], made["py-reader"]) as reader:
+        assert reader.read_bytes(f"{tmpdir_fs}/shared.bin") == data
+        with pytest.raises(OSError) as e:
+            reader.write_bytes(f"{tmpdir_fs}/nope", b"x")
+        assert e.value.errno == errno.EROFS
+    with shingle.Client(cluster["cluster_file"], made["py-writer"]) as writer:
+        writer.write_bytes(f"{tmpdir_fs}/mine", b"written with a key")
+        st = writer.stat(f"{tmpdir_fs}/mine")
+        assert (st.st_uid, st.st_gid) == (65534, 65534)
+        with pytest.raises(PermissionError):
+            writer.write_bytes(f"{tmpdir_fs}/shared.bin", b"root's file, mode 644")
+    assert client.read_bytes(f"{tmpdir_fs}/mine") == b"written with a key"
+
+
 def test_an_open_file_outlives_its_name(client, tmpdir_fs):
     data = rand(5 * MiB, 4)
     client.write_bytes(f"{tmpdir_fs}/gone", data)
