@@ -206,6 +206,10 @@ type TouchFn = Box<dyn Fn(bool) + Send + Sync>;
 /// The shortest time between two rounds of heartbeats of one agent.
 const KICK_GAP: Duration = Duration::from_millis(10);
 
+/// The longest a map fetch of the follow loop may take (every manager asked in turn);
+/// the loop's next heartbeat waits for it.
+const FETCH_LIMIT: Duration = Duration::from_secs(2);
+
 async fn follow(
     client: PeerClient,
     cfg: WatchConfig,
@@ -283,7 +287,12 @@ async fn follow(
         if newest > known {
             by_epoch.sort_by_key(|e| std::cmp::Reverse(e.0));
             let order: Vec<SocketAddr> = by_epoch.iter().map(|(_, m)| *m).collect();
-            match fetch_map_since(&client, &order, Some(known), newest).await {
+            // Bounded well below the transport's default deadline: the next heartbeat
+            // waits for this fetch, and a node whose heartbeats stop is marked Down.
+            let fetched = tokio::time::timeout(FETCH_LIMIT, fetch_map_since(&client, &order, Some(known), newest))
+                .await
+                .unwrap_or(Err(ManagerError::NoManagers));
+            match fetched {
                 Ok((map, between)) if map.epoch > known => {
                     debug!(epoch = map.epoch.0, between = between.len(), "newer cluster map");
                     let map = Arc::new(map);

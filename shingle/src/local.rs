@@ -603,9 +603,19 @@ impl LocalCluster {
                     .filter(|n| v.map.nodes.get(&NodeId(n.id)).is_none_or(|m| m.state != NodeState::Up))
                     .map(LocalNode::describe)
                     .collect();
+                // The map as this client sees it: a node Down in it, or a map that
+                // stopped moving (the client's own map watch stuck), tell different stories.
+                let states: Vec<String> = v
+                    .map
+                    .nodes
+                    .values()
+                    .map(|n| format!("{}:{:?}", n.id.0, n.state))
+                    .collect();
                 bail!(
-                    "cluster not ready after {timeout:?}: {up} of {} nodes up{}",
+                    "cluster not ready after {timeout:?}: {up} of {} nodes up (map epoch {}: {}){}",
                     self.nodes.len(),
+                    v.map.epoch.0,
+                    states.join(" "),
                     missing.iter().map(|m| format!("\n{m}")).collect::<String>()
                 );
             }
