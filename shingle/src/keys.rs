@@ -100,7 +100,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             };
             let id = Identity::new(&name, grant.serial)?;
             let key = secret.client_key(&id).context("derive the key")?;
-            write_key(&out, &key)?;
+            write_key_file(&out, &key).with_context(|| format!("create {}", out.display()))?;
             let held = nodes_hold(&cluster, epoch).await?;
             println!(
                 "granted {id} ({}); key in {} (give it to `shingle mount --secret-file`); {held}",
@@ -175,17 +175,21 @@ fn parse_ids(s: &str) -> Result<(u32, u32), String> {
     Ok((n(u)?, n(g)?))
 }
 
-fn write_key(out: &std::path::Path, key: &ClusterSecret) -> Result<()> {
+/// Writes `key` to a new file of mode 0600 (never over an existing one), synced: the
+/// cluster secret as its bytes and a newline (`shingle keygen`, `shingle dev`), a
+/// client key as its key-file line (`shingle client grant`).
+pub fn write_key_file(out: &std::path::Path, key: &ClusterSecret) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let text = key.key_file().context("a client key")?;
+    let text = match key.key_file() {
+        Some(line) => line.into_bytes(),
+        None => [key.expose(), b"\n"].concat(),
+    };
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(out)
-        .with_context(|| format!("create {}", out.display()))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()?;
-    Ok(())
+        .open(out)?;
+    f.write_all(&text)?;
+    f.sync_all()
 }

@@ -493,16 +493,8 @@ impl LocalCluster {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         let secret_file = dir.join("secret");
         if !secret_file.exists() {
-            let s = ClusterSecret::generate()?;
-            use std::io::Write;
-            use std::os::unix::fs::OpenOptionsExt;
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(&secret_file)?;
-            f.write_all(s.expose())?;
-            f.write_all(b"\n")?;
+            crate::keys::write_key_file(&secret_file, &ClusterSecret::generate()?)
+                .with_context(|| format!("create {}", secret_file.display()))?;
         }
         let secret = ClusterSecret::from_file(&secret_file)?;
         let ports = if spec.netns.is_some() {

@@ -271,18 +271,8 @@ fn format(a: FormatArgs) -> Result<()> {
 
 fn keygen(out: &std::path::Path) -> Result<()> {
     use anyhow::Context;
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
     let secret = shingle_transport::ClusterSecret::generate()?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(out)
-        .with_context(|| format!("create secret file {}", out.display()))?;
-    f.write_all(secret.expose())
-        .and_then(|_| f.write_all(b"\n"))
-        .and_then(|_| f.sync_all())?;
+    shingle::keys::write_key_file(out, &secret).with_context(|| format!("create secret file {}", out.display()))?;
     println!("wrote a new cluster secret to {}", out.display());
     Ok(())
 }

@@ -59,20 +59,7 @@ async fn client_with(cluster: &Cluster, key: &Path) -> (PeerClient, MetaClient) 
 async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
     let tmp = tempfile::tempdir().expect("tmp");
     let root = tmp.path().join("cluster");
-    let cluster = Cluster::start(
-        &root,
-        Spec {
-            nodes: 6,
-            managers: 1,
-            data: true,
-            partitions: 8,
-            down_after_ms: 3000,
-            data_toml: "",
-            zones: (10, "8MiB"),
-            node_toml: "",
-            manager_toml: "",
-        },
-    );
+    let cluster = Cluster::start(&root, Spec::small(6));
     let admin = cluster.client().await;
     cluster.wait_ready(&admin).await;
     let shared = admin

@@ -19,20 +19,7 @@ use std::time::{Duration, Instant};
 const MIB: u64 = 1 << 20;
 
 async fn start(root: &std::path::Path) -> (Cluster, Client) {
-    let cluster = Cluster::start(
-        root,
-        Spec {
-            nodes: 6,
-            managers: 1,
-            data: true,
-            partitions: 8,
-            down_after_ms: 3000,
-            data_toml: "",
-            zones: (10, "8MiB"),
-            node_toml: "",
-            manager_toml: "",
-        },
-    );
+    let cluster = Cluster::start(root, Spec::small(6));
     let cfg = ClientConfig {
         ec: (4, 2),
         unit: 256 << 10,

@@ -27,20 +27,20 @@ use std::collections::BTreeMap;
 /// The step that records a moved entry's inode change: a directory gets its new
 /// parent, anything else a new ctime.
 fn moved_step(src: DentryVal, newparent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
-    let m = if src.kind == FileKind::Dir {
-        Mutation::SetParent {
-            dir: src.ino,
-            parent: newparent,
-            time: now,
-        }
-    } else {
-        Mutation::AdjustLinks {
-            ino: src.ino,
-            delta: 0,
-            time: now,
-        }
+    if src.kind == FileKind::Dir {
+        return reparent(src.ino, newparent, now);
+    }
+    let touch = Mutation::AdjustLinks {
+        ino: src.ino,
+        delta: 0,
+        time: now,
     };
-    (src.ino.partition(), m)
+    (src.ino.partition(), touch)
+}
+
+/// Directory `dir`'s ".." is now `parent`.
+fn reparent(dir: Ino, parent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
+    (dir.partition(), Mutation::SetParent { dir, parent, time: now })
 }
 
 /// A rename's two names and where their entries live.
@@ -953,24 +953,10 @@ impl Namespace {
             ),
         ];
         if src_is_dir {
-            steps.push((
-                src.ino.partition(),
-                Mutation::SetParent {
-                    dir: src.ino,
-                    parent: newparent,
-                    time: now,
-                },
-            ));
+            steps.push(reparent(src.ino, newparent, now));
         }
         if dst_is_dir {
-            steps.push((
-                d.ino.partition(),
-                Mutation::SetParent {
-                    dir: d.ino,
-                    parent,
-                    time: now,
-                },
-            ));
+            steps.push(reparent(d.ino, parent, now));
         }
         let moved = i64::from(src_is_dir) - i64::from(dst_is_dir);
         steps.push(mv.adjust(parent, 0, -moved));

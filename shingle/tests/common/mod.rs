@@ -57,6 +57,24 @@ pub struct Spec {
     pub zones: (u32, &'static str),
 }
 
+impl Spec {
+    /// `nodes` data and metadata nodes, one manager, 8 partitions, Down after 3 s,
+    /// 10 zones of 8 MiB each (small enough to fill).
+    pub fn small(nodes: usize) -> Spec {
+        Spec {
+            nodes,
+            managers: 1,
+            data: true,
+            partitions: 8,
+            down_after_ms: 3000,
+            data_toml: "",
+            zones: (10, "8MiB"),
+            node_toml: "",
+            manager_toml: "",
+        }
+    }
+}
+
 /// A running test cluster and the spec it was started from.
 pub struct Cluster {
     pub local: LocalCluster,
