@@ -110,6 +110,7 @@ if [ "$FUZZ_SECONDS" -gt 0 ]; then
   fuzz transport control_messages
   fuzz transport rdma_fragments
   fuzz transport handshake
+  fuzz transport shard_cap
   fuzz data chunk_record
   fuzz data shard_messages
   fuzz meta meta_messages

@@ -34,7 +34,7 @@ use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use shingle_data::shard::read_shard_range;
-use shingle_data::stripe::{StripeError, WriteRule, read_stripe, write_stripe};
+use shingle_data::stripe::{StripeAt, StripeError, WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::meta_client::MetaClient;
@@ -192,7 +192,21 @@ struct FileState {
     /// window loaded later must come from the same one, so a read never mixes stripes
     /// of two versions.
     layout_of: (i64, i64, u64),
+    /// The shard capability a client key writes and deletes this file's shards with
+    /// (`shingle_transport::cap`): from the create or the last version reservation.
+    cap: Option<ShardCapHeld>,
 }
+
+/// A shard capability and when it expires (Unix seconds).
+#[derive(Clone)]
+struct ShardCapHeld {
+    bytes: Bytes,
+    expires: u64,
+}
+
+/// A capability with less left than this is renewed (by a version reservation)
+/// before the next store.
+const CAP_RENEW_SECS: u64 = 600;
 
 /// What tells two versions of a file's layout apart: every commit and truncate changes
 /// its mtime and ctime (and maybe its size).
@@ -456,6 +470,7 @@ impl Client {
                 st.content.add_versions(1, RESERVE_MIN);
                 st.reserve_next = (RESERVE_MIN * 2).min(RESERVE_MAX);
             }
+            st.keep_cap(self.inner.meta.take_cap(a.ino));
         }
         Ok((a, f))
     }
@@ -500,6 +515,7 @@ impl Client {
                 reserve_next: RESERVE_MIN,
                 unlinked: false,
                 storing: 0,
+                cap: None,
             }),
         });
         let mut open = self.inner.open.lock();
@@ -698,14 +714,8 @@ impl Client {
         Ok(r.data)
     }
 
-    async fn store_stripe(
-        &self,
-        ino: Ino,
-        layout: &Layout,
-        s: u64,
-        version: u64,
-        data: Bytes,
-    ) -> Result<StripeRec, Errno> {
+    async fn store_stripe(&self, layout: &Layout, at: StripeAt, data: Bytes) -> Result<StripeRec, Errno> {
+        let (ino, s, version) = (Ino(at.ino), at.stripe, at.version);
         let policy = crate::ec_policy(layout);
         let n = usize::from(layout.k) + usize::from(layout.m);
         let v = self.inner.meta.view();
@@ -756,9 +766,7 @@ impl Client {
                 &spare_addrs,
                 &down,
                 rule,
-                ino.0,
-                s,
-                version,
+                at.clone(),
                 data.clone(),
             )
             .await;
@@ -844,9 +852,17 @@ impl Client {
         }
     }
 
-    /// Reserves versions for `st` when it has none left.
+    /// Reserves versions for `st` when it has none left, or when this client holds a
+    /// client key and its shard capability for the file is missing or about to expire
+    /// (the reservation brings a new one).
     async fn ensure_versions(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
-        if !st.content.needs_versions() {
+        let cap_due = self.inner.tcp.identity().is_some()
+            && !st.unlinked
+            && st
+                .cap
+                .as_ref()
+                .is_none_or(|c| c.expires < shingle_transport::cap::unix_now() + CAP_RENEW_SECS);
+        if !st.content.needs_versions() && !cap_due {
             return Ok(());
         }
         let n = st.reserve_next;
@@ -870,6 +886,7 @@ impl Client {
         };
         st.content.add_versions(first, n);
         st.reserve_next = (n * 2).min(RESERVE_MAX);
+        st.keep_cap(self.inner.meta.take_cap(ino));
         Ok(())
     }
 
@@ -886,6 +903,7 @@ impl Client {
         // Permits are given back before a task takes a file's lock: no cycle.
         let permit = self.inner.store_slots.clone().acquire_owned().await;
         let (c, sh, policy, ino) = (self.clone(), sh.clone(), st.policy.clone(), sh.ino);
+        let at = StripeAt::new(ino.0, s, version).with_cap(st.cap_bytes());
         tokio::spawn(
             async move {
                 let r = if data.is_empty() {
@@ -895,7 +913,7 @@ impl Client {
                         nodes: Vec::new(),
                     })
                 } else {
-                    c.store_stripe(ino, &policy, s, version, data).await
+                    c.store_stripe(&policy, at, data).await
                 };
                 drop(permit);
                 let mut st = sh.state.lock().await;
@@ -1013,16 +1031,27 @@ impl Client {
         if garbage.is_empty() {
             return;
         }
+        let cap = st.cap_bytes();
+        if cap.is_empty() && self.inner.tcp.identity().is_some() {
+            // A client key without a capability for the file (it truncated a file it
+            // never wrote) may not delete its shards: the orphan sweep will.
+            debug!(
+                ino = ino.0,
+                versions = garbage.len(),
+                "no shard capability; old versions left to the orphan sweep"
+            );
+            return;
+        }
         let n = usize::from(st.policy.k) + usize::from(st.policy.m);
         let c = self.clone();
         tokio::spawn(async move {
             for g in garbage {
-                c.delete_version(ino, n, &g).await;
+                c.delete_version(ino, n, &g, &cap).await;
             }
         });
     }
 
-    async fn delete_version(&self, ino: Ino, n: usize, g: &Garbage) {
+    async fn delete_version(&self, ino: Ino, n: usize, g: &Garbage, cap: &Bytes) {
         let v = self.inner.meta.view();
         let group = v.placement.pg(stripe_pg(ino, g.stripe, v.map.pgs));
         for i in 0..n {
@@ -1050,6 +1079,7 @@ impl Client {
                         shard: i as u32,
                     }),
                     version: g.version,
+                    cap: cap.clone(),
                 };
                 let r = self
                     .inner
@@ -1339,6 +1369,23 @@ impl Shared {
 }
 
 impl FileState {
+    /// Keeps a capability just handed out (`None`: the reply brought none, as with the
+    /// cluster secret; an earlier one stays).
+    fn keep_cap(&mut self, cap: Option<Vec<u8>>) {
+        let Some(bytes) = cap else { return };
+        if let Ok(c) = shingle_transport::cap::ShardCap::from_bytes(&bytes) {
+            self.cap = Some(ShardCapHeld {
+                bytes: Bytes::from(bytes),
+                expires: c.expires,
+            });
+        }
+    }
+
+    /// The capability as it travels (empty when none is held).
+    fn cap_bytes(&self) -> Bytes {
+        self.cap.as_ref().map(|c| c.bytes.clone()).unwrap_or_default()
+    }
+
     /// Takes the committed layout and size the metadata service has now (after
     /// another client's commit); local writes stay.
     fn adopt(&mut self, rec: shingle_meta::namespace::InodeRec, window: u64) {

@@ -14,6 +14,9 @@
 //! - `RepairShard`: rebuild this node's copy of a shard from k other shards of its
 //!   stripe, fetched from their nodes, and store it.
 //!
+//! A caller with a client key must show a shard capability for the file to write or
+//! delete its shards (`shingle_transport::cap`); reads need none.
+//!
 //! Store I/O is blocking and runs on tokio's blocking pool.
 //!
 //! Traces: each request runs in a `data.<request>` span (ino, stripe, shard, bytes;
@@ -28,12 +31,14 @@ use crate::wire::*;
 use crate::zone::ZonedDevice;
 use bytes::Bytes;
 use parking_lot::Mutex;
+use shingle_transport::auth::Principal;
+use shingle_transport::cap::{CapError, CapKey};
 use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tracing::field::Empty;
-use tracing::{Instrument, Span, info_span};
+use tracing::{Instrument, Span, debug, info_span};
 
 /// A handler span named `$name` for shard `$id` (an `Option<ShardId>`).
 macro_rules! shard_span {
@@ -111,6 +116,7 @@ pub struct ChunkService<D: ZonedDevice + 'static, C> {
     regions: Arc<RegionTable>,
     stage: Mutex<StageCache>,
     peers: C,
+    caps: Option<CapKey>,
 }
 
 impl<D, C> ChunkService<D, C>
@@ -119,8 +125,16 @@ where
     C: RpcChannel + RemoteRead + Clone + Send + Sync + 'static,
 {
     /// A service over `store`, staging reads in `regions` (at most `stage_bytes`), using
-    /// `peers` to fetch shards from other nodes for repair.
-    pub fn new(store: Arc<ChunkStore<D>>, regions: Arc<RegionTable>, stage_bytes: u64, peers: C) -> Arc<Self> {
+    /// `peers` to fetch shards from other nodes for repair. `caps` checks the shard
+    /// capabilities callers with a client key must show to write or delete a shard
+    /// ([`shingle_transport::cap`]); without it such callers may do neither.
+    pub fn new(
+        store: Arc<ChunkStore<D>>,
+        regions: Arc<RegionTable>,
+        stage_bytes: u64,
+        peers: C,
+        caps: Option<CapKey>,
+    ) -> Arc<Self> {
         Arc::new(ChunkService {
             store,
             regions,
@@ -131,6 +145,24 @@ where
                 order: VecDeque::new(),
             }),
             peers,
+            caps,
+        })
+    }
+
+    /// A caller with a client key must show a capability for the shard's file; callers
+    /// holding the cluster secret need none.
+    fn check_cap(&self, ctx: &CallContext, id: Option<&ShardId>, cap: &[u8]) -> Result<(), Status> {
+        if !matches!(*ctx.principal, Principal::Client(_)) {
+            return Ok(());
+        }
+        let ino = id.ok_or_else(missing_id)?.ino;
+        let r = match &self.caps {
+            Some(k) => k.check(cap, ino, shingle_transport::cap::unix_now()),
+            None => Err(CapError::Missing),
+        };
+        r.map_err(|e| {
+            debug!(ino, error = %e, "shard capability refused");
+            Status::new(shingle_transport::Code::PermissionDenied, e.to_string())
         })
     }
 
@@ -341,9 +373,12 @@ where
     /// The service's handlers, to merge into a node's router.
     pub fn router(self: &Arc<Self>) -> Router {
         let s = self.clone();
-        let w = move |_: CallContext, r: WriteShardRequest| {
+        let w = move |ctx: CallContext, r: WriteShardRequest| {
             let s = s.clone();
-            async move { s.write(r).await }
+            async move {
+                s.check_cap(&ctx, r.id.as_ref(), &r.cap)?;
+                s.write(r).await
+            }
         };
         let s = self.clone();
         let rs = move |_: CallContext, r: StageShardRequest| {
@@ -351,9 +386,12 @@ where
             async move { s.stage_shard(r).await }
         };
         let s = self.clone();
-        let d = move |_: CallContext, r: DeleteShardRequest| {
+        let d = move |ctx: CallContext, r: DeleteShardRequest| {
             let s = s.clone();
-            async move { s.delete(r).await }
+            async move {
+                s.check_cap(&ctx, r.id.as_ref(), &r.cap)?;
+                s.delete(r).await
+            }
         };
         let s = self.clone();
         let df = move |_: CallContext, r: DeleteFileRequest| {

@@ -92,13 +92,15 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
     }
 }
 
-/// Writes one shard to `node`; returns once it is durable there.
+/// Writes one shard to `node` (with `cap`, a shard capability for its file, when this
+/// client holds a client key); returns once it is durable there.
 pub async fn write_shard<C: RpcChannel>(
     client: &C,
     node: SocketAddr,
     id: ShardId,
     version: u64,
     data: Bytes,
+    cap: Bytes,
 ) -> Result<WriteShardResponse, TransportError> {
     let crc = crc32c::crc32c(&data);
     client
@@ -109,6 +111,7 @@ pub async fn write_shard<C: RpcChannel>(
                 version,
                 crc,
                 data,
+                cap,
             },
             Default::default(),
         )

@@ -168,6 +168,38 @@ fn answered(r: &Result<Bytes, ShardReadError>) -> bool {
     }
 }
 
+/// The stripe version a write stores, and the shard capability that lets a caller
+/// with a client key store it (empty for one holding the cluster secret).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StripeAt {
+    /// The file.
+    pub ino: u64,
+    /// Stripe index.
+    pub stripe: u64,
+    /// The version stored.
+    pub version: u64,
+    /// `shingle_transport::cap` capability for the file, as it travels.
+    pub cap: Bytes,
+}
+
+impl StripeAt {
+    /// Version `version` of stripe `stripe` of file `ino`, with no capability.
+    pub fn new(ino: u64, stripe: u64, version: u64) -> Self {
+        StripeAt {
+            ino,
+            stripe,
+            version,
+            cap: Bytes::new(),
+        }
+    }
+
+    /// The same, with capability `cap`.
+    pub fn with_cap(mut self, cap: Bytes) -> Self {
+        self.cap = cap;
+        self
+    }
+}
+
 /// Encodes `data` (at most one stripe) and writes shard i to `targets[i]`, all in
 /// parallel, moving a shard to the next of `spares` when its node is suspected or its
 /// write fails, and when none is left to the live node of the stripe holding the
@@ -185,9 +217,7 @@ pub async fn write_stripe<C>(
     spares: &[SocketAddr],
     down: &[SocketAddr],
     rule: WriteRule,
-    ino: u64,
-    stripe: u64,
-    version: u64,
+    at: StripeAt,
     data: Bytes,
 ) -> Result<Vec<Option<SocketAddr>>, StripeError>
 where
@@ -195,8 +225,8 @@ where
 {
     let span = info_span!(
         "stripe.write",
-        ino,
-        stripe,
+        ino = at.ino,
+        stripe = at.stripe,
         bytes = data.len(),
         k = policy.k,
         m = policy.m,
@@ -206,11 +236,9 @@ where
         degraded = Empty,
         otel.status_code = Empty,
     );
-    write_stripe_inner(
-        client, health, policy, targets, spares, down, rule, ino, stripe, version, data,
-    )
-    .instrument(span)
-    .await
+    write_stripe_inner(client, health, policy, targets, spares, down, rule, at, data)
+        .instrument(span)
+        .await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -222,14 +250,18 @@ async fn write_stripe_inner<C>(
     spares: &[SocketAddr],
     down: &[SocketAddr],
     rule: WriteRule,
-    ino: u64,
-    stripe: u64,
-    version: u64,
+    at: StripeAt,
     data: Bytes,
 ) -> Result<Vec<Option<SocketAddr>>, StripeError>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
+    let StripeAt {
+        ino,
+        stripe,
+        version,
+        cap,
+    } = at;
     let (k, n) = (usize::from(policy.k), policy.shard_count());
     if targets.len() != n {
         return Err(StripeError::WrongGroupSize {
@@ -258,7 +290,7 @@ where
     let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
     let (tx, mut rx) = mpsc::unbounded_channel();
     let spawn = |i: usize, node: SocketAddr, shard: Bytes, how: &'static str| {
-        let (c, h, tx) = (client.clone(), health.clone(), tx.clone());
+        let (c, h, tx, cap) = (client.clone(), health.clone(), tx.clone(), cap.clone());
         let id = ShardId {
             ino,
             stripe,
@@ -268,7 +300,7 @@ where
         tokio::spawn(
             async move {
                 let ticket = h.start(node);
-                let r = write_shard(&c, node, id, version, shard).await;
+                let r = write_shard(&c, node, id, version, shard, cap).await;
                 ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
                 if r.is_err() {
                     Span::current().record("otel.status_code", "error");
@@ -570,7 +602,7 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::survives;
+    use super::{StripeAt, survives};
     use proptest::prelude::*;
 
     /// A data node that stores every shard it is sent (an empty reply is a default
@@ -616,9 +648,7 @@ mod tests {
                         &[],
                         &down,
                         rule,
-                        1,
-                        stripe,
-                        1,
+                        StripeAt::new(1, stripe, 1),
                         data,
                     )
                     .await

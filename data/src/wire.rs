@@ -58,6 +58,10 @@ pub struct WriteShardRequest {
     /// The shard bytes.
     #[prost(bytes = "bytes", tag = "4")]
     pub data: Bytes,
+    /// A capability for the shard's file (`shingle_transport::cap`): required of a
+    /// caller with a client key, ignored for one holding the cluster secret.
+    #[prost(bytes = "bytes", tag = "5")]
+    pub cap: Bytes,
 }
 
 /// Where the shard was stored (a location hint for the layout).
@@ -141,6 +145,9 @@ pub struct DeleteShardRequest {
     /// Delete only this stored version (0: whatever is stored).
     #[prost(uint64, tag = "2")]
     pub version: u64,
+    /// A capability for the shard's file, as for [`WriteShardRequest::cap`].
+    #[prost(bytes = "bytes", tag = "3")]
+    pub cap: Bytes,
 }
 
 /// Whether it existed.

@@ -52,7 +52,11 @@ pub struct MetaClient {
     health: Arc<Health>,
     timeout: Duration,
     rpc_timeout: Duration,
+    caps: Arc<parking_lot::Mutex<std::collections::HashMap<u64, Vec<u8>>>>,
 }
+
+/// Shard capabilities a [`MetaClient`] keeps until they are taken.
+const MAX_KEPT_CAPS: usize = 4096;
 
 impl MetaClient {
     /// A client over `client`, routing by the maps `maps` delivers.
@@ -67,6 +71,7 @@ impl MetaClient {
             health: Arc::default(),
             timeout: Duration::from_secs(20),
             rpc_timeout: Duration::from_secs(2),
+            caps: Arc::default(),
         }
     }
 
@@ -321,6 +326,31 @@ impl MetaClient {
             }
         })
         .await
+        .map(|r| self.keep_cap(r))
+    }
+
+    /// Keeps the shard capability a reply carries (for [`MetaClient::take_cap`]) and
+    /// returns the reply without it.
+    fn keep_cap(&self, reply: OpReply) -> OpReply {
+        let OpReply::WithCap(inner, cap) = reply else {
+            return reply;
+        };
+        if let Ok(c) = shingle_transport::cap::ShardCap::from_bytes(&cap) {
+            let mut caps = self.caps.lock();
+            // Taken at once by the file layer; a caller that never takes them (a tool)
+            // must not grow this without bound. Lost ones are asked for again.
+            if caps.len() >= MAX_KEPT_CAPS {
+                caps.clear();
+            }
+            caps.insert(c.object, cap);
+        }
+        *inner
+    }
+
+    /// The shard capability the last create or version reservation of file `ino`
+    /// brought (with a client key; none with the cluster secret), taken.
+    pub fn take_cap(&self, ino: Ino) -> Option<Vec<u8>> {
+        self.caps.lock().remove(&ino.0)
     }
 
     /// Resolves once a newer map than this client's names another primary than `was`
@@ -541,7 +571,7 @@ impl MetaClient {
     fn attr(r: OpReply) -> Result<Attr, Errno> {
         match r {
             OpReply::Attr(a) => Ok(a),
-            OpReply::Done | OpReply::Versions(_) => Err(Errno::EIO),
+            OpReply::Done | OpReply::Versions(_) | OpReply::WithCap(..) => Err(Errno::EIO),
         }
     }
 

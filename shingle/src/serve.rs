@@ -13,6 +13,7 @@ use shingle_meta::ids::NodeId;
 use shingle_meta::manager::{Manager, ManagerConfig, ManagerSlot};
 use shingle_meta::map::{ClusterMap, NodeInfo, NodeState, Roles};
 use shingle_meta::service::{MetaConfig, MetaNode};
+use shingle_transport::cap::CapKey;
 use shingle_transport::{ClusterSecret, PeerClient, RegionTable, Router, Server, TransportConfig};
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,6 +129,8 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     };
     let regions = Arc::new(RegionTable::new());
     let peers = PeerClient::new(transport.clone(), secret.clone());
+    // Signs (meta) and checks (data) the shard capabilities of client keys.
+    let caps = CapKey::derive(&secret).context("a node needs the cluster secret, not a client key")?;
     let rdma = cfg.rdma.clone().unwrap_or_default().with_env()?;
     rdma.validate()?;
     // Nodes read each other's shards too (repair, rebuild).
@@ -136,7 +139,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let mut background = Background::default();
     let mut store = None;
     if let Some(d) = &cfg.data {
-        let (s, service) = open_data(d, &regions, &peers).await?;
+        let (s, service) = open_data(d, &regions, &peers, caps.clone()).await?;
         router = router.merge(service);
         background
             .tasks
@@ -163,6 +166,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             let mut mc = MetaConfig::new(node_id, m.dir.clone())
                 .with_frame_limit(usize::try_from(cfg.node.max_frame_bytes.0).unwrap_or(usize::MAX));
             mc.dead_coordinator_locks = Duration::from_millis(m.dead_coordinator_locks_ms);
+            mc.caps = Some(caps.clone());
             let node = MetaNode::open(mc, peers.clone(), map_rx.clone())
                 .await
                 .with_context(|| format!("open metadata store in {}", m.dir.display()))?;
@@ -230,6 +234,7 @@ async fn open_data(
     d: &crate::config::DataSection,
     regions: &Arc<RegionTable>,
     peers: &PeerClient,
+    caps: CapKey,
 ) -> Result<(Store, Router)> {
     std::fs::create_dir_all(&d.dir).with_context(|| format!("create data dir {}", d.dir.display()))?;
     let device: Arc<dyn ZonedDevice> = match &d.device {
@@ -260,7 +265,13 @@ async fn open_data(
     .await?
     .context("open chunk store")?;
     let store = Arc::new(store);
-    let service = ChunkService::new(store.clone(), regions.clone(), d.stage_cache.0, peers.clone());
+    let service = ChunkService::new(
+        store.clone(),
+        regions.clone(),
+        d.stage_cache.0,
+        peers.clone(),
+        Some(caps),
+    );
     Ok((store, service.router()))
 }
 

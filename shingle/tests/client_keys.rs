@@ -3,13 +3,17 @@
 //! secret; a read-write key's root acts as nobody (65534); a read-only key mounts
 //! read-only and its nodes refuse its changes even when the kernel is bypassed; no
 //! client key may send what only the cluster's nodes send; a tenant key acts as one
-//! uid and gid whatever its host asserts; a revoked key is refused
+//! uid and gid whatever its host asserts, and it writes or deletes shards only of
+//! files it may write (shard capabilities); a revoked key is refused
 //! by every node while other keys go on working.
 
 mod common;
 
+use bytes::Bytes;
 use common::{Cluster, SecondMount, Spec, pattern, tool};
-use shingle_data::wire::{Scrub, ScrubRequest};
+use shingle_data::wire::{
+    DeleteShard, DeleteShardRequest, Scrub, ScrubRequest, ShardId, WriteShard, WriteShardRequest,
+};
 use shingle_meta::agent::{MapWatch, WatchConfig};
 use shingle_meta::ids::Ino;
 use shingle_meta::manager::rpc::{Propose, ProposeRequest};
@@ -102,6 +106,7 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
     let e = std::fs::write(tenant.mount.join("shared/f.bin"), b"x").expect_err("not the tenant's file");
     assert_eq!(e.raw_os_error(), Some(libc_eacces()), "{e}");
     drop(tenant);
+    shards_need_a_capability_for_their_file(&cluster, &admin, &tenant_key, shared.ino).await;
 
     // Read-only: the mount is read-only, and the nodes refuse changes anyway.
     let reader = SecondMount::with_key(&root, &reader_key, &tmp.path().join("r"), &[]);
@@ -164,6 +169,79 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
         text.contains("revoked") && text.contains("read-only, root squashed"),
         "{text}"
     );
+}
+
+/// Below the mount, the tenant's key asks the nodes directly. Reserving versions of
+/// the squashed writer's f.bin (which would bring a shard capability for it) is
+/// refused; writing or deleting f.bin's shards needs a capability for f.bin, and the
+/// tenant's capability for its own file does not stand in for one. Its own file's
+/// shards it may write.
+async fn shards_need_a_capability_for_their_file(cluster: &Cluster, admin: &MetaClient, key: &Path, shared: Ino) {
+    let (tcp, meta) = client_with(cluster, key).await;
+    let theirs = admin.lookup(shared, b"f.bin").await.expect("f.bin");
+    let mine = admin.lookup(shared, b"tenant.txt").await.expect("tenant.txt");
+    let rec = admin.head(theirs.ino).await.expect("f.bin's layout");
+    let layout = rec.layout.expect("f.bin has data");
+    let e = meta
+        .reserve_versions(&Creds::root(), theirs.ino, layout.without_stripes(), 4)
+        .await
+        .expect_err("versions of a file the tenant may not write");
+    assert_eq!(e, Errno::EACCES);
+    assert!(meta.take_cap(theirs.ino).is_none());
+    let first = meta
+        .reserve_versions(&Creds::root(), mine.ino, layout.without_stripes(), 4)
+        .await
+        .expect("versions of its own file");
+    let own_cap = Bytes::from(meta.take_cap(mine.ino).expect("a capability with them"));
+    let (version, stored) = layout
+        .stripes
+        .get(&0)
+        .map(|s| (s.version, s.nodes.clone()))
+        .expect("stripe 0");
+    let node = cluster.local.nodes[0].addr;
+    let data = Bytes::from(vec![9u8; 4096]);
+    let write = |ino: Ino, version: u64, cap: Bytes| WriteShardRequest {
+        id: Some(ShardId {
+            ino: ino.0,
+            stripe: 0,
+            shard: 0,
+        }),
+        version,
+        crc: crc32c::crc32c(&data),
+        data: data.clone(),
+        cap,
+    };
+    for cap in [Bytes::new(), own_cap.clone(), Bytes::from(vec![7u8; 48])] {
+        let r = tcp
+            .call::<WriteShard>(node, &write(theirs.ino, version, cap.clone()), CallOptions::default())
+            .await;
+        assert_eq!(
+            r.expect_err("a shard of f.bin").status().map(|s| s.code),
+            Some(Code::PermissionDenied)
+        );
+        for (i, n) in stored.iter().enumerate() {
+            let Some(addr) = n.and_then(|n| admin.view().addr(n)) else {
+                continue;
+            };
+            let del = DeleteShardRequest {
+                id: Some(ShardId {
+                    ino: theirs.ino.0,
+                    stripe: 0,
+                    shard: i as u32,
+                }),
+                version,
+                cap: cap.clone(),
+            };
+            let r = tcp.call::<DeleteShard>(addr, &del, CallOptions::default()).await;
+            assert_eq!(
+                r.expect_err("deleting f.bin's shard").status().map(|s| s.code),
+                Some(Code::PermissionDenied)
+            );
+        }
+    }
+    tcp.call::<WriteShard>(node, &write(mine.ino, first, own_cap), CallOptions::default())
+        .await
+        .expect("a shard of its own file, with its capability");
 }
 
 fn libc_eacces() -> i32 {

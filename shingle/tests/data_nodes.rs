@@ -10,7 +10,7 @@ use common::{corrupt_first_record, spawn};
 use shingle::config::{DataSection, NodeConfig, NodeSection, parse_size};
 use shingle_data::ec::EcPolicy;
 use shingle_data::shard::{read_shard, write_shard};
-use shingle_data::stripe::{WriteRule, read_stripe, write_stripe};
+use shingle_data::stripe::{StripeAt, WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{
     DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, Scrub, ScrubRequest, ShardId, ShardSource, Stat,
     StatRequest, errno,
@@ -132,9 +132,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
                 tolerate: 2,
                 share_nodes: false,
             },
-            42,
-            s as u64,
-            1,
+            StripeAt::new(42, s as u64, 1),
             content(s as u64, *len),
         )
         .await
@@ -198,9 +196,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
                 &[],
                 &down,
                 rule,
-                42,
-                s,
-                version,
+                StripeAt::new(42, s, version),
                 content(s, len),
             )
         };
@@ -345,6 +341,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             &DeleteShardRequest {
                 id: Some(id),
                 version: 0,
+                cap: Bytes::new(),
             },
             CallOptions::default(),
         );
@@ -393,7 +390,7 @@ async fn full_node_refuses_with_enospc_and_keeps_its_data() {
             stripe: i,
             shard: 0,
         };
-        match write_shard(&c, node.addr, id, 1, content(i, 300_000)).await {
+        match write_shard(&c, node.addr, id, 1, content(i, 300_000), Bytes::new()).await {
             Ok(_) => written.push(i),
             Err(e) => {
                 let s = e.status().expect("an error reply");

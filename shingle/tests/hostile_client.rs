@@ -95,6 +95,9 @@ fn mutate(rng: &mut Rng, valid: &[u8]) -> Vec<u8> {
 struct Tally {
     /// Mutations that named the other user's file, not sent.
     confined: u64,
+    /// Shard writes and deletes of the other user's file from a client key: sent, and
+    /// every one refused.
+    victim_refused: u64,
     sent: u64,
     ok: u64,
     refused: u64,
@@ -712,6 +715,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 version: 1,
                 crc: crc32c::crc32c(&[5; 100]),
                 data: Bytes::from(vec![5; 100]),
+                cap: Bytes::new(),
             }),
         ),
         (
@@ -724,6 +728,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                     shard: 2,
                 }),
                 version: 1,
+                cap: Bytes::new(),
             }),
         ),
     ];
@@ -851,9 +856,9 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     //    both before any handler runs, as is every change from the read-only key. The
     //    read-write key's mutated namespace requests run — including those on f.bin,
     //    which only its owner (root) may change, so nothing is skipped for them — and
-    //    f.bin must still read back whole. (Its shards are another matter: data nodes
-    //    do not know whose shards they hold, decision 0020, so shard writes and deletes
-    //    naming f.bin are still skipped.)
+    //    f.bin must still read back whole. Shard writes and deletes naming f.bin are
+    //    sent too, and each must be refused: the key holds no shard capability for a
+    //    file it may not write (decision 0021).
     let key_client = |key: &std::path::Path| {
         shingle_transport::PeerClient::new(
             shingle_transport::TransportConfig::default(),
@@ -913,7 +918,8 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             let to = if k.0 < 0x0400 { to } else { [to, fp][rng.below(2)] };
             let req = mutate(&mut rng, valid);
             if shard_kind && names_victim(*k, &req, f) {
-                t.confined += 1;
+                denied(rw.call_raw(to, *k, Bytes::from(req), opts()).await, name);
+                t.victim_refused += 1;
                 continue;
             }
             send(&rw, to, *k, req, &mut t).await;

@@ -4,6 +4,8 @@
 //!
 //! - [`frame`]: the versioned, checksummed, bounded frame format and its pure decoder.
 //! - [`auth`]: the mutual HMAC challenge-response every connection starts with.
+//! - [`cap`]: signed, expiring capabilities one server hands out and others check.
+//! - [`clock`]: the one wall clock.
 //! - [`peer::PeerClient`] / [`server::Server`]: multiplexed, pipelined RPC over TCP
 //!   with per-request deadlines, a connection pool per peer, reconnect backoff,
 //!   bounded in-flight requests and bytes, and graceful shutdown.
@@ -20,6 +22,8 @@
 
 pub mod auth;
 pub mod backoff;
+pub mod cap;
+pub mod clock;
 pub mod config;
 pub mod conformance;
 pub mod error;

@@ -1165,6 +1165,16 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
     }
 
+    /// Whether `creds` may store data in file `ino`: as its owner (who may always give
+    /// themselves write permission) or with write permission. EACCES otherwise.
+    pub fn may_write_data(&self, creds: &Creds, ino: Ino) -> NsResult<()> {
+        let rec = self.rec(ino)?;
+        if creds.uid == rec.attr.uid {
+            return Ok(());
+        }
+        perm::check(creds, &rec.attr, perm::W)
+    }
+
     /// Hands out `count` stripe versions of file `ino` for a writer to store new stripe
     /// versions under: returns the first; the range is the writer's alone. The file
     /// takes `policy` if it has no data yet.

@@ -169,13 +169,10 @@ pub const PERM_MASK: u32 = 0o7777;
 /// Nanoseconds since the Unix epoch.
 pub type TimeNs = i64;
 
-/// The current time as a [`TimeNs`] (0 for a clock before 1970): the one clock of the
-/// metadata service and its clients.
-#[allow(clippy::disallowed_methods)] // the one place that reads the wall clock
+/// The current time as a [`TimeNs`] (0 for a clock before 1970): the metadata
+/// service's and its clients' name for the one wall clock, `shingle_transport::clock`.
 pub fn now_ns() -> TimeNs {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    shingle_transport::clock::now_ns()
 }
 
 /// Attributes of an inode (what GETATTR returns).

@@ -52,6 +52,7 @@ pub struct Coordination {
     cache: Cache,
     held: BTreeSet<u64>,
     rounds: u32,
+    client: bool,
 }
 
 impl Coordination {
@@ -66,7 +67,15 @@ impl Coordination {
             cache: Cache::default(),
             held: BTreeSet::new(),
             rounds: 0,
+            client: false,
         }
+    }
+
+    /// The caller holds a client key, not the cluster secret: what a trusted mount's
+    /// kernel checked at open is checked here instead ([`client_checks`]).
+    pub fn for_client(mut self) -> Self {
+        self.client = true;
+        self
     }
 
     /// The operation.
@@ -94,7 +103,12 @@ impl Coordination {
         self.rounds += 1;
         let mut ns = Namespace::sparse(self.partitions);
         self.cache.fill(&mut ns);
-        let result = run(&mut ns, &self.creds, &self.op, self.id, self.now);
+        let result = if self.client {
+            client_checks(&ns, &self.creds, &self.op)
+        } else {
+            Ok(())
+        }
+        .and_then(|()| run(&mut ns, &self.creds, &self.op, self.id, self.now));
         let needs = ns.needs();
         if !needs.is_empty() {
             return Next::Fetch(needs);
@@ -351,6 +365,18 @@ fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
     }
 }
 
+/// What a caller with a client key must pass besides the checks every operation
+/// makes: to reserve versions of a file or commit data to it (and so get a shard
+/// capability for it), the file's owner or write permission. A trusted mount's kernel
+/// checked write access when the file was opened; a client key's word is not taken
+/// for it.
+fn client_checks(ns: &Namespace, creds: &Creds, op: &NsOp) -> Result<(), Errno> {
+    match op {
+        NsOp::ReserveVersions { ino, .. } | NsOp::CommitWrite { ino, .. } => ns.may_write_data(creds, *ino),
+        _ => Ok(()),
+    }
+}
+
 /// Runs `op` on a (sparse) namespace, as client operation `id` when it is one run at
 /// most once ([`NsOp::once`]): a retry of one already done is answered as done.
 fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Result<OpReply, Errno> {
@@ -585,6 +611,60 @@ mod tests {
         };
         let mut c = Coordination::new(op, root(), 9, 2, 8);
         assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::ENOENT));
+    }
+
+    #[test]
+    fn a_client_key_reserves_versions_only_of_files_it_owns_or_may_write() {
+        let mut whole = Namespace::format(8, 1);
+        let f = whole
+            .mknod(&root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
+            .expect("root's file");
+        let policy = crate::namespace::Layout {
+            k: 4,
+            m: 2,
+            unit: 1 << 20,
+            ..Default::default()
+        };
+        let user = |uid| Creds {
+            uid,
+            gid: uid,
+            groups: Vec::new(),
+        };
+        let reserve = || NsOp::ReserveVersions {
+            ino: f.ino,
+            policy: policy.clone(),
+            count: 4,
+        };
+        // A trusted mount's kernel checked the open: its word is taken.
+        let mut c = Coordination::new(reserve(), user(1000), 0, 2, 8);
+        assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Versions(_))));
+        // A client key's is not: not the owner, no write permission.
+        let mut c = Coordination::new(reserve(), user(1000), 0, 3, 8).for_client();
+        assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::EACCES));
+        let commit = NsOp::CommitWrite {
+            ino: f.ino,
+            policy: policy.clone(),
+            size: 1,
+            stripes: Vec::new(),
+        };
+        let mut c = Coordination::new(commit, user(1000), 0, 3, 8).for_client();
+        assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::EACCES));
+        // The owner, even of a file it made read-only, and root, pass.
+        let mut c = Coordination::new(reserve(), root(), 0, 4, 8).for_client();
+        assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Versions(_))));
+        let d = whole
+            .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o777, 0, None, 5)
+            .expect("a shared directory");
+        let mine = whole
+            .mknod(&user(1000), d.ino, b"g", FileKind::File, 0o444, 0, None, 6)
+            .expect("a read-only file of its own");
+        let op = NsOp::ReserveVersions {
+            ino: mine.ino,
+            policy,
+            count: 4,
+        };
+        let mut c = Coordination::new(op, user(1000), 0, 7, 8).for_client();
+        assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Versions(_))));
     }
 
     #[test]

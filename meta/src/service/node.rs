@@ -51,6 +51,24 @@ use tokio::sync::watch;
 use tracing::field::Empty;
 use tracing::{Instrument, Span, debug, info, info_span, warn};
 
+/// Which file a reply's shard capability is for (see [`MetaNode::with_cap`]).
+#[derive(Clone, Copy)]
+enum CapFor {
+    /// The file whose versions were reserved.
+    File(Ino),
+    /// The file created (named by the reply).
+    Created,
+}
+
+/// Operations whose caller gets a shard capability with the reply.
+fn cap_for(op: &NsOp) -> Option<CapFor> {
+    match op {
+        NsOp::ReserveVersions { ino, .. } => Some(CapFor::File(*ino)),
+        NsOp::Mknod { reserve: Some(_), .. } => Some(CapFor::Created),
+        _ => None,
+    }
+}
+
 /// Settings of the namespace service on one node.
 #[derive(Clone, Debug)]
 pub struct MetaConfig {
@@ -74,6 +92,9 @@ pub struct MetaConfig {
     /// the partition of its operation cannot be seen settled (normally they go as soon
     /// as it is, well before).
     pub dead_coordinator_locks: Duration,
+    /// Signs the shard capabilities handed to client keys (`None`: none are handed
+    /// out, and client keys cannot write file data).
+    pub caps: Option<shingle_transport::cap::CapKey>,
 }
 
 impl MetaConfig {
@@ -89,6 +110,7 @@ impl MetaConfig {
             copy_piece: super::copy::PIECE_BYTES,
             copy_staging: super::copy::STAGING_BYTES,
             dead_coordinator_locks: Duration::from_secs(10),
+            caps: None,
         }
     }
 
@@ -1492,15 +1514,15 @@ impl MetaNode {
 
     // ---------------------------------------------------------------- coordinator
 
-    async fn on_op(&self, req: Op) -> Result<OpReply, Status> {
+    async fn on_op(&self, req: Op, client: bool) -> Result<OpReply, Status> {
         if req.id == 0 {
-            return self.on_op_once(req).await;
+            return self.on_op_once(req, client).await;
         }
         let id = req.id;
         let cell = self.inner.running.lock().entry(id).or_default().clone();
         // One attempt runs; one arriving meanwhile gets its answer. If the running one
         // is dropped (its caller went away), a waiting one runs instead.
-        let r = cell.get_or_init(|| self.on_op_once(req)).await.clone();
+        let r = cell.get_or_init(|| self.on_op_once(req, client)).await.clone();
         let mut running = self.inner.running.lock();
         if running.get(&id).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
             running.remove(&id);
@@ -1508,7 +1530,9 @@ impl MetaNode {
         r
     }
 
-    async fn on_op_once(&self, req: Op) -> Result<OpReply, Status> {
+    /// Runs one operation; `client`: its caller holds a client key (see
+    /// [`Coordination::for_client`]).
+    async fn on_op_once(&self, req: Op, client: bool) -> Result<OpReply, Status> {
         self.check_epoch(req.epoch).await?;
         let v = self.view();
         let anchor = req.op.anchor(v.map.partitions);
@@ -1519,7 +1543,7 @@ impl MetaNode {
         loop {
             let owner = super::locks::owner_id(self.me().0, random_u64());
             let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
-            let r = self.coordinate(&req, owner, &mut held).await;
+            let r = self.coordinate(&req, client, owner, &mut held).await;
             for (n, keys) in held {
                 self.unlock(n, keys, owner).await;
             }
@@ -1541,9 +1565,18 @@ impl MetaNode {
         }
     }
 
-    async fn coordinate(&self, req: &Op, owner: u64, held: &mut Vec<(NodeId, Vec<u64>)>) -> Result<OpReply, Retry> {
+    async fn coordinate(
+        &self,
+        req: &Op,
+        client: bool,
+        owner: u64,
+        held: &mut Vec<(NodeId, Vec<u64>)>,
+    ) -> Result<OpReply, Retry> {
         let v = self.view();
         let mut c = Coordination::new(req.op.clone(), req.creds.clone(), req.id, now_ns(), v.map.partitions);
+        if client {
+            c = c.for_client();
+        }
         let anchor = c.anchor();
         loop {
             match c.step() {
@@ -2071,8 +2104,13 @@ impl MetaNode {
                 retries = 0u32,
             );
             async move {
-                admitted?;
-                n.on_op(req).await
+                let client = admitted?;
+                let cap_for = cap_for(&req.op);
+                let reply = n.on_op(req, client).await?;
+                Ok(match cap_for {
+                    Some(of) if client => n.with_cap(of, reply),
+                    _ => reply,
+                })
             }
             .instrument(span)
         });
@@ -2158,18 +2196,36 @@ impl MetaNode {
     /// purge done, shards relocated) is refused; a hold on a removed file it has open
     /// is its own business (root's only because nodes check it so); everything else
     /// runs with its credentials squashed as its grant says.
-    fn admit_client_op(&self, ctx: &CallContext, req: &mut Op) -> Result<(), Status> {
+    /// Returns whether the caller holds a client key.
+    fn admit_client_op(&self, ctx: &CallContext, req: &mut Op) -> Result<bool, Status> {
         if !matches!(*ctx.principal, shingle_transport::auth::Principal::Client(_)) {
-            return Ok(());
+            return Ok(false);
         }
         match req.op {
             NsOp::Purged { .. } | NsOp::RelocateShards { .. } => Err(errno_status(Errno::EPERM)),
-            NsOp::HoldPurge { .. } => Ok(()),
+            NsOp::HoldPurge { .. } => Ok(true),
             _ => {
                 self.squash(ctx, &mut req.creds);
-                Ok(())
+                Ok(true)
             }
         }
+    }
+
+    /// `reply` with a shard capability for the file `of` names: a client key that
+    /// created a file, or reserved versions of one (both checked by then), may write
+    /// and delete its shards ([`shingle_transport::cap`]). Unchanged on a node
+    /// without a capability key.
+    fn with_cap(&self, of: CapFor, reply: OpReply) -> OpReply {
+        let Some(key) = &self.inner.cfg.caps else {
+            return reply;
+        };
+        let ino = match (of, &reply) {
+            (CapFor::File(ino), OpReply::Versions(_)) => ino,
+            (CapFor::Created, OpReply::Attr(a)) => a.ino,
+            _ => return reply,
+        };
+        let cap = key.mint(ino.0, shingle_transport::cap::unix_now()).to_bytes();
+        OpReply::WithCap(Box::new(reply), cap)
     }
 
     /// A caller with a client key acts as its grant says: nobody for uid 0 when root

@@ -456,6 +456,9 @@ pub enum OpReply {
     Attr(Attr),
     /// Done; the first of the stripe versions handed out.
     Versions(u64),
+    /// The reply, with a shard capability for its file (to a caller with a client
+    /// key that created the file or reserved versions of it; `shingle_transport::cap`).
+    WithCap(Box<OpReply>, Vec<u8>),
 }
 meta_rpc!(Op, 0x0401, OpReply);
 

@@ -22,6 +22,7 @@
 //! rewritten meanwhile). Rebuild bandwidth is throttled; progress is published in the
 //! node's `Stats` and shown by `shingle status`.
 
+use bytes::Bytes;
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, RepairShard, RepairShardRequest, ShardId, ShardSource};
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::map::{ClusterMap, NodeState, Placement};
@@ -444,9 +445,11 @@ async fn repair_one(
             );
             return Ok(reply.bytes);
         }
+        // A node's daemon holds the cluster secret: no capability needed.
         let del = DeleteShardRequest {
             id: req.id,
             version: rec.version,
+            cap: Bytes::new(),
         };
         if let Err(e) = tcp
             .call::<DeleteShard>(addr(from)?, &del, CallOptions::timeout(Duration::from_secs(10)))
