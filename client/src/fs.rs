@@ -202,6 +202,7 @@ struct FileState {
 struct ShardCapHeld {
     bytes: Bytes,
     expires: u64,
+    right: shingle_transport::cap::Right,
 }
 
 /// A capability with less left than this is renewed (by a version reservation)
@@ -460,6 +461,9 @@ impl Client {
             .meta
             .create_file(creds, parent, name, perm, self.default_policy(), RESERVE_MIN)
             .await?;
+        // The create's write capability (client keys), taken before the open brings a
+        // read one.
+        let cap = self.inner.meta.take_cap(a.ino);
         let f = self.open(creds, a.ino).await?;
         {
             let mut st = f.shared.state.lock().await;
@@ -470,7 +474,7 @@ impl Client {
                 st.content.add_versions(1, RESERVE_MIN);
                 st.reserve_next = (RESERVE_MIN * 2).min(RESERVE_MAX);
             }
-            st.keep_cap(self.inner.meta.take_cap(a.ino));
+            st.keep_cap(cap);
         }
         Ok((a, f))
     }
@@ -533,13 +537,18 @@ impl Client {
     /// Like [`Client::open`]; also says whether the file is unchanged since this client
     /// last opened or wrote it (so cached pages of it are still valid).
     pub async fn open_cached(&self, creds: &Creds, ino: Ino) -> Result<(Arc<OpenFile>, bool), Errno> {
-        let rec = self.inner.meta.head(ino).await?;
+        // With a client key, the head brings a read capability for the file's shards.
+        let rec = self.inner.meta.head_as(creds, ino).await?;
         if rec.attr.kind == FileKind::Dir {
             return Err(Errno::EISDIR);
         }
         let unchanged = self.remember(ino, rec.attr.mtime, rec.attr.size);
         let shared = self.shared_for(ino, rec).await;
-        let seen = shared.state.lock().await.content.err_seq();
+        let seen = {
+            let mut st = shared.state.lock().await;
+            st.keep_cap(self.inner.meta.take_cap(ino));
+            st.content.err_seq()
+        };
         let f = Arc::new(OpenFile {
             ino,
             creds: creds.clone(),
@@ -675,7 +684,14 @@ impl Client {
             .collect()
     }
 
-    async fn fetch_stripe(&self, ino: Ino, layout: &Layout, s: u64, rec: &StripeRec) -> Result<Bytes, Errno> {
+    async fn fetch_stripe(
+        &self,
+        ino: Ino,
+        layout: &Layout,
+        s: u64,
+        rec: &StripeRec,
+        cap: &Bytes,
+    ) -> Result<Bytes, Errno> {
         let policy = crate::ec_policy(layout);
         let n = usize::from(layout.k) + usize::from(layout.m);
         let sources = self.shard_sources(ino, s, n, &rec.nodes);
@@ -684,9 +700,7 @@ impl Client {
             &self.inner.health,
             policy,
             &sources,
-            ino.0,
-            s,
-            rec.version,
+            StripeAt::new(ino.0, s, rec.version).with_cap(cap.clone()),
             rec.len as usize,
         )
         .await
@@ -844,11 +858,26 @@ impl Client {
             match op(&mut st.content) {
                 Ok(()) => return Ok(()),
                 Err(Blocked::Fetch(f)) => {
-                    let bytes = self.fetch_stripe(ino, &st.policy, f.stripe, &f.rec).await?;
+                    let bytes = self
+                        .fetch_stripe(ino, &st.policy, f.stripe, &f.rec, &st.cap_bytes())
+                        .await?;
                     st.content.fill(f.stripe, f.rec.version, &bytes);
                 }
                 Err(Blocked::Error(e)) => return Err(e),
             }
+        }
+    }
+
+    /// With a client key, fetches a new read capability for the file when the one held
+    /// is missing or about to expire (a handle kept open for hours). Best effort: a
+    /// failure leaves the old one, and a data node's refusal says what went wrong.
+    async fn renew_read_cap(&self, creds: &Creds, ino: Ino, st: &mut FileState) {
+        if self.inner.tcp.identity().is_none() || !st.cap_due() {
+            return;
+        }
+        match self.inner.meta.head_as(creds, ino).await {
+            Ok(_) => st.keep_cap(self.inner.meta.take_cap(ino)),
+            Err(e) => debug!(ino = ino.0, errno = ?e, "renewing the shard capability failed"),
         }
     }
 
@@ -858,10 +887,11 @@ impl Client {
     async fn ensure_versions(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
         let cap_due = self.inner.tcp.identity().is_some()
             && !st.unlinked
-            && st
-                .cap
-                .as_ref()
-                .is_none_or(|c| c.expires < shingle_transport::cap::unix_now() + CAP_RENEW_SECS);
+            && (st.cap_due()
+                || st
+                    .cap
+                    .as_ref()
+                    .is_some_and(|c| c.right != shingle_transport::cap::Right::Write));
         if !st.content.needs_versions() && !cap_due {
             return Ok(());
         }
@@ -1103,6 +1133,7 @@ impl Client {
         s: u64,
         rec: &StripeRec,
         range: std::ops::Range<usize>,
+        cap: &Bytes,
     ) -> Option<Bytes> {
         let n = usize::from(policy.k) + usize::from(policy.m);
         let sources = self.shard_sources(ino, s, n, &rec.nodes);
@@ -1129,6 +1160,7 @@ impl Client {
                 rec.version,
                 (pos - shard * unit) as u64,
                 (end - pos) as u64,
+                cap,
             )
             .await;
             match r {
@@ -1198,10 +1230,11 @@ impl OpenFile {
     async fn read_once(&self, c: &Client, offset: u64, len: u32) -> Result<Bytes, Errno> {
         let prev = self.next_expected.swap(offset + u64::from(len), Ordering::Relaxed);
         // Plan under the lock; fetch without it (versions are immutable).
-        let (plan, policy, cells) = {
+        let (plan, policy, cells, cap) = {
             let mut st = self.shared.state.lock().await;
             let (from, to) = st.content.stripe_span(offset, u64::from(len));
             c.load_range(self.ino, &mut st, from, to).await?;
+            c.renew_read_cap(&self.creds, self.ino, &mut st).await;
             let plan = st.content.read_plan(offset, u64::from(len));
             let sb = st.content.stripe_bytes();
             // A reader that goes on where it stopped, or whose large reads stay in (or
@@ -1233,7 +1266,7 @@ impl OpenFile {
                 && st.cached(stripe, rec.version).is_none()
             {
                 let cell = st.cell(stripe, rec.version, c.inner.cfg.cache_stripes);
-                let (c2, policy, ino) = (c.clone(), st.policy.clone(), self.ino);
+                let (c2, policy, ino, cap) = (c.clone(), st.policy.clone(), self.ino, st.cap_bytes());
                 let span = tracing::info_span!(
                     "fs.readahead",
                     ino = ino.0,
@@ -1245,13 +1278,13 @@ impl OpenFile {
                 tokio::spawn(
                     async move {
                         let _ = cell
-                            .get_or_try_init(|| c2.fetch_stripe(ino, &policy, stripe, &rec))
+                            .get_or_try_init(|| c2.fetch_stripe(ino, &policy, stripe, &rec, &cap))
                             .await;
                     }
                     .instrument(span),
                 );
             }
-            (plan, st.policy.clone(), cells)
+            (plan, st.policy.clone(), cells, st.cap_bytes())
         };
         let mut out = BytesMut::with_capacity(len as usize);
         for p in plan {
@@ -1261,17 +1294,17 @@ impl OpenFile {
                 Piece::Remote { stripe, rec, range } => {
                     let data = match cells.get(&stripe) {
                         Some(cell) => cell
-                            .get_or_try_init(|| c.fetch_stripe(self.ino, &policy, stripe, &rec))
+                            .get_or_try_init(|| c.fetch_stripe(self.ino, &policy, stripe, &rec, &cap))
                             .await
                             .cloned()
                             .map_err(|_| Errno::ESTALE)?,
-                        None => match c.read_range(self.ino, &policy, stripe, &rec, range.clone()).await {
+                        None => match c.read_range(self.ino, &policy, stripe, &rec, range.clone(), &cap).await {
                             Some(b) => {
                                 out.extend_from_slice(&b);
                                 continue;
                             }
                             None => c
-                                .fetch_stripe(self.ino, &policy, stripe, &rec)
+                                .fetch_stripe(self.ino, &policy, stripe, &rec, &cap)
                                 .await
                                 .map_err(|_| Errno::ESTALE)?,
                         },
@@ -1371,14 +1404,29 @@ impl Shared {
 impl FileState {
     /// Keeps a capability just handed out (`None`: the reply brought none, as with the
     /// cluster secret; an earlier one stays).
+    /// A write capability is not given up for a read one while it has time left.
     fn keep_cap(&mut self, cap: Option<Vec<u8>>) {
         let Some(bytes) = cap else { return };
-        if let Ok(c) = shingle_transport::cap::ShardCap::from_bytes(&bytes) {
+        let Ok(c) = shingle_transport::cap::ShardCap::from_bytes(&bytes) else {
+            return;
+        };
+        let keep_old = self.cap.as_ref().is_some_and(|old| {
+            !c.right.allows(old.right) && old.expires >= shingle_transport::cap::unix_now() + CAP_RENEW_SECS
+        });
+        if !keep_old {
             self.cap = Some(ShardCapHeld {
                 bytes: Bytes::from(bytes),
                 expires: c.expires,
+                right: c.right,
             });
         }
+    }
+
+    /// Whether the capability held is missing or has less than [`CAP_RENEW_SECS`] left.
+    fn cap_due(&self) -> bool {
+        self.cap
+            .as_ref()
+            .is_none_or(|c| c.expires < shingle_transport::cap::unix_now() + CAP_RENEW_SECS)
     }
 
     /// The capability as it travels (empty when none is held).

@@ -14,8 +14,8 @@
 //! - `RepairShard`: rebuild this node's copy of a shard from k other shards of its
 //!   stripe, fetched from their nodes, and store it.
 //!
-//! A caller with a client key must show a shard capability for the file to write or
-//! delete its shards (`shingle_transport::cap`); reads need none.
+//! A caller with a client key must show a shard capability for the file: a write one
+//! to write or delete its shards, any to stage them (`shingle_transport::cap`).
 //!
 //! Store I/O is blocking and runs on tokio's blocking pool.
 //!
@@ -32,7 +32,7 @@ use crate::zone::ZonedDevice;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use shingle_transport::auth::Principal;
-use shingle_transport::cap::{CapError, CapKey};
+use shingle_transport::cap::{CapError, CapKey, Right};
 use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -149,15 +149,15 @@ where
         })
     }
 
-    /// A caller with a client key must show a capability for the shard's file; callers
-    /// holding the cluster secret need none.
-    fn check_cap(&self, ctx: &CallContext, id: Option<&ShardId>, cap: &[u8]) -> Result<(), Status> {
+    /// A caller with a client key must show a capability giving `need` on the shard's
+    /// file; callers holding the cluster secret need none.
+    fn check_cap(&self, ctx: &CallContext, id: Option<&ShardId>, cap: &[u8], need: Right) -> Result<(), Status> {
         if !matches!(*ctx.principal, Principal::Client(_)) {
             return Ok(());
         }
         let ino = id.ok_or_else(missing_id)?.ino;
         let r = match &self.caps {
-            Some(k) => k.check(cap, ino, shingle_transport::cap::unix_now()),
+            Some(k) => k.check(cap, ino, need, shingle_transport::cap::unix_now()),
             None => Err(CapError::Missing),
         };
         r.map_err(|e| {
@@ -348,7 +348,8 @@ where
                 stripe: key.stripe,
                 shard: src.shard,
             };
-            match read_shard(&self.peers, addr, id, req.version).await {
+            // A node's own call: it holds the cluster secret, no capability needed.
+            match read_shard(&self.peers, addr, id, req.version, &Bytes::new()).await {
                 Ok(b) => {
                     shards[idx] = Some(b);
                     have += 1;
@@ -376,20 +377,23 @@ where
         let w = move |ctx: CallContext, r: WriteShardRequest| {
             let s = s.clone();
             async move {
-                s.check_cap(&ctx, r.id.as_ref(), &r.cap)?;
+                s.check_cap(&ctx, r.id.as_ref(), &r.cap, Right::Write)?;
                 s.write(r).await
             }
         };
         let s = self.clone();
-        let rs = move |_: CallContext, r: StageShardRequest| {
+        let rs = move |ctx: CallContext, r: StageShardRequest| {
             let s = s.clone();
-            async move { s.stage_shard(r).await }
+            async move {
+                s.check_cap(&ctx, r.id.as_ref(), &r.cap, Right::Read)?;
+                s.stage_shard(r).await
+            }
         };
         let s = self.clone();
         let d = move |ctx: CallContext, r: DeleteShardRequest| {
             let s = s.clone();
             async move {
-                s.check_cap(&ctx, r.id.as_ref(), &r.cap)?;
+                s.check_cap(&ctx, r.id.as_ref(), &r.cap, Right::Write)?;
                 s.delete(r).await
             }
         };

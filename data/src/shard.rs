@@ -38,12 +38,15 @@ pub async fn read_shard<C: RpcChannel + RemoteRead>(
     node: SocketAddr,
     id: ShardId,
     version: u64,
+    cap: &Bytes,
 ) -> Result<Bytes, ShardReadError> {
-    read_shard_range(client, node, id, version, 0, 0).await
+    read_shard_range(client, node, id, version, 0, 0, cap).await
 }
 
 /// Reads `len` bytes at `offset` of one shard version from `node` (`len` 0: the whole
 /// shard), verified end to end against the crc32c the node computed of that range.
+/// `cap`: a shard capability for the file when this client holds a client key (empty
+/// otherwise).
 pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
     client: &C,
     node: SocketAddr,
@@ -51,6 +54,7 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
     version: u64,
     offset: u64,
     len: u64,
+    cap: &Bytes,
 ) -> Result<Bytes, ShardReadError> {
     let mut attempt = 0;
     loop {
@@ -62,6 +66,7 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
             range_offset: offset,
             range_len: len,
             inline,
+            cap: cap.clone(),
         };
         let r = client.call::<StageShard>(node, &req, Default::default()).await?;
         if inline && r.data.len() as u64 == len {

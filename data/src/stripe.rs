@@ -444,9 +444,7 @@ pub async fn read_stripe<C>(
     health: &Arc<Health>,
     policy: EcPolicy,
     nodes: &[Option<SocketAddr>],
-    ino: u64,
-    stripe: u64,
-    version: u64,
+    at: StripeAt,
     stripe_len: usize,
 ) -> Result<StripeRead, StripeError>
 where
@@ -454,8 +452,8 @@ where
 {
     let span = info_span!(
         "stripe.read",
-        ino,
-        stripe,
+        ino = at.ino,
+        stripe = at.stripe,
         bytes = stripe_len,
         k = policy.k,
         m = policy.m,
@@ -465,25 +463,28 @@ where
         fabric = Empty,
         otel.status_code = Empty,
     );
-    read_stripe_inner(client, health, policy, nodes, ino, stripe, version, stripe_len)
+    read_stripe_inner(client, health, policy, nodes, at, stripe_len)
         .instrument(span)
         .await
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn read_stripe_inner<C>(
     client: &C,
     health: &Arc<Health>,
     policy: EcPolicy,
     nodes: &[Option<SocketAddr>],
-    ino: u64,
-    stripe: u64,
-    version: u64,
+    at: StripeAt,
     stripe_len: usize,
 ) -> Result<StripeRead, StripeError>
 where
     C: RpcChannel + RemoteRead + Fabric + Clone + Send + Sync + 'static,
 {
+    let StripeAt {
+        ino,
+        stripe,
+        version,
+        cap,
+    } = at;
     let (k, n) = (usize::from(policy.k), policy.shard_count());
     if nodes.len() != n {
         return Err(StripeError::WrongGroupSize {
@@ -520,7 +521,7 @@ where
         used,
         |(_, node)| health.hedge_delay(*node),
         |(i, node), hedging| {
-            let (c, h) = (client.clone(), health.clone());
+            let (c, h, cap) = (client.clone(), health.clone(), cap.clone());
             let id = ShardId {
                 ino,
                 stripe,
@@ -538,7 +539,7 @@ where
             );
             async move {
                 let ticket = h.start(node);
-                let r = read_shard(&c, node, id, version).await;
+                let r = read_shard(&c, node, id, version, &cap).await;
                 ticket.finish(answered(&r));
                 // After the read: a failed RDMA read was redone over TCP, and says so.
                 let fabric = c.fabric(node);

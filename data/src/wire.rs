@@ -94,6 +94,10 @@ pub struct StageShardRequest {
     /// a small read instead of a stage and a remote read.
     #[prost(bool, tag = "5")]
     pub inline: bool,
+    /// A capability for the shard's file, as for [`WriteShardRequest::cap`] (a read
+    /// capability will do).
+    #[prost(bytes = "bytes", tag = "6")]
+    pub cap: Bytes,
 }
 
 /// Largest byte range a stage answers inline.

@@ -403,6 +403,28 @@ impl MetaClient {
         }
     }
 
+    /// [`MetaClient::head`] for `creds` opening the file: with a client key, the reply
+    /// also brings a read capability for the file's shards when `creds` may have its
+    /// data ([`MetaClient::take_cap`]); with the cluster secret it is `head`.
+    pub async fn head_as(&self, creds: &Creds, ino: Ino) -> Result<InodeRec, Errno> {
+        if self.client.identity().is_none() {
+            return self.head(ino).await;
+        }
+        let op = ReadOp::GetInodeAs {
+            creds: creds.clone(),
+            ino,
+        };
+        match self.read(ino.partition(), op).await? {
+            ReadReply::InodeCap(r, cap) => {
+                if !cap.is_empty() {
+                    self.keep_cap(OpReply::WithCap(Box::new(OpReply::Done), cap));
+                }
+                Ok(*r)
+            }
+            _ => Err(Errno::EIO),
+        }
+    }
+
     /// The committed stripe records of file `ino` in `from..to`, in order (as many
     /// requests as it takes), and the file's attributes as the first request found
     /// them. `None` instead of attributes when the pages came from different versions

@@ -11,6 +11,7 @@ mod common;
 
 use bytes::Bytes;
 use common::{Cluster, SecondMount, Spec, pattern, tool};
+use shingle_data::shard::{ShardReadError, read_shard};
 use shingle_data::wire::{
     DeleteShard, DeleteShardRequest, Scrub, ScrubRequest, ShardId, WriteShard, WriteShardRequest,
 };
@@ -239,9 +240,53 @@ async fn shards_need_a_capability_for_their_file(cluster: &Cluster, admin: &Meta
             );
         }
     }
-    tcp.call::<WriteShard>(node, &write(mine.ino, first, own_cap), CallOptions::default())
+    tcp.call::<WriteShard>(node, &write(mine.ino, first, own_cap.clone()), CallOptions::default())
         .await
         .expect("a shard of its own file, with its capability");
+
+    // Reads: staging a shard needs a capability too. Root's private file brings the
+    // tenant none; f.bin (0644) brings a read one, which stages its shards and cannot
+    // write them.
+    let private = admin
+        .mknod(&Creds::root(), shared, b"private", FileKind::File, 0o600, 0, None)
+        .await
+        .expect("root's private file");
+    meta.head_as(&Creds::root(), private.ino).await.expect("its attributes");
+    assert!(meta.take_cap(private.ino).is_none(), "no capability to read it");
+    meta.head_as(&Creds::root(), theirs.ino).await.expect("f.bin");
+    let read_cap = Bytes::from(meta.take_cap(theirs.ino).expect("f.bin is readable by others"));
+    let (holder, _) = stored
+        .iter()
+        .enumerate()
+        .find(|(_, n)| n.is_some())
+        .expect("a shard stored");
+    let addr = stored[holder].and_then(|n| admin.view().addr(n)).expect("its node");
+    let id = ShardId {
+        ino: theirs.ino.0,
+        stripe: 0,
+        shard: holder as u32,
+    };
+    for cap in [Bytes::new(), own_cap] {
+        let r = read_shard(&tcp, addr, id, version, &cap).await;
+        let refused = matches!(&r, Err(ShardReadError::Transport(e)) if e.status().map(|s| s.code) == Some(Code::PermissionDenied));
+        assert!(refused, "staging f.bin's shard without its capability: {r:?}");
+    }
+    read_shard(&tcp, addr, id, version, &read_cap)
+        .await
+        .expect("f.bin's shard, with its read capability");
+    let r = tcp
+        .call::<WriteShard>(
+            node,
+            &write(theirs.ino, version + 1_000, read_cap),
+            CallOptions::default(),
+        )
+        .await;
+    assert_eq!(
+        r.expect_err("a read capability writes nothing")
+            .status()
+            .map(|s| s.code),
+        Some(Code::PermissionDenied)
+    );
 }
 
 fn libc_eacces() -> i32 {

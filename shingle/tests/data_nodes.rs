@@ -143,7 +143,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
         let mut degraded = 0;
         let addrs: Vec<Option<SocketAddr>> = addrs.into_iter().map(Some).collect();
         for (s, len) in lens.iter().enumerate() {
-            let r = read_stripe(&c, &health, policy, &addrs, 42, s as u64, 1, *len)
+            let r = read_stripe(&c, &health, policy, &addrs, StripeAt::new(42, s as u64, 1), *len)
                 .await
                 .expect("read stripe");
             assert_eq!(r.data, content(s as u64, *len), "stripe {s} differs");
@@ -223,7 +223,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             assert_eq!(most(&held), Some(1), "three shards have three nodes: {placed:?}");
         }
         // Readable from where the shards went, also with the busiest node lost.
-        let r = read_stripe(&c, &fresh, policy, &placed, 42, s, 2, len)
+        let r = read_stripe(&c, &fresh, policy, &placed, StripeAt::new(42, s, 2), len)
             .await
             .expect("read shared stripe");
         assert_eq!(r.data, content(s, len));
@@ -232,7 +232,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             .max_by_key(|a| held.iter().filter(|h| h == a).count())
             .expect("a node");
         let without: Vec<Option<SocketAddr>> = placed.iter().map(|p| p.filter(|a| *a != busiest)).collect();
-        let r = read_stripe(&c, &fresh, policy, &without, 42, s, 2, len)
+        let r = read_stripe(&c, &fresh, policy, &without, StripeAt::new(42, s, 2), len)
             .await
             .expect("read shared stripe without its busiest node");
         assert_eq!(r.data, content(s, len));
@@ -242,7 +242,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     nodes[0].kill();
     let t = std::time::Instant::now();
     let some: Vec<Option<SocketAddr>> = addrs.iter().copied().map(Some).collect();
-    let e = read_stripe(&c, &health, policy, &some, 42, 0, 1, full)
+    let e = read_stripe(&c, &health, policy, &some, StripeAt::new(42, 0, 1), full)
         .await
         .expect_err("three shards missing");
     assert!(e.to_string().contains("need"), "{e}");
@@ -261,7 +261,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
     corrupt_first_record(&nodes[2].dir.join("data").join("zones"));
     nodes[2].restart();
     reachable(&c, addrs[2]).await;
-    let r = read_stripe(&c, &Arc::default(), policy, &some, 42, 0, 1, full)
+    let r = read_stripe(&c, &Arc::default(), policy, &some, StripeAt::new(42, 0, 1), full)
         .await
         .expect("degraded read");
     assert_eq!(r.data, content(0, full));
@@ -321,6 +321,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             shard: 2,
         },
         1,
+        &Bytes::new(),
     )
     .await
     .expect("shard");
@@ -360,6 +361,7 @@ async fn six_nodes_erasure_coded_reads_survive_kills_and_corruption() {
             shard: 4,
         },
         0,
+        &Bytes::new(),
     )
     .await
     .expect_err("deleted");
@@ -410,6 +412,7 @@ async fn full_node_refuses_with_enospc_and_keeps_its_data() {
                 shard: 0,
             },
             1,
+            &Bytes::new(),
         )
         .await
         .expect("read back");

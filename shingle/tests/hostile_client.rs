@@ -504,6 +504,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 range_offset: u64::MAX,
                 range_len: u64::MAX,
                 inline: true,
+                cap: Bytes::new(),
             }),
         ),
     ];
@@ -678,6 +679,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 range_offset: 0,
                 range_len: 4096,
                 inline: true,
+                cap: Bytes::new(),
             }),
         ),
         ("Stat", shingle_data::wire::Stat::KIND, pb(&StatRequest {})),

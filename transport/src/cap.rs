@@ -20,8 +20,34 @@ use crate::auth::ClusterSecret;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
-/// Bytes of an encoded capability: object, expiry (both little-endian u64), MAC.
-pub const CAP_LEN: usize = 8 + 8 + 32;
+/// Bytes of an encoded capability: object, expiry (both little-endian u64), right
+/// (one byte), MAC.
+pub const CAP_LEN: usize = 8 + 8 + 1 + 32;
+
+/// What a capability allows. A write capability allows reading too (a writer reads
+/// the stripes it changes in part).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Right {
+    /// Read the object's shards.
+    Read = 1,
+    /// Read, write and delete the object's shards.
+    Write = 2,
+}
+
+impl Right {
+    fn from_byte(b: u8) -> Option<Right> {
+        match b {
+            1 => Some(Right::Read),
+            2 => Some(Right::Write),
+            _ => None,
+        }
+    }
+
+    /// Whether holding `self` gives `need`.
+    pub fn allows(self, need: Right) -> bool {
+        self == Right::Write || need == Right::Read
+    }
+}
 
 /// How long a capability is good for, in seconds. Long enough that a writer renews
 /// rarely (one version reservation), short enough that a client whose write
@@ -55,6 +81,9 @@ pub enum CapError {
     /// Not [`CAP_LEN`] bytes.
     #[error("malformed shard capability")]
     Malformed,
+    /// A read capability where a write one is needed.
+    #[error("shard capability allows reading only")]
+    ReadOnly,
     /// Signed for another object.
     #[error("shard capability is for another file")]
     WrongFile,
@@ -73,6 +102,8 @@ pub struct ShardCap {
     pub object: u64,
     /// Unix seconds after which data nodes refuse it.
     pub expires: u64,
+    /// What it allows.
+    pub right: Right,
     mac: [u8; 32],
 }
 
@@ -82,6 +113,7 @@ impl ShardCap {
         let mut b = Vec::with_capacity(CAP_LEN);
         b.extend_from_slice(&self.object.to_le_bytes());
         b.extend_from_slice(&self.expires.to_le_bytes());
+        b.push(self.right as u8);
         b.extend_from_slice(&self.mac);
         b
     }
@@ -96,11 +128,13 @@ impl ShardCap {
             w.copy_from_slice(&b[r]);
             u64::from_le_bytes(w)
         };
+        let right = Right::from_byte(b[16]).ok_or(CapError::Malformed)?;
         let mut mac = [0u8; 32];
-        mac.copy_from_slice(&b[16..]);
+        mac.copy_from_slice(&b[17..]);
         Ok(ShardCap {
             object: word(0..8),
             expires: word(8..16),
+            right,
             mac,
         })
     }
@@ -118,36 +152,41 @@ impl CapKey {
         Some(CapKey(m.finalize().into_bytes().into()))
     }
 
-    fn mac(&self, object: u64, expires: u64) -> Hmac<Sha256> {
+    fn mac(&self, object: u64, expires: u64, right: Right) -> Hmac<Sha256> {
         let mut m = hmac(&self.0);
         m.update(CAP_LABEL);
         m.update(&object.to_le_bytes());
         m.update(&expires.to_le_bytes());
+        m.update(&[right as u8]);
         m
     }
 
-    /// A capability for `object`, good until `now + CAP_TTL_SECS`.
-    pub fn mint(&self, object: u64, now: u64) -> ShardCap {
+    /// A capability giving `right` on `object`, good until `now + CAP_TTL_SECS`.
+    pub fn mint(&self, object: u64, right: Right, now: u64) -> ShardCap {
         let expires = now.saturating_add(CAP_TTL_SECS);
         ShardCap {
             object,
             expires,
-            mac: self.mac(object, expires).finalize().into_bytes().into(),
+            right,
+            mac: self.mac(object, expires, right).finalize().into_bytes().into(),
         }
     }
 
-    /// Whether `cap` (as it travelled; empty: none) is good for `object` at `now`
+    /// Whether `cap` (as it travelled; empty: none) gives `need` on `object` at `now`
     /// (Unix seconds). The signature is compared in constant time.
-    pub fn check(&self, cap: &[u8], object: u64, now: u64) -> Result<(), CapError> {
+    pub fn check(&self, cap: &[u8], object: u64, need: Right, now: u64) -> Result<(), CapError> {
         if cap.is_empty() {
             return Err(CapError::Missing);
         }
         let c = ShardCap::from_bytes(cap)?;
-        self.mac(c.object, c.expires)
+        self.mac(c.object, c.expires, c.right)
             .verify_slice(&c.mac)
             .map_err(|_| CapError::BadSignature)?;
         if c.object != object {
             return Err(CapError::WrongFile);
+        }
+        if !c.right.allows(need) {
+            return Err(CapError::ReadOnly);
         }
         if now > c.expires.saturating_add(CAP_SKEW_SECS) {
             return Err(CapError::Expired);
@@ -176,38 +215,50 @@ mod tests {
     }
 
     #[test]
-    fn a_minted_capability_passes_for_its_file_until_it_expires() {
+    fn a_minted_capability_passes_for_its_object_and_right_until_it_expires() {
         let k = key("0123456789abcdef0123");
-        let cap = k.mint(42, 1_000).to_bytes();
+        let cap = k.mint(42, Right::Write, 1_000).to_bytes();
         assert_eq!(cap.len(), CAP_LEN);
-        assert_eq!(k.check(&cap, 42, 1_000), Ok(()));
-        assert_eq!(k.check(&cap, 42, 1_000 + CAP_TTL_SECS + CAP_SKEW_SECS), Ok(()));
-        assert_eq!(
-            k.check(&cap, 42, 1_001 + CAP_TTL_SECS + CAP_SKEW_SECS),
-            Err(CapError::Expired)
-        );
-        assert_eq!(k.check(&cap, 43, 1_000), Err(CapError::WrongFile));
-        assert_eq!(
-            ShardCap::from_bytes(&cap).map(|c| (c.object, c.expires)),
-            Ok((42, 1_000 + CAP_TTL_SECS))
-        );
+        assert_eq!(k.check(&cap, 42, Right::Write, 1_000), Ok(()));
+        assert_eq!(k.check(&cap, 42, Right::Read, 1_000), Ok(()), "a writer reads");
+        let last = 1_000 + CAP_TTL_SECS + CAP_SKEW_SECS;
+        assert_eq!(k.check(&cap, 42, Right::Write, last), Ok(()));
+        assert_eq!(k.check(&cap, 42, Right::Write, last + 1), Err(CapError::Expired));
+        assert_eq!(k.check(&cap, 43, Right::Write, 1_000), Err(CapError::WrongFile));
+        let c = ShardCap::from_bytes(&cap).expect("decodes");
+        assert_eq!((c.object, c.expires, c.right), (42, 1_000 + CAP_TTL_SECS, Right::Write));
+        let read = k.mint(42, Right::Read, 1_000).to_bytes();
+        assert_eq!(k.check(&read, 42, Right::Read, 1_000), Ok(()));
+        assert_eq!(k.check(&read, 42, Right::Write, 1_000), Err(CapError::ReadOnly));
     }
 
     #[test]
     fn forged_altered_or_foreign_capabilities_are_refused() {
         let k = key("0123456789abcdef0123");
-        let cap = k.mint(42, 1_000).to_bytes();
-        assert_eq!(k.check(&[], 42, 1_000), Err(CapError::Missing));
-        assert_eq!(k.check(&cap[..CAP_LEN - 1], 42, 1_000), Err(CapError::Malformed));
-        // Every byte matters: a changed inode, expiry or MAC breaks the signature.
+        let cap = k.mint(42, Right::Read, 1_000).to_bytes();
+        assert_eq!(k.check(&[], 42, Right::Read, 1_000), Err(CapError::Missing));
+        assert_eq!(
+            k.check(&cap[..CAP_LEN - 1], 42, Right::Read, 1_000),
+            Err(CapError::Malformed)
+        );
+        // Every byte matters: a changed object, expiry, right or MAC breaks the
+        // signature (a read capability turned into a write one included), and a right
+        // byte that names no right does not decode.
         for i in 0..CAP_LEN {
             let mut bad = cap.clone();
-            bad[i] ^= 1;
-            assert_eq!(k.check(&bad, 42, 1_000), Err(CapError::BadSignature), "byte {i}");
+            bad[i] ^= 3;
+            assert_eq!(
+                k.check(&bad, 42, Right::Read, 1_000),
+                Err(CapError::BadSignature),
+                "byte {i}"
+            );
         }
+        let mut nonsense = cap.clone();
+        nonsense[16] = 9;
+        assert_eq!(k.check(&nonsense, 42, Right::Read, 1_000), Err(CapError::Malformed));
         // Another cluster's capability, and one a client key would sign, are not ours.
-        let other = key("another cluster secret!").mint(42, 1_000).to_bytes();
-        assert_eq!(k.check(&other, 42, 1_000), Err(CapError::BadSignature));
+        let other = key("another cluster secret!").mint(42, Right::Read, 1_000).to_bytes();
+        assert_eq!(k.check(&other, 42, Right::Read, 1_000), Err(CapError::BadSignature));
         let client = ClusterSecret::new(b"0123456789abcdef0123".to_vec())
             .expect("secret")
             .client_key(&Identity::new("host", 1).expect("id"))

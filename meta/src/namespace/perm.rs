@@ -26,6 +26,12 @@ pub fn may(creds: &Creds, attr: &Attr, mask: u32) -> bool {
     bits & mask == mask
 }
 
+/// Whether `creds` may have a file's data at all (a shard capability): as its owner,
+/// or with read or write permission. A writer reads the stripes it changes in part.
+pub fn may_open_data(creds: &Creds, attr: &Attr) -> bool {
+    creds.uid == attr.uid || may(creds, attr, R) || may(creds, attr, W)
+}
+
 /// EACCES unless `may`.
 pub fn check(creds: &Creds, attr: &Attr, mask: u32) -> NsResult<()> {
     if may(creds, attr, mask) {

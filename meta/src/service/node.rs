@@ -40,6 +40,7 @@ use crate::namespace::{DirEntry, Errno, Intent, Namespace, Need, Plan};
 use crate::pause::Pause;
 use bytes::Bytes;
 use parking_lot::{Mutex, RwLock};
+use shingle_transport::cap::Right;
 use shingle_transport::{CallContext, Code, PeerClient, Router, Status};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -1400,6 +1401,21 @@ impl MetaNode {
                     .ok_or_else(|| errno_status(Errno::ENOENT))?;
                 Ok(ReadReply::Inode(Box::new(r)))
             }
+            ReadOp::GetInodeAs { creds, ino } => {
+                let s = self.serving(ino.partition())?;
+                let r = s
+                    .read()
+                    .part
+                    .inode_with_stripes(*ino, super::wire::HEAD_STRIPES)
+                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
+                let cap = match &self.inner.cfg.caps {
+                    Some(key) if crate::namespace::perm::may_open_data(creds, &r.attr) => key
+                        .mint(ino.0, Right::Read, shingle_transport::cap::unix_now())
+                        .to_bytes(),
+                    _ => Vec::new(),
+                };
+                Ok(ReadReply::InodeCap(Box::new(r), cap))
+            }
             ReadOp::Stripes { ino, from, limit } => {
                 let s = self.serving(ino.partition())?;
                 let st = s.read();
@@ -2081,7 +2097,9 @@ impl MetaNode {
         let mut r = Router::new();
         // Reads are served from any caught-up copy whatever the caller's epoch.
         r = self.route::<Read, _, _>(r, |n, ctx, mut req| {
-            if let ReadOp::GetXattr { creds, .. } | ReadOp::ListXattr { creds, .. } = &mut req.op {
+            if let ReadOp::GetXattr { creds, .. } | ReadOp::ListXattr { creds, .. } | ReadOp::GetInodeAs { creds, .. } =
+                &mut req.op
+            {
                 n.squash(&ctx, creds);
             }
             let parts = n.view().map.partitions;
@@ -2224,7 +2242,9 @@ impl MetaNode {
             (CapFor::Created, OpReply::Attr(a)) => a.ino,
             _ => return reply,
         };
-        let cap = key.mint(ino.0, shingle_transport::cap::unix_now()).to_bytes();
+        let cap = key
+            .mint(ino.0, Right::Write, shingle_transport::cap::unix_now())
+            .to_bytes();
         OpReply::WithCap(Box::new(reply), cap)
     }
 

@@ -127,6 +127,15 @@ pub enum ReadOp {
         /// Partitions to list.
         partitions: Vec<PartitionId>,
     },
+    /// [`ReadOp::GetInode`] for a caller with a client key, who also needs a shard
+    /// capability to read the file's shards: the reply carries one when `creds` own
+    /// the file or may read or write it (empty otherwise; the data nodes then refuse).
+    GetInodeAs {
+        /// Caller (squashed as its grant says).
+        creds: Creds,
+        /// Inode.
+        ino: Ino,
+    },
 }
 
 impl ReadOp {
@@ -142,6 +151,7 @@ impl ReadOp {
             ReadOp::ReadDir { .. } => "readdir",
             ReadOp::Purges { .. } => "purges",
             ReadOp::Alive(_) => "alive",
+            ReadOp::GetInodeAs { .. } => "get_inode",
         }
     }
 
@@ -156,7 +166,8 @@ impl ReadOp {
             | ReadOp::ListXattr { ino, .. }
             | ReadOp::ReadDir { dir: ino, .. }
             | ReadOp::Purges { after: ino, .. }
-            | ReadOp::Alive(ino) => *ino,
+            | ReadOp::Alive(ino)
+            | ReadOp::GetInodeAs { ino, .. } => *ino,
         }
     }
 }
@@ -184,6 +195,8 @@ pub enum ReadReply {
     Purges(Vec<(Ino, Purge)>),
     /// Alive.
     Alive(bool),
+    /// GetInodeAs: the inode, and a read capability for its shards (empty: none).
+    InodeCap(Box<InodeRec>, Vec<u8>),
 }
 meta_rpc!(Read, 0x0400, ReadReply);
 

@@ -386,7 +386,7 @@ async fn diagnose(client: &Client, dir: Ino, name: &str, seed: u64, len: usize) 
                 stripe: *s,
                 shard: i as u32,
             };
-            let got = read_shard(meta.transport(), addr, id, sr.version).await;
+            let got = read_shard(meta.transport(), addr, id, sr.version, &bytes::Bytes::new()).await;
             let verdict = match got {
                 Ok(b) if b == want[i] => "ok".to_string(),
                 Ok(b) => format!("DIFFERS (len {} vs {})", b.len(), want[i].len()),
