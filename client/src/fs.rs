@@ -192,8 +192,9 @@ struct FileState {
     /// window loaded later must come from the same one, so a read never mixes stripes
     /// of two versions.
     layout_of: (i64, i64, u64),
-    /// The shard capability a client key writes and deletes this file's shards with
-    /// (`shingle_transport::cap`): from the create or the last version reservation.
+    /// The shard capability a client key reads, writes and deletes this file's shards
+    /// with (`shingle_transport::cap`): a read one from the open's head, a write one
+    /// from the create or the last version reservation.
     cap: Option<ShardCapHeld>,
 }
 
@@ -205,8 +206,8 @@ struct ShardCapHeld {
     right: shingle_transport::cap::Right,
 }
 
-/// A capability with less left than this is renewed (by a version reservation)
-/// before the next store.
+/// A capability with less left than this is renewed before it is used again: a write
+/// one by the next version reservation, a read one by a new head.
 const CAP_RENEW_SECS: u64 = 600;
 
 /// What tells two versions of a file's layout apart: every commit and truncate changes
@@ -1062,9 +1063,13 @@ impl Client {
             return;
         }
         let cap = st.cap_bytes();
-        if cap.is_empty() && self.inner.tcp.identity().is_some() {
-            // A client key without a capability for the file (it truncated a file it
-            // never wrote) may not delete its shards: the orphan sweep will.
+        let may_delete = st
+            .cap
+            .as_ref()
+            .is_some_and(|c| c.right == shingle_transport::cap::Right::Write);
+        if self.inner.tcp.identity().is_some() && !may_delete {
+            // A client key without a write capability for the file (it truncated a
+            // file it never wrote) may not delete its shards: the orphan sweep will.
             debug!(
                 ino = ino.0,
                 versions = garbage.len(),
