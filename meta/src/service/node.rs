@@ -1363,6 +1363,15 @@ impl MetaNode {
 
     // ---------------------------------------------------------------- reads
 
+    /// An inode with the first window of its layout (what an open reads).
+    fn head(&self, ino: Ino) -> Result<crate::namespace::InodeRec, Status> {
+        self.serving(ino.partition())?
+            .read()
+            .part
+            .inode_with_stripes(ino, super::wire::HEAD_STRIPES)
+            .ok_or_else(|| errno_status(Errno::ENOENT))
+    }
+
     fn on_read(&self, req: &ReadOp) -> Result<ReadReply, Status> {
         let parts = self.view().map.partitions;
         let sparse_read = |ino: Ino, f: &dyn Fn(&Namespace) -> Result<ReadReply, Errno>| -> Result<ReadReply, Status> {
@@ -1392,22 +1401,9 @@ impl MetaNode {
                 let r = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
                 Ok(ReadReply::Attr(r.attr.clone()))
             }
-            ReadOp::GetInode(ino) => {
-                let s = self.serving(ino.partition())?;
-                let r = s
-                    .read()
-                    .part
-                    .inode_with_stripes(*ino, super::wire::HEAD_STRIPES)
-                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
-                Ok(ReadReply::Inode(Box::new(r)))
-            }
+            ReadOp::GetInode(ino) => Ok(ReadReply::Inode(Box::new(self.head(*ino)?))),
             ReadOp::GetInodeAs { creds, ino } => {
-                let s = self.serving(ino.partition())?;
-                let r = s
-                    .read()
-                    .part
-                    .inode_with_stripes(*ino, super::wire::HEAD_STRIPES)
-                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
+                let r = self.head(*ino)?;
                 let cap = match &self.inner.cfg.caps {
                     Some(key) if crate::namespace::perm::may_open_data(creds, &r.attr) => key
                         .mint(ino.0, Right::Read, shingle_transport::cap::unix_now())
