@@ -126,8 +126,8 @@ where
 {
     /// A service over `store`, staging reads in `regions` (at most `stage_bytes`), using
     /// `peers` to fetch shards from other nodes for repair. `caps` checks the shard
-    /// capabilities callers with a client key must show to write or delete a shard
-    /// ([`shingle_transport::cap`]); without it such callers may do neither.
+    /// capabilities callers with a client key must show to stage, write or delete a
+    /// shard ([`shingle_transport::cap`]); without it such callers may do none of these.
     pub fn new(
         store: Arc<ChunkStore<D>>,
         regions: Arc<RegionTable>,
