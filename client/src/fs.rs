@@ -886,13 +886,7 @@ impl Client {
     /// client key and its shard capability for the file is missing or about to expire
     /// (the reservation brings a new one).
     async fn ensure_versions(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
-        let cap_due = self.inner.tcp.identity().is_some()
-            && !st.unlinked
-            && (st.cap_due()
-                || st
-                    .cap
-                    .as_ref()
-                    .is_some_and(|c| c.right != shingle_transport::cap::Right::Write));
+        let cap_due = self.inner.tcp.identity().is_some() && !st.unlinked && (st.cap_due() || !st.write_cap());
         if !st.content.needs_versions() && !cap_due {
             return Ok(());
         }
@@ -1063,11 +1057,7 @@ impl Client {
             return;
         }
         let cap = st.cap_bytes();
-        let may_delete = st
-            .cap
-            .as_ref()
-            .is_some_and(|c| c.right == shingle_transport::cap::Right::Write);
-        if self.inner.tcp.identity().is_some() && !may_delete {
+        if self.inner.tcp.identity().is_some() && !st.write_cap() {
             // A client key without a write capability for the file (it truncated a
             // file it never wrote) may not delete its shards: the orphan sweep will.
             debug!(
@@ -1425,6 +1415,13 @@ impl FileState {
                 right: c.right,
             });
         }
+    }
+
+    /// Whether the capability held is a write one (whatever time it has left).
+    fn write_cap(&self) -> bool {
+        self.cap
+            .as_ref()
+            .is_some_and(|c| c.right == shingle_transport::cap::Right::Write)
     }
 
     /// Whether the capability held is missing or has less than [`CAP_RENEW_SECS`] left.

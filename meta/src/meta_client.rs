@@ -335,6 +335,12 @@ impl MetaClient {
         let OpReply::WithCap(inner, cap) = reply else {
             return reply;
         };
+        self.store_cap(cap);
+        *inner
+    }
+
+    /// Keeps `cap` for the file it names until [`MetaClient::take_cap`].
+    fn store_cap(&self, cap: Vec<u8>) {
         if let Ok(c) = shingle_transport::cap::ShardCap::from_bytes(&cap) {
             let mut caps = self.caps.lock();
             // Taken at once by the file layer; a caller that never takes them (a tool)
@@ -344,7 +350,6 @@ impl MetaClient {
             }
             caps.insert(c.object, cap);
         }
-        *inner
     }
 
     /// The shard capability the last create or version reservation of file `ino`
@@ -416,9 +421,7 @@ impl MetaClient {
         };
         match self.read(ino.partition(), op).await? {
             ReadReply::InodeCap(r, cap) => {
-                if !cap.is_empty() {
-                    self.keep_cap(OpReply::WithCap(Box::new(OpReply::Done), cap));
-                }
+                self.store_cap(cap);
                 Ok(*r)
             }
             _ => Err(Errno::EIO),
