@@ -76,6 +76,9 @@ pub struct MountConfig {
     /// Mount read-only (`ro`): the kernel refuses every change with EROFS (a mount
     /// whose client key is read-only).
     pub read_only: bool,
+    /// The directory shown as the mount's root (a client key confined to a subtree
+    /// mounts its directory; [`Ino::ROOT`] otherwise).
+    pub root: Ino,
 }
 
 impl Default for MountConfig {
@@ -89,6 +92,7 @@ impl Default for MountConfig {
             threads: 2,
             readahead_kb: 4096,
             read_only: false,
+            root: Ino::ROOT,
         }
     }
 }
@@ -112,6 +116,7 @@ pub struct ShingleFs {
     dirs: Arc<Mutex<HashMap<u64, Arc<tokio::sync::Mutex<DirHandle>>>>>,
     next_fh: AtomicU64,
     /// Extended attributes found missing, kept for `ttl` (see [`crate::absent`]).
+    root: Ino,
     absent: Arc<Mutex<AbsentXattrs>>,
 }
 
@@ -230,6 +235,18 @@ impl ShingleFs {
             dirs: Arc::default(),
             next_fh: AtomicU64::new(1),
             absent: Arc::default(),
+            root: cfg.root,
+        }
+    }
+
+    /// The inode the kernel's node id names: its root (node id 1) is the mount's root
+    /// directory, every other node id is the inode of that number. The mount's root
+    /// never comes back under its own number (its name lies outside the mount).
+    fn ino(&self, n: INodeNo) -> Ino {
+        if n.0 == fuser::INodeNo::ROOT.0 {
+            self.root
+        } else {
+            Ino(n.0)
         }
     }
 
@@ -266,6 +283,7 @@ impl ShingleFs {
         target: Option<Vec<u8>>,
         reply: ReplyEntry,
     ) {
+        let parent = self.ino(parent);
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
         self.run(
             op_span!(
@@ -280,7 +298,7 @@ impl ShingleFs {
             async move {
                 let r = c
                     .meta()
-                    .mknod(&cr, Ino(parent.0), &name, k, perm, rdev, target.as_deref())
+                    .mknod(&cr, parent, &name, k, perm, rdev, target.as_deref())
                     .await;
                 match r {
                     Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
@@ -300,6 +318,7 @@ impl Filesystem for ShingleFs {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let parent = self.ino(parent);
         let (c, name, ttl, negative) = (
             self.client.clone(),
             name.as_bytes().to_vec(),
@@ -307,7 +326,7 @@ impl Filesystem for ShingleFs {
             self.negative_ttl,
         );
         self.run(op_span!("fs.lookup", "lookup", parent.0), async move {
-            match c.lookup(Ino(parent.0), &name).await {
+            match c.lookup(parent, &name).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 // Node id 0 is "no such name" that the kernel keeps for the entry TTL
                 // (Python's import path probes, a build's header search ask again and
@@ -323,11 +342,12 @@ impl Filesystem for ShingleFs {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let ino = self.ino(ino);
         let (c, ttl) = (self.client.clone(), self.ttl);
         self.run(op_span!("fs.getattr", "getattr", ino.0), async move {
-            match c.getattr(Ino(ino.0)).await {
+            match c.getattr(ino).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
-                Err(Errno::ENOENT) => match c.unlinked_attr(Ino(ino.0)).await {
+                Err(Errno::ENOENT) => match c.unlinked_attr(ino).await {
                     // fstat of a file removed while open here: what the handles know,
                     // nlink 0 (the kernel does not say which handle asks).
                     Some(a) => reply.attr(&Duration::ZERO, &file_attr(&a)),
@@ -356,6 +376,7 @@ impl Filesystem for ShingleFs {
         _flags: Option<fuser::BsdFileFlags>,
         reply: ReplyAttr,
     ) {
+        let ino = self.ino(ino);
         let (c, mut cr, ttl) = (self.client.clone(), creds(req), self.ttl);
         // ftruncate on a descriptor open for writing: permission was checked at open
         // (a file created with mode 0 can still be truncated through it).
@@ -372,7 +393,7 @@ impl Filesystem for ShingleFs {
             mtime: when(mtime),
         };
         self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
-            match c.setattr(&cr, Ino(ino.0), set).await {
+            match c.setattr(&cr, ino, set).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),
             }
@@ -380,9 +401,10 @@ impl Filesystem for ShingleFs {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        let ino = self.ino(ino);
         let c = self.client.clone();
         self.run(op_span!("fs.readlink", "readlink", ino.0), async move {
-            match c.meta().readlink(Ino(ino.0)).await {
+            match c.meta().readlink(ino).await {
                 Ok(t) => reply.data(&t),
                 Err(e) => reply.error(errno(e)),
             }
@@ -415,9 +437,10 @@ impl Filesystem for ShingleFs {
     }
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = self.ino(parent);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
-            match c.unlink(&cr, Ino(parent.0), &name).await {
+            match c.unlink(&cr, parent, &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -425,9 +448,10 @@ impl Filesystem for ShingleFs {
     }
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let parent = self.ino(parent);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         self.run(op_span!("fs.rmdir", "rmdir", parent.0), async move {
-            match c.meta().rmdir(&cr, Ino(parent.0), &name).await {
+            match c.meta().rmdir(&cr, parent, &name).await {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -449,6 +473,8 @@ impl Filesystem for ShingleFs {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
+        let parent = self.ino(parent);
+        let newparent = self.ino(newparent);
         if flags.contains(RenameFlags::RENAME_WHITEOUT) {
             reply.error(fuser::Errno::EINVAL);
             return;
@@ -461,15 +487,7 @@ impl Filesystem for ShingleFs {
             op_span!("fs.rename", "rename", parent.0, newparent = newparent.0),
             async move {
                 let r = c
-                    .rename(
-                        &cr,
-                        Ino(parent.0),
-                        &name,
-                        Ino(newparent.0),
-                        &newname,
-                        noreplace,
-                        exchange,
-                    )
+                    .rename(&cr, parent, &name, newparent, &newname, noreplace, exchange)
                     .await;
                 match r {
                     Ok(()) => reply.ok(),
@@ -480,11 +498,13 @@ impl Filesystem for ShingleFs {
     }
 
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
+        let ino = self.ino(ino);
+        let newparent = self.ino(newparent);
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), newname.as_bytes().to_vec(), self.ttl);
         self.run(
             op_span!("fs.link", "link", ino.0, newparent = newparent.0),
             async move {
-                match c.meta().link(&cr, Ino(ino.0), Ino(newparent.0), &name).await {
+                match c.meta().link(&cr, ino, newparent, &name).await {
                     Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                     Err(e) => reply.error(errno(e)),
                 }
@@ -493,6 +513,7 @@ impl Filesystem for ShingleFs {
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.ino(ino);
         let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             self.writable.lock().insert(fh);
@@ -500,7 +521,7 @@ impl Filesystem for ShingleFs {
         self.run(
             op_span!("fs.open", "open", ino.0, keep_cache = tracing::field::Empty),
             async move {
-                match c.open_cached(&cr, Ino(ino.0)).await {
+                match c.open_cached(&cr, ino).await {
                     Ok((f, unchanged)) => {
                         files.lock().insert(fh, f);
                         // Unchanged since this client last saw it: keep the cached pages.
@@ -661,12 +682,13 @@ impl Filesystem for ShingleFs {
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        let ino = self.ino(ino);
         // No round trip here: the kernel only opens directories, and ".." is resolved
         // when a listing starts. The kernel may keep the listing in its cache; it drops it
         // when the directory's mtime changes (seen within the attribute TTL).
         let fh = self.fh();
         let h = DirHandle {
-            dir: Ino(ino.0),
+            dir: ino,
             parent: None,
             entries: Vec::new(),
             done: false,
@@ -683,12 +705,14 @@ impl Filesystem for ShingleFs {
             reply.error(fuser::Errno::EBADF);
             return;
         };
-        let c = self.client.clone();
+        let (c, root) = (self.client.clone(), self.root);
         self.run(op_span!("fs.readdir", "readdir", _ino.0, offset), async move {
             let mut h = h.lock().await;
             if h.parent.is_none() {
                 match c.meta().get_inode(h.dir).await {
                     Ok(rec) if rec.attr.kind != FileKind::Dir => return reply.error(fuser::Errno::ENOTDIR),
+                    // The mount's root is its own "..", as a filesystem's root is.
+                    Ok(_) if h.dir == root => h.parent = Some(root),
                     Ok(rec) => h.parent = Some(rec.parent.unwrap_or(Ino::ROOT)),
                     Err(e) => return reply.error(errno(e)),
                 }
@@ -774,6 +798,7 @@ impl Filesystem for ShingleFs {
         _position: u32,
         reply: ReplyEmpty,
     ) {
+        let ino = self.ino(ino);
         let mode = match flags {
             0 => 0,
             libc::XATTR_CREATE => 1,
@@ -791,7 +816,7 @@ impl Filesystem for ShingleFs {
         );
         let absent = self.absent.clone();
         self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
-            let r = c.meta().setxattr(&cr, Ino(ino.0), &name, &value, mode).await;
+            let r = c.meta().setxattr(&cr, ino, &name, &value, mode).await;
             // Whatever the answer, the attribute may exist now.
             absent.lock().forget(ino.0, &name);
             match r {
@@ -802,6 +827,7 @@ impl Filesystem for ShingleFs {
     }
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let ino = self.ino(ino);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         let (absent, ttl) = (self.absent.clone(), self.ttl);
         self.run(op_span!("fs.getxattr", "getxattr", ino.0), async move {
@@ -816,7 +842,7 @@ impl Filesystem for ShingleFs {
                 return;
             }
             let at = std::time::Instant::now();
-            match c.meta().getxattr(&cr, Ino(ino.0), &name).await {
+            match c.meta().getxattr(&cr, ino, &name).await {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
                 Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
                 Ok(v) => reply.data(&v),
@@ -830,9 +856,10 @@ impl Filesystem for ShingleFs {
     }
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let ino = self.ino(ino);
         let (c, cr) = (self.client.clone(), creds(req));
         self.run(op_span!("fs.listxattr", "listxattr", ino.0), async move {
-            match c.meta().listxattr(&cr, Ino(ino.0)).await {
+            match c.meta().listxattr(&cr, ino).await {
                 Ok(names) => {
                     let mut buf = Vec::new();
                     for n in names {
@@ -853,10 +880,11 @@ impl Filesystem for ShingleFs {
     }
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let ino = self.ino(ino);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         let absent = self.absent.clone();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
-            let r = c.meta().removexattr(&cr, Ino(ino.0), &name).await;
+            let r = c.meta().removexattr(&cr, ino, &name).await;
             absent.lock().forget(ino.0, &name);
             match r {
                 Ok(()) => reply.ok(),
@@ -875,6 +903,7 @@ impl Filesystem for ShingleFs {
         _flags: i32,
         reply: ReplyCreate,
     ) {
+        let parent = self.ino(parent);
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
         let (files, fh) = (self.files.clone(), self.fh());
         self.writable.lock().insert(fh);
@@ -884,10 +913,10 @@ impl Filesystem for ShingleFs {
             async move {
                 let perm = mode & !umask & 0o7777;
                 let made = if k == FileKind::File {
-                    c.create(&cr, Ino(parent.0), &name, perm).await
+                    c.create(&cr, parent, &name, perm).await
                 } else {
                     // Anything else the kernel creates and opens (a fifo): no stripes.
-                    match c.meta().mknod(&cr, Ino(parent.0), &name, k, perm, 0, None).await {
+                    match c.meta().mknod(&cr, parent, &name, k, perm, 0, None).await {
                         Ok(a) => c.open(&cr, a.ino).await.map(|f| (a, f)),
                         Err(e) => Err(e),
                     }

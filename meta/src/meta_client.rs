@@ -555,8 +555,11 @@ impl MetaClient {
                         },
                     };
                     match call(&self.client, addr, &req, self.rpc_timeout).await {
-                        Ok(ReadReply::Entries(e, missing)) => Some((e, missing, parts)),
+                        Ok(ReadReply::Entries(e, missing)) => Some(Ok((e, missing, parts))),
                         Ok(_) => None,
+                        // The directory's answer (not there, not a directory, not this
+                        // client's to list): the same from every node.
+                        Err(CallError::Errno(e)) if e != Errno::EAGAIN => Some(Err(e)),
                         Err(e) => {
                             debug!(node = n.0, error = %e, "readdir failed at a node");
                             None
@@ -566,7 +569,8 @@ impl MetaClient {
             });
             let results = join_all(calls).await;
             let mut done = std::collections::BTreeSet::new();
-            for (entries, missing, parts) in results.into_iter().flatten() {
+            for r in results.into_iter().flatten() {
+                let (entries, missing, parts) = r?;
                 out.extend(entries);
                 for p in parts {
                     if !missing.contains(&p) {

@@ -89,6 +89,9 @@ pub struct Core {
     rt: &'static tokio::runtime::Runtime,
     pub client: Client,
     pub creds: Creds,
+    /// The directory paths start from: the subtree of a confined client key, else the
+    /// filesystem's root.
+    pub root: Ino,
     pub pid: u32,
     dirs: Mutex<DirCache>,
     prefetched: Mutex<Prefetched>,
@@ -160,13 +163,13 @@ impl Core {
 
     /// The root's attributes, remembered like any directory crossed.
     async fn root(&self) -> Result<Attr, Errno> {
-        let key = (Ino::ROOT, Vec::new());
+        let key = (self.root, Vec::new());
         if let Some((a, at)) = self.dirs.lock().get(&key)
             && at.elapsed() < DIR_TTL
         {
             return Ok(a.clone());
         }
-        let a = self.client.getattr(Ino::ROOT).await?;
+        let a = self.client.getattr(self.root).await?;
         self.dirs.lock().insert(key, (a.clone(), Instant::now()));
         Ok(a)
     }
@@ -181,7 +184,7 @@ impl Core {
     pub async fn resolve(&self, path: &[u8], follow: bool) -> Result<Attr, Errno> {
         let mut todo = components(path);
         let root = if todo.is_empty() {
-            self.client.getattr(Ino::ROOT).await?
+            self.client.getattr(self.root).await?
         } else {
             self.root().await?
         };
@@ -497,12 +500,16 @@ impl Session {
             Ok(c) => c,
             Err(e) => return Err(pyo3::exceptions::PyConnectionError::new_err(format!("{e:#}"))),
         };
+        let grant = shingle::dev::client_grant(&meta)
+            .map_err(|e| pyo3::exceptions::PyPermissionError::new_err(format!("{e:#}")))?;
+        let root = shingle::dev::grant_root(grant.as_ref());
         let client = Client::new(meta, shingle::dev::client_config(&cf));
         Ok(Session {
             core: Some(Arc::new(Core {
                 rt,
                 client,
                 creds: Creds { uid, gid, groups },
+                root,
                 pid: std::process::id(),
                 dirs: Mutex::new(HashMap::new()),
                 prefetched: Mutex::new(Prefetched::default()),

@@ -96,6 +96,7 @@ mod tests {
                 write,
                 root_squash: true,
                 act_as: None,
+                subtree: None,
             })
             .expect("grant");
         }

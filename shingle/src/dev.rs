@@ -5,6 +5,7 @@ use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig, MountConfig};
 use shingle_meta::agent::{MapWatch, WatchConfig};
+use shingle_meta::ids::Ino;
 use shingle_meta::meta_client::MetaClient;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::path::{Path, PathBuf};
@@ -359,23 +360,36 @@ pub fn client_config(cf: &crate::config::ClusterFile) -> ClientConfig {
     }
 }
 
+/// The grant of the client key `meta` connected with (`None`: the cluster secret);
+/// an error names a key that is revoked or was never granted, which nothing should
+/// mount with.
+pub fn client_grant(meta: &MetaClient) -> Result<Option<shingle_meta::map::ClientGrant>> {
+    let Some(id) = meta.transport().identity() else {
+        return Ok(None);
+    };
+    match meta.view().map.client(&id.name, id.serial) {
+        Some(g) => Ok(Some(g.clone())),
+        None => bail!("client key {id} is revoked or was never granted (see `shingle client list`)"),
+    }
+}
+
+/// The directory a client with `grant` sees as its root: its subtree's, or the
+/// filesystem's.
+pub fn grant_root(grant: Option<&shingle_meta::map::ClientGrant>) -> Ino {
+    grant.and_then(|g| g.subtree.as_ref()).map_or(Ino::ROOT, |s| s.root)
+}
+
 /// `shingle mount`.
 pub async fn mount(a: MountArgs) -> Result<()> {
     preflight(&a.mountpoint)?;
     let (meta, cf) = connect(&a.cluster_file, &a.secret_file, Duration::from_secs(30)).await?;
-    let read_only = match meta.transport().identity() {
-        // A client key: mounted as its grant allows, refused at once when it has none.
-        Some(id) => match meta.view().map.client(&id.name, id.serial) {
-            Some(g) => !g.write,
-            None => bail!("client key {id} is revoked or was never granted (see `shingle client list`)"),
-        },
-        None => false,
-    };
+    let grant = client_grant(&meta)?;
     let mc = MountConfig {
         ttl: Duration::from_secs_f64(a.ttl.max(0.0)),
         negative_ttl: Duration::from_secs_f64(a.negative_ttl.max(0.0)),
         allow_other: !a.private,
-        read_only,
+        read_only: grant.as_ref().is_some_and(|g| !g.write),
+        root: grant_root(grant.as_ref()),
         ..MountConfig::default()
     };
     serve_mount(

@@ -8,10 +8,11 @@
 
 use crate::cli::ClusterArgs;
 use anyhow::{Context, Result, bail};
-use shingle_meta::ids::NodeId;
+use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::manager::{fetch_map_since, propose};
 use shingle_meta::map::NodeState;
-use shingle_meta::map::{ClientGrant, MapCommand};
+use shingle_meta::map::{ClientGrant, MapCommand, Subtree};
+use shingle_meta::namespace::FileKind;
 use shingle_transport::auth::Identity;
 use shingle_transport::{ClusterSecret, PeerClient, TransportConfig};
 use std::path::PathBuf;
@@ -40,6 +41,11 @@ pub enum ClientCommand {
         /// not act as anyone else, whatever they assert).
         #[arg(long, value_name = "UID:GID", value_parser = parse_ids)]
         act_as: Option<(u32, u32)>,
+        /// Confine the client to this directory (an absolute path in the filesystem) and
+        /// what lies below it: every node refuses it anything else, and its mounts are
+        /// rooted there. The grant follows the directory if it is renamed.
+        #[arg(long, value_name = "DIR")]
+        path: Option<String>,
     },
     /// Revoke a client's key: every node refuses its next request.
     Revoke {
@@ -80,6 +86,7 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             read_only,
             no_root_squash,
             act_as,
+            path,
             ..
         } => {
             Identity::new(&name, 1)?;
@@ -87,11 +94,16 @@ pub async fn run(cmd: ClientCommand) -> Result<()> {
             if out.exists() {
                 bail!("{} exists; not overwriting it", out.display());
             }
+            let subtree = match path {
+                Some(p) => subtree(&cluster, &p).await?,
+                None => None,
+            };
             let cmd = MapCommand::GrantClient {
                 name: name.clone(),
                 write: !read_only,
                 root_squash: !no_root_squash,
                 act_as,
+                subtree,
             };
             let epoch = propose(&tcp, &managers, &cmd).await.context("grant the key")?;
             let (map, _) = fetch_map_since(&tcp, &managers, None, epoch).await?;
@@ -157,6 +169,28 @@ async fn nodes_hold(cluster: &ClusterArgs, epoch: shingle_meta::ids::Epoch) -> R
     }
 }
 
+/// The directory `path` names, for a grant confined to it (`None` for "/").
+async fn subtree(cluster: &ClusterArgs, path: &str) -> Result<Option<Subtree>> {
+    if !path.starts_with('/') {
+        bail!("--path {path:?}: give the directory's absolute path in the filesystem, e.g. /datasets/imagenet");
+    }
+    let names: Vec<&str> = path.split('/').filter(|n| !n.is_empty() && *n != ".").collect();
+    if names.contains(&"..") {
+        bail!("--path {path:?}: name the directory without \"..\"");
+    }
+    let clean = format!("/{}", names.join("/"));
+    let (meta, _) = crate::dev::connect(&cluster.cluster_file, &cluster.secret_file, Duration::from_secs(10)).await?;
+    let a = meta
+        .resolve(clean.as_bytes())
+        .await
+        .map_err(|e| anyhow::anyhow!("--path {clean}: {e} (symbolic links are not followed)"))?;
+    if a.kind != FileKind::Dir {
+        bail!("--path {clean}: not a directory (symbolic links are not followed)");
+    }
+    let ino = a.ino;
+    Ok((ino != Ino::ROOT).then_some(Subtree { root: ino, path: clean }))
+}
+
 fn describe(g: &ClientGrant) -> String {
     if g.revoked {
         return "revoked".into();
@@ -166,7 +200,11 @@ fn describe(g: &ClientGrant) -> String {
         None if g.root_squash => "root squashed".into(),
         None => "root kept".into(),
     };
-    format!("{}, {who}", if g.write { "read-write" } else { "read-only" })
+    let under = match &g.subtree {
+        Some(s) => format!(", confined to {} (inode {})", s.path, s.root.0),
+        None => String::new(),
+    };
+    format!("{}, {who}{under}", if g.write { "read-write" } else { "read-only" })
 }
 
 fn parse_ids(s: &str) -> Result<(u32, u32), String> {

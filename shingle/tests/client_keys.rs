@@ -4,7 +4,8 @@
 //! read-only and its nodes refuse its changes even when the kernel is bypassed; no
 //! client key may send what only the cluster's nodes send; a tenant key acts as one
 //! uid and gid whatever its host asserts, and it writes or deletes shards only of
-//! files it may write (shard capabilities); a revoked key is refused
+//! files it may write (shard capabilities); a key confined to a directory sees and
+//! changes nothing else, and mounts it as its root; a revoked key is refused
 //! by every node while other keys go on working.
 
 mod common;
@@ -149,6 +150,8 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
         );
     }
 
+    a_subtree_key_sees_only_its_directory(&root, &cluster, &admin, &writer, shared.ino, tmp.path()).await;
+
     // Revoked: every node refuses the writer within a heartbeat or two; the reader
     // goes on.
     let out = tool(&root, &["client", "revoke", "writer"]);
@@ -170,6 +173,129 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
         text.contains("revoked") && text.contains("read-only, root squashed"),
         "{text}"
     );
+}
+
+/// A key confined to /shared/proj (`--path`, root kept): its mount shows that
+/// directory as its root, and works there as any mount does; asked directly, every
+/// node refuses it (EACCES) whatever names an inode outside — the root, a sibling's
+/// file, a rename or link out, a listing of the root — and no capability for a file
+/// outside comes with a head. What is moved out leaves its reach.
+async fn a_subtree_key_sees_only_its_directory(
+    root: &Path,
+    cluster: &Cluster,
+    admin: &MetaClient,
+    writer: &SecondMount,
+    shared: Ino,
+    tmp: &Path,
+) {
+    let c = Creds::root();
+    let proj = admin
+        .mknod(&c, shared, b"proj", FileKind::Dir, 0o777, 0, None)
+        .await
+        .expect("mkdir /shared/proj");
+    let data = pattern(11, (1 << 20) + 5);
+    std::fs::create_dir(writer.mount.join("shared/proj/sub")).expect("mkdir proj/sub");
+    std::fs::write(writer.mount.join("shared/proj/sub/in.bin"), &data).expect("write proj/sub/in.bin");
+    let key = grant(root, "proj", &["--path", "/shared/./proj/", "--no-root-squash"]);
+    let list = String::from_utf8_lossy(&tool(root, &["client", "list"]).stdout).into_owned();
+    assert!(list.contains("confined to /shared/proj"), "{list}");
+    let bad = tool(
+        root,
+        &[
+            "client",
+            "grant",
+            "nope",
+            "--out",
+            "/nonexistent/k",
+            "--path",
+            "/shared/f.bin",
+        ],
+    );
+    assert!(!bad.status.success(), "a file is no subtree");
+
+    let m = SecondMount::with_key(root, &key, &tmp.join("p"), &[]);
+    let mut names: Vec<String> = std::fs::read_dir(&m.mount)
+        .expect("list the mount's root")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["sub"], "the mount's root is /shared/proj");
+    assert!(std::fs::read(m.mount.join("sub/in.bin")).expect("read") == data);
+    std::fs::write(m.mount.join("sub/new.txt"), b"new").expect("write inside");
+    std::fs::rename(m.mount.join("sub/new.txt"), m.mount.join("moved.txt")).expect("rename inside");
+    std::fs::create_dir(m.mount.join("d")).expect("mkdir inside");
+    let moved = admin.resolve(b"/shared/proj/moved.txt").await.expect("seen from /");
+    assert_eq!(moved.size, 3);
+
+    let (_, meta) = client_with(cluster, &key).await;
+    let f_bin = admin.lookup(shared, b"f.bin").await.expect("f.bin").ino;
+    let sub = admin.lookup(proj.ino, b"sub").await.expect("sub").ino;
+    let eacces = |what: &str, r: Result<(), Errno>| assert_eq!(r, Err(Errno::EACCES), "{what}");
+    eacces("getattr /", meta.getattr(Ino::ROOT).await.map(drop));
+    eacces("lookup /shared", meta.lookup(Ino::ROOT, b"shared").await.map(drop));
+    eacces("lookup a sibling", meta.lookup(shared, b"f.bin").await.map(drop));
+    eacces("getattr a sibling", meta.getattr(f_bin).await.map(drop));
+    eacces("head a sibling", meta.head_as(&c, f_bin).await.map(drop));
+    eacces("list /", meta.readdir(Ino::ROOT, None, 100).await.map(drop));
+    eacces("alive", meta.alive(f_bin).await.map(drop));
+    eacces(
+        "create outside",
+        meta.mknod(&c, shared, b"x", FileKind::File, 0o644, 0, None)
+            .await
+            .map(drop),
+    );
+    eacces(
+        "rename out",
+        meta.rename(&c, proj.ino, b"moved.txt", shared, b"out.txt", false, false)
+            .await,
+    );
+    eacces("link in", meta.link(&c, f_bin, proj.ino, b"stolen").await.map(drop));
+    eacces(
+        "chmod outside",
+        meta.setattr(
+            &c,
+            f_bin,
+            shingle_meta::namespace::SetAttr {
+                perm: Some(0o777),
+                ..Default::default()
+            },
+        )
+        .await
+        .map(drop),
+    );
+    eacces("rmdir the subtree", meta.rmdir(&c, shared, b"proj").await);
+    assert!(meta.getattr(proj.ino).await.is_ok() && meta.getattr(moved.ino).await.is_ok());
+    let in_bin = meta.lookup(sub, b"in.bin").await.expect("lookup inside").ino;
+    meta.head_as(&c, in_bin).await.expect("head inside");
+    assert!(
+        meta.take_cap(in_bin).is_some(),
+        "a file inside comes with a read capability"
+    );
+    assert!(meta.take_cap(f_bin).is_none(), "none for the sibling refused above");
+
+    // Moved out by the admin: a file at once, a directory once the nodes' cached
+    // parents (HOME_TTL, 1 s) have expired.
+    admin
+        .rename(&c, sub, b"in.bin", shared, b"was-in.bin", false, false)
+        .await
+        .expect("move the file out");
+    admin
+        .rename(&c, proj.ino, b"sub", shared, b"was-sub", false, false)
+        .await
+        .expect("move the directory out");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (file, dir) = (meta.getattr(in_bin).await, meta.getattr(sub).await);
+        if file == Err(Errno::EACCES) && dir == Err(Errno::EACCES) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still reachable after a move out: {file:?} {dir:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!m.mount.join("sub").exists(), "the mount no longer shows it");
 }
 
 /// Below the mount, the tenant's key asks the nodes directly. Reserving versions of

@@ -93,6 +93,9 @@ pub enum MapCommand {
         /// a tenant's hosts cannot act as anyone else whatever they assert.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         act_as: Option<(u32, u32)>,
+        /// Confined to this directory and what lies below it (cephx `path=`).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        subtree: Option<Subtree>,
     },
     /// Revokes client `name`'s key.
     RevokeClient {
@@ -115,6 +118,20 @@ pub struct ClientGrant {
     /// Every uid of it acts as this uid and gid (overrides `root_squash`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub act_as: Option<(u32, u32)>,
+    /// Sees and changes only this directory and what lies below it; its mounts are
+    /// rooted there. `None`: the whole tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subtree: Option<Subtree>,
+}
+
+/// The directory a client key is confined to ([`ClientGrant::subtree`]). The grant
+/// names the directory, not the path: renamed, the directory takes its clients along.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Subtree {
+    /// The directory.
+    pub root: crate::ids::Ino,
+    /// Its path when granted (shown by `shingle client list`).
+    pub path: String,
 }
 
 impl ClientGrant {
@@ -283,6 +300,7 @@ impl ClusterMap {
                 write,
                 root_squash,
                 act_as,
+                subtree,
             } => {
                 let serial = self.clients.get(name).map_or(0, |g| g.serial) + 1;
                 shingle_transport::auth::Identity::new(name, serial)
@@ -295,6 +313,7 @@ impl ClusterMap {
                         write: *write,
                         root_squash: *root_squash,
                         act_as: *act_as,
+                        subtree: subtree.clone(),
                     },
                 );
                 true
@@ -760,14 +779,19 @@ mod tests {
             write,
             root_squash: true,
             act_as: None,
+            subtree: (!write).then(|| Subtree {
+                root: crate::ids::Ino(7),
+                path: "/data".into(),
+            }),
         };
         let e1 = m.apply(&grant(true)).expect("grant");
         assert_eq!(m.client("gpu-1", 1).map(|g| g.write), Some(true));
         m.apply(&grant(false)).expect("grant again");
         assert!(m.client("gpu-1", 1).is_none(), "the first key is dead");
         assert_eq!(
-            m.client("gpu-1", 2).map(|g| (g.write, g.root_squash)),
-            Some((false, true))
+            m.client("gpu-1", 2)
+                .map(|g| (g.write, g.root_squash, g.subtree.as_ref().map(|s| s.root))),
+            Some((false, true, Some(crate::ids::Ino(7))))
         );
         let revoke = MapCommand::RevokeClient { name: "gpu-1".into() };
         let e3 = m.apply(&revoke).expect("revoke");
@@ -784,6 +808,7 @@ mod tests {
             write: true,
             root_squash: false,
             act_as: None,
+            subtree: None,
         };
         assert_eq!(m.apply(&bad), Err(MapError::BadClientName("a/b".into())));
         let json = serde_json::to_string(&m).expect("json");
@@ -799,6 +824,7 @@ mod tests {
             write: true,
             root_squash,
             act_as,
+            subtree: None,
         };
         let user = Creds {
             uid: 1000,

@@ -24,21 +24,8 @@ use crate::ids::{Ino, PartitionId};
 use crate::placement::dentry_partition;
 use std::collections::BTreeMap;
 
-/// The step that records a moved entry's inode change: a directory gets its new
-/// parent, anything else a new ctime.
-fn moved_step(src: DentryVal, newparent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
-    if src.kind == FileKind::Dir {
-        return reparent(src.ino, newparent, now);
-    }
-    let touch = Mutation::AdjustLinks {
-        ino: src.ino,
-        delta: 0,
-        time: now,
-    };
-    (src.ino.partition(), touch)
-}
-
-/// Directory `dir`'s ".." is now `parent`.
+/// `dir`'s parent is now `parent` (a directory's "..", any other inode's home: where
+/// it was made or last moved to, which subtree grants go by), changed now.
 fn reparent(dir: Ino, parent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
     (dir.partition(), Mutation::SetParent { dir, parent, time: now })
 }
@@ -641,7 +628,7 @@ impl Namespace {
         let rec = InodeRec {
             attr: attr.clone(),
             target: target.map(<[u8]>::to_vec),
-            parent: (kind == FileKind::Dir).then_some(parent),
+            parent: Some(parent),
             xattrs: BTreeMap::new(),
             layout,
             created_by: token,
@@ -914,7 +901,7 @@ impl Namespace {
                 vec![
                     mv.put_dst(src),
                     mv.del_src(),
-                    moved_step(src, newparent, now),
+                    reparent(src.ino, newparent, now),
                     mv.adjust(parent, -1, -sub),
                     mv.adjust(newparent, 1, sub),
                 ]
@@ -952,12 +939,8 @@ impl Namespace {
                 },
             ),
         ];
-        if src_is_dir {
-            steps.push(reparent(src.ino, newparent, now));
-        }
-        if dst_is_dir {
-            steps.push(reparent(d.ino, parent, now));
-        }
+        steps.push(reparent(src.ino, newparent, now));
+        steps.push(reparent(d.ino, parent, now));
         let moved = i64::from(src_is_dir) - i64::from(dst_is_dir);
         steps.push(mv.adjust(parent, 0, -moved));
         steps.push(mv.adjust(newparent, 0, moved));
@@ -1000,7 +983,7 @@ impl Namespace {
             mv.put_dst(src),
             mv.del_src(),
             (d.ino.partition(), lose),
-            moved_step(src, newparent, now),
+            reparent(src.ino, newparent, now),
             mv.adjust(parent, -1, -sub),
             mv.adjust(newparent, 0, sub - dst_sub),
         ])

@@ -26,7 +26,10 @@ pub struct InodeRec {
     pub attr: Attr,
     /// Symlink target.
     pub target: Option<Vec<u8>>,
-    /// Parent directory (directories only; the root is its own parent).
+    /// Parent directory: a directory's "..", any other inode's home (the directory it
+    /// was made in or last renamed into; a hard link elsewhere does not change it).
+    /// Subtree grants go by it. The root is its own parent; `None` for files made
+    /// before homes were recorded (they lie in no subtree).
     pub parent: Option<Ino>,
     /// Extended attributes.
     pub xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
@@ -159,9 +162,9 @@ pub enum Mutation {
         /// When it ran.
         at: TimeNs,
     },
-    /// A directory moved to another parent.
+    /// An inode moved to another parent (renamed; see [`InodeRec::parent`]).
     SetParent {
-        /// The directory.
+        /// The inode (a directory when the name was chosen; any kind since).
         dir: Ino,
         /// Its new parent.
         parent: Ino,

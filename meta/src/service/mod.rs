@@ -23,6 +23,7 @@ pub mod protocol;
 pub mod read_fence;
 pub mod replica;
 pub mod store;
+pub mod subtree;
 pub mod wire;
 
 pub use node::{MetaConfig, MetaNode};

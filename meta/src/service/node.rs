@@ -186,6 +186,8 @@ struct Inner {
     served: tokio::sync::Notify,
     /// A copy here stopped serving outside a map change: catch up now.
     catch_up_now: tokio::sync::Notify,
+    /// Parents of inodes other nodes hold, fetched to check subtree grants.
+    homes: super::subtree::Homes,
 }
 
 /// A question to a fenced node, shared by the partitions waiting for its answer.
@@ -281,6 +283,7 @@ impl MetaNode {
             running: Mutex::new(HashMap::new()),
             staging: Mutex::new(Staging::new(staging)),
             snapshots: Mutex::new(HashMap::new()),
+            homes: super::subtree::Homes::default(),
         });
         Ok(MetaNode { inner })
     }
@@ -2098,6 +2101,7 @@ impl MetaNode {
             {
                 n.squash(&ctx, creds);
             }
+            let confined = n.confined_to(&ctx);
             let parts = n.view().map.partitions;
             let partition = match &req.op {
                 ReadOp::Lookup { parent, name } => Some(crate::placement::dentry_partition(*parent, name, parts).0),
@@ -2105,10 +2109,18 @@ impl MetaNode {
                 op => Some(op.ino().partition().0),
             };
             let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
-            async move { n.on_read(&req.op) }.instrument(span)
+            async move {
+                if let Some(root) = confined? {
+                    let names = super::subtree::read_names(&req.op).ok_or_else(|| errno_status(Errno::EACCES))?;
+                    n.confine(root, &[names]).await?;
+                }
+                n.on_read(&req.op)
+            }
+            .instrument(span)
         });
         r = self.route::<Op, _, _>(r, |n, ctx, mut req| {
             let admitted = n.admit_client_op(&ctx, &mut req);
+            let confined = n.confined_to(&ctx);
             let parts = n.view().map.partitions;
             let span = info_span!(
                 "meta.op",
@@ -2119,6 +2131,9 @@ impl MetaNode {
             );
             async move {
                 let client = admitted?;
+                if let Some(root) = confined? {
+                    n.confine(root, &super::subtree::op_names(&req.op)).await?;
+                }
                 let cap_for = cap_for(&req.op);
                 let reply = n.on_op(req, client).await?;
                 Ok(match cap_for {
@@ -2255,6 +2270,78 @@ impl MetaNode {
                 None => *creds = crate::map::nobody(),
             }
         }
+    }
+
+    /// The directory a client key's requests are confined to: `None` for the cluster
+    /// secret and for keys granted the whole tree.
+    fn confined_to(&self, ctx: &CallContext) -> Result<Option<Ino>, Status> {
+        let shingle_transport::auth::Principal::Client(id) = &*ctx.principal else {
+            return Ok(None);
+        };
+        match self.view().map.client(&id.name, id.serial) {
+            Some(g) => Ok(g.subtree.as_ref().map(|s| s.root)),
+            // Revoked since the guard let the request in.
+            None => Err(errno_status(Errno::EACCES)),
+        }
+    }
+
+    /// Refuses (`EACCES`) a request naming an inode outside the directory `root`
+    /// ([`super::subtree`]).
+    async fn confine(&self, root: Ino, inos: &[Ino]) -> Result<(), Status> {
+        for ino in inos {
+            if !self.within(*ino, root).await? {
+                return Err(errno_status(Errno::EACCES));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether `ino` is `root` or lies below it: walks its parents through the records
+    /// held here and parents fetched from their partitions' primaries.
+    async fn within(&self, ino: Ino, root: Ino) -> Result<bool, Status> {
+        use super::subtree::{Step, walk};
+        for _ in 0..super::subtree::MAX_DEPTH {
+            let now = Instant::now();
+            let step = walk(ino, root, |i| {
+                self.held_parent(i).or_else(|| self.inner.homes.get(i, now))
+            })
+            .map_err(errno_status)?;
+            match step {
+                Step::Inside => return Ok(true),
+                Step::Outside => return Ok(false),
+                Step::Need(i) => {
+                    let parent = self.fetch_parent(i).await?;
+                    self.inner.homes.put(i, parent, now);
+                }
+            }
+        }
+        Err(errno_status(Errno::ELOOP))
+    }
+
+    /// `ino`'s parent from a copy of its partition this node serves (`None`: none here).
+    fn held_parent(&self, ino: Ino) -> Option<Option<Ino>> {
+        let slot = self.serving(ino.partition()).ok()?;
+        let st = slot.read();
+        Some(st.part.inodes.get(&ino).and_then(|r| r.parent))
+    }
+
+    /// `ino`'s parent, from its partition's primary.
+    async fn fetch_parent(&self, ino: Ino) -> Result<Option<Ino>, Status> {
+        let v = self.view();
+        let addr = v
+            .primary(ino.partition())
+            .and_then(|n| v.addr(n))
+            .ok_or_else(|| errno_status(Errno::EAGAIN))?;
+        let req = Fetch {
+            epoch: v.map.epoch,
+            inodes: vec![ino],
+            ..Fetch::default()
+        };
+        let got = self
+            .call_peer(addr, &req, Duration::from_secs(2))
+            .await
+            .map_err(to_status)?;
+        Ok(got.inodes.into_iter().next().flatten().and_then(|r| r.parent))
     }
 
     fn route<R, F, Fut>(&self, router: Router, f: F) -> Router
