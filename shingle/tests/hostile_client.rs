@@ -8,10 +8,11 @@
 //!
 //! The node-to-node kinds (Execute, Replicate, InstallPiece, SyncMe, the managers' Raft
 //! messages) are sent next and checked only for panics and liveness: a holder of the
-//! cluster secret may send them as a peer would. Last, client keys (decision 0020): a
+//! cluster secret may send them as a peer would. Then client keys (decision 0020): a
 //! read-only key and a read-write key with root squashed have every node-to-node kind
 //! (and the read-only key every change) refused, and the read-write key's mutated
-//! requests, those on root's file included, leave that file whole.
+//! requests, those on root's file included, leave that file whole. Last, a key
+//! confined to a directory has every request naming an inode outside it refused.
 //!
 //! `SHINGLE_HOSTILE_SEED=N` replays a run; `SHINGLE_HOSTILE_ROUNDS=N` sets the requests
 //! per kind (default 300). The counts are printed for docs/benchmarks.md.
@@ -943,6 +944,52 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             started.elapsed().as_secs_f64()
         ));
     }
+    all_answer(&c, &mut cluster).await;
+
+    // 5. A key confined to /jail (decision 0022), root kept: every valid namespace read
+    //    and change above names an inode outside it (the root, f.bin, scratch.bin), and
+    //    every node refuses each with EACCES before it runs; mutated, none panics a node.
+    c.mknod(&Creds::root(), Ino::ROOT, b"jail", FileKind::Dir, 0o777, 0, None)
+        .await
+        .expect("mkdir /jail");
+    let jail_key = root.join("hostile-jail.key");
+    let args = [
+        "client",
+        "grant",
+        "hostile-jail",
+        "--no-root-squash",
+        "--path",
+        "/jail",
+        "--out",
+        jail_key.to_str().expect("utf-8"),
+    ];
+    let out = tool(root, &args);
+    assert!(out.status.success(), "grant: {}", String::from_utf8_lossy(&out.stderr));
+    let jailed = key_client(&jail_key);
+    let mut t = Tally::default();
+    let mut outside = 0u64;
+    for (name, k, valid) in client_kinds
+        .iter()
+        .filter(|(n, ..)| n.starts_with("Read/") || n.starts_with("Op/"))
+    {
+        for (_, to) in &nodes {
+            match jailed.call_raw(*to, *k, Bytes::from(valid.clone()), opts()).await {
+                Err(TransportError::Remote { status, .. })
+                    if status.code == Code::Application && status.app_code == 13 =>
+                {
+                    outside += 1
+                }
+                other => panic!("{name} outside /jail was not refused to a confined key: {other:?}"),
+            }
+        }
+        for _ in 0..rounds / 2 {
+            let (_, to) = nodes[rng.below(nodes.len())];
+            send(&jailed, to, *k, mutate(&mut rng, valid), &mut t).await;
+        }
+    }
+    report.push(format!(
+        "confined key: {outside} valid requests outside its directory, all refused (EACCES); mutated: {t:?}"
+    ));
     all_answer(&c, &mut cluster).await;
     let own = json(&tool(root, &["fsck", "/f.bin", "--json"]));
     assert!(
