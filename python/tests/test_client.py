@@ -209,6 +209,33 @@ def test_client_keys_read_and_are_refused_what_their_grant_does_not_allow(client
     assert client.read_bytes(f"{tmpdir_fs}/mine") == b"written with a key"
 
 
+def test_a_confined_key_sees_its_directory_as_the_root(client, cluster, tmpdir_fs):
+    """A key granted `--path` (decision 0022): its paths start at that directory, and
+    nothing outside it can be named."""
+    import subprocess
+    import tempfile
+
+    binary = os.environ["SHINGLE_BIN"]
+    client.makedirs(f"{tmpdir_fs}/team/data", exist_ok=True)
+    client.write_bytes(f"{tmpdir_fs}/team/data/shard-0", b"inside")
+    client.write_bytes(f"{tmpdir_fs}/secret.bin", b"outside")
+    key = os.path.join(tempfile.mkdtemp(prefix="shingle-keys-"), "py-team.key")
+    subprocess.run(
+        [binary, "client", "grant", "py-team", "--no-root-squash", "--path", f"{tmpdir_fs}/team",
+         "--out", key, "--cluster-file", cluster["cluster_file"], "--secret-file", cluster["secret_file"]],
+        check=True, capture_output=True,
+    )
+    with shingle.Client(cluster["cluster_file"], key) as team:
+        assert team.listdir("/") == ["data"]
+        assert team.read_bytes("/data/shard-0") == b"inside"
+        assert team.read_bytes("/../data/shard-0") == b"inside", ".. of the root is the root"
+        team.write_bytes("/data/shard-1", b"new")
+        team.rename("/data/shard-1", "/shard-1")
+        with pytest.raises(FileNotFoundError):
+            team.stat("/secret.bin")
+    assert client.read_bytes(f"{tmpdir_fs}/team/shard-1") == b"new"
+
+
 def test_an_open_file_outlives_its_name(client, tmpdir_fs):
     data = rand(5 * MiB, 4)
     client.write_bytes(f"{tmpdir_fs}/gone", data)
