@@ -292,9 +292,10 @@ impl Client {
         Ok(a)
     }
 
-    /// Looks up a name, with local sizes like [`Client::getattr`].
-    pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        let mut a = self.inner.meta.lookup(parent, name).await?;
+    /// Looks up a name for `creds` (with a client key, the nodes check their search
+    /// permission on `parent`), with local sizes like [`Client::getattr`].
+    pub async fn lookup(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        let mut a = self.inner.meta.lookup_as(creds, parent, name).await?;
         self.local_view(&mut a);
         Ok(a)
     }
@@ -338,18 +339,18 @@ impl Client {
 
     /// The inode `name` in `parent` names, when this client has it open (its data must
     /// outlive the name if the name is about to go).
-    async fn open_victim(&self, parent: Ino, name: &[u8]) -> Option<Ino> {
+    async fn open_victim(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Option<Ino> {
         if !self.any_open() {
             return None;
         }
-        let a = self.inner.meta.lookup(parent, name).await.ok()?;
+        let a = self.inner.meta.lookup_as(creds, parent, name).await.ok()?;
         (a.kind == FileKind::File && self.is_open(a.ino)).then_some(a.ino)
     }
 
     /// Removes `name`. A file this client has open keeps its data until its last close
     /// here (POSIX: an open file outlives its name); then it is purged.
     pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
-        let victim = self.open_victim(parent, name).await;
+        let victim = self.open_victim(creds, parent, name).await;
         if let Some(ino) = victim {
             self.load_whole_layout(ino).await;
         }
@@ -376,7 +377,7 @@ impl Client {
         let victim = if noreplace || exchange {
             None
         } else {
-            self.open_victim(newparent, newname).await
+            self.open_victim(creds, newparent, newname).await
         };
         if let Some(ino) = victim {
             self.load_whole_layout(ino).await;

@@ -317,16 +317,17 @@ impl Filesystem for ShingleFs {
         Ok(())
     }
 
-    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+    fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let parent = self.ino(parent);
-        let (c, name, ttl, negative) = (
+        let (c, cr, name, ttl, negative) = (
             self.client.clone(),
+            creds(req),
             name.as_bytes().to_vec(),
             self.ttl,
             self.negative_ttl,
         );
         self.run(op_span!("fs.lookup", "lookup", parent.0), async move {
-            match c.lookup(parent, &name).await {
+            match c.lookup(&cr, parent, &name).await {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 // Node id 0 is "no such name" that the kernel keeps for the entry TTL
                 // (Python's import path probes, a build's header search ask again and
@@ -700,12 +701,12 @@ impl Filesystem for ShingleFs {
         );
     }
 
-    fn readdir(&self, _req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
+    fn readdir(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectory) {
         let Some(h) = self.dirs.lock().get(&fh.0).cloned() else {
             reply.error(fuser::Errno::EBADF);
             return;
         };
-        let (c, root) = (self.client.clone(), self.root);
+        let (c, cr, root) = (self.client.clone(), creds(req), self.root);
         self.run(op_span!("fs.readdir", "readdir", _ino.0, offset), async move {
             let mut h = h.lock().await;
             if h.parent.is_none() {
@@ -736,7 +737,7 @@ impl Filesystem for ShingleFs {
             loop {
                 while i >= h.entries.len() && !h.done {
                     let after = h.entries.last().map(|e| e.name.clone());
-                    match c.meta().readdir(h.dir, after.as_deref(), 1024).await {
+                    match c.meta().readdir_as(&cr, h.dir, after.as_deref(), 1024).await {
                         Ok(page) => {
                             // A short page is the last one.
                             h.done = page.len() < 1024;

@@ -377,13 +377,35 @@ impl MetaClient {
     }
 
     /// Looks up `name` in `parent` (one RPC unless the inode lives in another partition).
+    /// Nodes refuse it to a client key, which uses [`MetaClient::lookup_as`].
     pub async fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
-        let parts = self.view().map.partitions;
-        let p = crate::placement::dentry_partition(parent, name, parts);
         let op = ReadOp::Lookup {
             parent,
             name: name.to_vec(),
         };
+        self.entry(op).await
+    }
+
+    /// [`MetaClient::lookup`] for `creds`: with a client key, the nodes check that
+    /// `creds` (squashed as its grant says) may search `parent`; with the cluster
+    /// secret it is `lookup` (the mount's kernel checked).
+    pub async fn lookup_as(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {
+        if self.client.identity().is_none() {
+            return self.lookup(parent, name).await;
+        }
+        let op = ReadOp::LookupAs {
+            creds: creds.clone(),
+            parent,
+            name: name.to_vec(),
+        };
+        self.entry(op).await
+    }
+
+    async fn entry(&self, op: ReadOp) -> Result<Attr, Errno> {
+        let (ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. }) = &op else {
+            return Err(Errno::EINVAL);
+        };
+        let p = crate::placement::dentry_partition(*parent, name, self.view().map.partitions);
         match self.read(p, op).await? {
             ReadReply::Entry(_, Some(a)) => Ok(a),
             ReadReply::Entry(e, None) => self.getattr(e.ino).await,
@@ -509,7 +531,32 @@ impl MetaClient {
 
     /// One page of `dir`: up to `limit` entries with names after `after`, in name order,
     /// from every partition (in parallel, one request per node).
+    /// Nodes refuse it to a client key, which uses [`MetaClient::readdir_as`].
     pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
+        self.readdir_for(None, dir, after, limit).await
+    }
+
+    /// [`MetaClient::readdir`] for `creds`: with a client key, each node checks that
+    /// `creds` (squashed as its grant says) may read `dir`; with the cluster secret it is
+    /// `readdir`.
+    pub async fn readdir_as(
+        &self,
+        creds: &Creds,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let creds = self.client.identity().is_some().then_some(creds);
+        self.readdir_for(creds, dir, after, limit).await
+    }
+
+    async fn readdir_for(
+        &self,
+        creds: Option<&Creds>,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<DirEntry>, Errno> {
         let span = info_span!(
             "ns.readdir",
             op = "readdir",
@@ -520,13 +567,19 @@ impl MetaClient {
             errno = Empty,
             otel.status_code = Empty,
         );
-        self.readdir_inner(dir, after, limit)
+        self.readdir_inner(creds, dir, after, limit)
             .instrument(span.clone())
             .await
             .inspect_err(|e| record_errno(&span, *e))
     }
 
-    async fn readdir_inner(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
+    async fn readdir_inner(
+        &self,
+        creds: Option<&Creds>,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<DirEntry>, Errno> {
         let deadline = Instant::now() + self.timeout;
         let v = self.view();
         let mut todo: Vec<PartitionId> = (0..v.map.partitions).map(PartitionId).collect();
@@ -545,15 +598,23 @@ impl MetaClient {
                 let after = after.map(<[u8]>::to_vec);
                 async move {
                     let addr = v.addr(n)?;
-                    let req = Read {
-                        epoch: v.map.epoch,
-                        op: ReadOp::ReadDir {
+                    let partitions = parts.clone();
+                    let op = match creds {
+                        Some(c) => ReadOp::ReadDirAs {
+                            creds: c.clone(),
                             dir,
                             after,
                             limit,
-                            partitions: parts.clone(),
+                            partitions,
+                        },
+                        None => ReadOp::ReadDir {
+                            dir,
+                            after,
+                            limit,
+                            partitions,
                         },
                     };
+                    let req = Read { epoch: v.map.epoch, op };
                     match call(&self.client, addr, &req, self.rpc_timeout).await {
                         Ok(ReadReply::Entries(e, missing)) => Some(Ok((e, missing, parts))),
                         Ok(_) => None,
@@ -833,14 +894,15 @@ impl MetaClient {
         }
     }
 
-    /// Resolves a slash-separated path from the root (no symlink following).
+    /// Resolves a slash-separated path from the root (no symlink following), as root
+    /// (squashed as a client key's grant says).
     pub async fn resolve(&self, path: &[u8]) -> Result<Attr, Errno> {
         let mut cur = self.getattr(Ino::ROOT).await?;
         for comp in path.split(|b| *b == b'/').filter(|c| !c.is_empty() && *c != b".") {
             if cur.kind != FileKind::Dir {
                 return Err(Errno::ENOTDIR);
             }
-            cur = self.lookup(cur.ino, comp).await?;
+            cur = self.lookup_as(&Creds::root(), cur.ino, comp).await?;
         }
         Ok(cur)
     }

@@ -150,7 +150,7 @@ impl Core {
         {
             return Ok(a.clone());
         }
-        let a = self.client.lookup(dir.ino, name).await?;
+        let a = self.client.lookup(&self.creds, dir.ino, name).await?;
         if a.kind == FileKind::Dir {
             let mut dirs = self.dirs.lock();
             if dirs.len() > 65_536 {
@@ -538,7 +538,11 @@ impl Session {
             let mut out = Vec::new();
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let page = c.client.meta().readdir(d.ino, after.as_deref(), 1000).await?;
+                let page = c
+                    .client
+                    .meta()
+                    .readdir_as(&c.creds, d.ino, after.as_deref(), 1000)
+                    .await?;
                 let Some(last) = page.last() else { break };
                 after = Some(last.name.clone());
                 out.extend(page);

@@ -67,7 +67,7 @@ async fn walk(client: &Client, path: &str) -> Result<Vec<File>> {
         let mut after: Option<Vec<u8>> = None;
         loop {
             let page = meta
-                .readdir(dir, after.as_deref(), 1000)
+                .readdir_as(&Creds::root(), dir, after.as_deref(), 1000)
                 .await
                 .map_err(|e| anyhow::anyhow!("list {dpath}: {}", err(e)))?;
             let Some(last) = page.last() else { break };

@@ -202,7 +202,7 @@ async fn ls(client: &Client, path: &str) -> Result<()> {
     let mut after: Option<Vec<u8>> = None;
     loop {
         let page = meta
-            .readdir(d.ino, after.as_deref(), 1000)
+            .readdir_as(&Creds::root(), d.ino, after.as_deref(), 1000)
             .await
             .map_err(|e| errno(e, path))?;
         let Some(last) = page.last() else { break };
@@ -254,7 +254,10 @@ async fn put(client: &Client, local: &std::path::Path, path: &str) -> Result<()>
     {
         Ok(a) => a,
         Err(Errno::EEXIST) => {
-            let a = meta.lookup(d.ino, name.as_bytes()).await.map_err(|e| errno(e, path))?;
+            let a = meta
+                .lookup_as(&root, d.ino, name.as_bytes())
+                .await
+                .map_err(|e| errno(e, path))?;
             let set = shingle_meta::namespace::SetAttr {
                 size: Some(0),
                 ..Default::default()

@@ -108,6 +108,7 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
     let e = std::fs::write(tenant.mount.join("shared/f.bin"), b"x").expect_err("not the tenant's file");
     assert_eq!(e.raw_os_error(), Some(libc_eacces()), "{e}");
     drop(tenant);
+    lookups_and_listings_are_checked_for_the_key(&cluster, &admin, &tenant_key, shared.ino).await;
     shards_need_a_capability_for_their_file(&cluster, &admin, &tenant_key, shared.ino).await;
 
     // Read-only: the mount is read-only, and the nodes refuse changes anyway.
@@ -121,7 +122,13 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
         .await
         .expect_err("the nodes refuse a read-only key's change");
     assert_eq!(e, Errno::EROFS);
-    assert!(reader_meta.lookup(shared.ino, b"f.bin").await.is_ok(), "reads work");
+    assert!(
+        reader_meta
+            .lookup_as(&Creds::root(), shared.ino, b"f.bin")
+            .await
+            .is_ok(),
+        "reads work"
+    );
 
     // What only nodes and admins send: a proposal to the managers, a scrub.
     let manager = cluster.local.managers[0];
@@ -173,6 +180,39 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
         text.contains("revoked") && text.contains("read-only, root squashed"),
         "{text}"
     );
+}
+
+/// Names are the nodes' to guard too: a tenant (every uid acts as 2000:3000) asking
+/// the nodes directly cannot look up or list in root's 0700 directory, whatever
+/// credentials it sends, and a plain lookup or listing (which carries none) is
+/// refused to any client key.
+async fn lookups_and_listings_are_checked_for_the_key(cluster: &Cluster, admin: &MetaClient, key: &Path, shared: Ino) {
+    let c = Creds::root();
+    let private = admin
+        .mknod(&c, shared, b"hr", FileKind::Dir, 0o700, 0, None)
+        .await
+        .expect("mkdir /shared/hr");
+    admin
+        .mknod(&c, private.ino, b"payroll.csv", FileKind::File, 0o644, 0, None)
+        .await
+        .expect("a name worth hiding");
+    let (_, tenant) = client_with(cluster, key).await;
+    let names = tenant.lookup_as(&c, shared, b"hr").await.expect("/shared is 0777");
+    assert_eq!(names.ino, private.ino);
+    assert_eq!(
+        tenant.lookup_as(&c, private.ino, b"payroll.csv").await.err(),
+        Some(Errno::EACCES),
+        "no search permission on root's 0700 directory"
+    );
+    assert_eq!(
+        tenant.readdir_as(&c, private.ino, None, 100).await.err(),
+        Some(Errno::EACCES),
+        "no read permission on it"
+    );
+    assert_eq!(tenant.lookup(shared, b"hr").await.err(), Some(Errno::EACCES));
+    assert_eq!(tenant.readdir(shared, None, 100).await.err(), Some(Errno::EACCES));
+    let listed = tenant.readdir_as(&c, shared, None, 100).await.expect("list /shared");
+    assert!(listed.iter().any(|e| e.name == b"hr"), "{listed:?}");
 }
 
 /// A key confined to /shared/proj (`--path`, root kept): its mount shows that
@@ -232,11 +272,14 @@ async fn a_subtree_key_sees_only_its_directory(
     let sub = admin.lookup(proj.ino, b"sub").await.expect("sub").ino;
     let eacces = |what: &str, r: Result<(), Errno>| assert_eq!(r, Err(Errno::EACCES), "{what}");
     eacces("getattr /", meta.getattr(Ino::ROOT).await.map(drop));
-    eacces("lookup /shared", meta.lookup(Ino::ROOT, b"shared").await.map(drop));
-    eacces("lookup a sibling", meta.lookup(shared, b"f.bin").await.map(drop));
+    eacces(
+        "lookup /shared",
+        meta.lookup_as(&c, Ino::ROOT, b"shared").await.map(drop),
+    );
+    eacces("lookup a sibling", meta.lookup_as(&c, shared, b"f.bin").await.map(drop));
     eacces("getattr a sibling", meta.getattr(f_bin).await.map(drop));
     eacces("head a sibling", meta.head_as(&c, f_bin).await.map(drop));
-    eacces("list /", meta.readdir(Ino::ROOT, None, 100).await.map(drop));
+    eacces("list /", meta.readdir_as(&c, Ino::ROOT, None, 100).await.map(drop));
     eacces("alive", meta.alive(f_bin).await.map(drop));
     eacces(
         "create outside",
@@ -265,7 +308,7 @@ async fn a_subtree_key_sees_only_its_directory(
     );
     eacces("rmdir the subtree", meta.rmdir(&c, shared, b"proj").await);
     assert!(meta.getattr(proj.ino).await.is_ok() && meta.getattr(moved.ino).await.is_ok());
-    let in_bin = meta.lookup(sub, b"in.bin").await.expect("lookup inside").ino;
+    let in_bin = meta.lookup_as(&c, sub, b"in.bin").await.expect("lookup inside").ino;
     meta.head_as(&c, in_bin).await.expect("head inside");
     assert!(
         meta.take_cap(in_bin).is_some(),

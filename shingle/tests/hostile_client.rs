@@ -562,6 +562,32 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             }),
         ),
         (
+            "Read/LookupAs",
+            kind::<Read>(),
+            meta_enc(&Read {
+                epoch,
+                op: ReadOp::LookupAs {
+                    creds: Creds::root(),
+                    parent: Ino::ROOT,
+                    name: b"f.bin".to_vec(),
+                },
+            }),
+        ),
+        (
+            "Read/ReadDirAs",
+            kind::<Read>(),
+            meta_enc(&Read {
+                epoch,
+                op: ReadOp::ReadDirAs {
+                    creds: Creds::root(),
+                    dir: Ino::ROOT,
+                    after: None,
+                    limit: 100,
+                    partitions: (0..16).map(PartitionId).collect(),
+                },
+            }),
+        ),
+        (
             "Read/Stripes",
             kind::<Read>(),
             meta_enc(&Read {
@@ -882,6 +908,8 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
     let reads = [
         "Read/Lookup",
         "Read/ReadDir",
+        "Read/LookupAs",
+        "Read/ReadDirAs",
         "Read/Stripes",
         "Read/GetXattr",
         "StageShard",

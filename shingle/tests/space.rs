@@ -97,10 +97,13 @@ async fn removed_files_give_their_space_back_and_open_ones_keep_their_data() {
         full.free / MIB
     );
     // Open, then removed: the data stays while it is open, well past the purge delay.
-    let a = c.lookup(Ino::ROOT, b"a").await.expect("lookup");
+    let a = c.lookup(&Creds::root(), Ino::ROOT, b"a").await.expect("lookup");
     let f = c.open(&root, a.ino).await.expect("open");
     c.unlink(&root, Ino::ROOT, b"a").await.expect("unlink");
-    assert_eq!(c.lookup(Ino::ROOT, b"a").await.err(), Some(Errno::ENOENT));
+    assert_eq!(
+        c.lookup(&Creds::root(), Ino::ROOT, b"a").await.err(),
+        Some(Errno::ENOENT)
+    );
     tokio::time::sleep(Duration::from_secs(8)).await;
     read_back(&f, 1, len).await;
     assert!(
@@ -177,7 +180,7 @@ async fn write_and_delete_cycles_of_three_times_the_capacity_never_fill_it() {
         cap / MIB
     );
     let last = c
-        .lookup(Ino::ROOT, format!("c{}", i - 1).as_bytes())
+        .lookup(&Creds::root(), Ino::ROOT, format!("c{}", i - 1).as_bytes())
         .await
         .expect("lookup");
     let f = c.open(&root, last.ino).await.expect("open");
@@ -213,7 +216,10 @@ async fn a_full_cluster_says_enospc_keeps_everything_and_recovers() {
     eprintln!("ENOSPC at file {full} after {} files of 16 MiB", kept.len());
     // Everything acknowledged is there.
     for i in &kept {
-        let a = c.lookup(Ino::ROOT, format!("f{i}").as_bytes()).await.expect("lookup");
+        let a = c
+            .lookup(&Creds::root(), Ino::ROOT, format!("f{i}").as_bytes())
+            .await
+            .expect("lookup");
         let f = c.open(&root, a.ino).await.expect("open");
         read_back(&f, *i, len).await;
     }
@@ -231,7 +237,10 @@ async fn a_full_cluster_says_enospc_keeps_everything_and_recovers() {
             .expect("a write after removing files");
     }
     for i in &kept {
-        let a = c.lookup(Ino::ROOT, format!("f{i}").as_bytes()).await.expect("lookup");
+        let a = c
+            .lookup(&Creds::root(), Ino::ROOT, format!("f{i}").as_bytes())
+            .await
+            .expect("lookup");
         let f = c.open(&root, a.ino).await.expect("open");
         read_back(&f, *i, len).await;
     }

@@ -1384,7 +1384,7 @@ impl MetaNode {
             f(&ns).map_err(errno_status)
         };
         match req {
-            ReadOp::Lookup { parent, name } => {
+            ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => {
                 if name.len() > crate::namespace::types::NAME_MAX {
                     return Err(errno_status(Errno::ENAMETOOLONG));
                 }
@@ -1469,6 +1469,13 @@ impl MetaNode {
                 after,
                 limit,
                 partitions,
+            }
+            | ReadOp::ReadDirAs {
+                dir,
+                after,
+                limit,
+                partitions,
+                ..
             } => {
                 let limit = (*limit).clamp(1, 4096) as usize;
                 // Each partition once, and only partitions that exist: the reply holds
@@ -2096,16 +2103,22 @@ impl MetaNode {
         let mut r = Router::new();
         // Reads are served from any caught-up copy whatever the caller's epoch.
         r = self.route::<Read, _, _>(r, |n, ctx, mut req| {
-            if let ReadOp::GetXattr { creds, .. } | ReadOp::ListXattr { creds, .. } | ReadOp::GetInodeAs { creds, .. } =
-                &mut req.op
+            if let ReadOp::GetXattr { creds, .. }
+            | ReadOp::ListXattr { creds, .. }
+            | ReadOp::GetInodeAs { creds, .. }
+            | ReadOp::LookupAs { creds, .. }
+            | ReadOp::ReadDirAs { creds, .. } = &mut req.op
             {
                 n.squash(&ctx, creds);
             }
             let confined = n.confined_to(&ctx);
+            let client = matches!(*ctx.principal, shingle_transport::auth::Principal::Client(_));
             let parts = n.view().map.partitions;
             let partition = match &req.op {
-                ReadOp::Lookup { parent, name } => Some(crate::placement::dentry_partition(*parent, name, parts).0),
-                ReadOp::ReadDir { .. } => None,
+                ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => {
+                    Some(crate::placement::dentry_partition(*parent, name, parts).0)
+                }
+                ReadOp::ReadDir { .. } | ReadOp::ReadDirAs { .. } => None,
                 op => Some(op.ino().partition().0),
             };
             let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
@@ -2114,6 +2127,7 @@ impl MetaNode {
                     let names = super::subtree::read_names(&req.op).ok_or_else(|| errno_status(Errno::EACCES))?;
                     n.confine(root, &[names]).await?;
                 }
+                n.check_read(client, &req.op).await?;
                 n.on_read(&req.op)
             }
             .instrument(span)
@@ -2297,36 +2311,73 @@ impl MetaNode {
     }
 
     /// Whether `ino` is `root` or lies below it: walks its parents through the records
-    /// held here and parents fetched from their partitions' primaries.
+    /// held here and facts fetched from their partitions' primaries.
     async fn within(&self, ino: Ino, root: Ino) -> Result<bool, Status> {
         use super::subtree::{Step, walk};
         for _ in 0..super::subtree::MAX_DEPTH {
             let now = Instant::now();
-            let step = walk(ino, root, |i| {
-                self.held_parent(i).or_else(|| self.inner.homes.get(i, now))
-            })
-            .map_err(errno_status)?;
-            match step {
+            let known = |i: Ino| {
+                self.held_facts(i)
+                    .or_else(|| self.inner.homes.get(i, now))
+                    .map(|f| f.and_then(|f| f.parent))
+            };
+            match walk(ino, root, known).map_err(errno_status)? {
                 Step::Inside => return Ok(true),
                 Step::Outside => return Ok(false),
                 Step::Need(i) => {
-                    let parent = self.fetch_parent(i).await?;
-                    self.inner.homes.put(i, parent, now);
+                    self.fetch_facts(i).await?;
                 }
             }
         }
         Err(errno_status(Errno::ELOOP))
     }
 
-    /// `ino`'s parent from a copy of its partition this node serves (`None`: none here).
-    fn held_parent(&self, ino: Ino) -> Option<Option<Ino>> {
-        let slot = self.serving(ino.partition()).ok()?;
-        let st = slot.read();
-        Some(st.part.inodes.get(&ino).and_then(|r| r.parent))
+    /// What a client's read needs checked that the kernel of a trusted mount checks:
+    /// search permission on a lookup's directory, read permission on a listed one.
+    /// A client key must send the kinds that carry its credentials.
+    async fn check_read(&self, client: bool, op: &ReadOp) -> Result<(), Status> {
+        use crate::namespace::perm::{R, X};
+        let (creds, dir, mask) = match op {
+            ReadOp::Lookup { .. } | ReadOp::ReadDir { .. } if client => {
+                return Err(Status::new(
+                    Code::PermissionDenied,
+                    "a client key looks up and lists with its credentials (LookupAs, ReadDirAs)",
+                ));
+            }
+            ReadOp::LookupAs { creds, parent, .. } => (creds, *parent, X),
+            ReadOp::ReadDirAs { creds, dir, .. } => (creds, *dir, R),
+            _ => return Ok(()),
+        };
+        let facts = self.facts(dir).await?.ok_or_else(|| errno_status(Errno::ENOENT))?;
+        if facts.attr.kind != crate::namespace::FileKind::Dir {
+            return Err(errno_status(Errno::ENOTDIR));
+        }
+        crate::namespace::perm::check(creds, &facts.attr, mask).map_err(errno_status)
     }
 
-    /// `ino`'s parent, from its partition's primary.
-    async fn fetch_parent(&self, ino: Ino) -> Result<Option<Ino>, Status> {
+    /// `ino`'s parent and attributes from a copy of its partition this node serves
+    /// (`None`: none here; `Some(None)`: no such inode).
+    fn held_facts(&self, ino: Ino) -> Option<Option<super::subtree::Facts>> {
+        let slot = self.serving(ino.partition()).ok()?;
+        let st = slot.read();
+        Some(st.part.inodes.get(&ino).map(super::subtree::Facts::of))
+    }
+
+    /// `ino`'s parent and attributes: held here, fetched within [`super::subtree::HOME_TTL`],
+    /// or fetched now.
+    async fn facts(&self, ino: Ino) -> Result<Option<super::subtree::Facts>, Status> {
+        match self
+            .held_facts(ino)
+            .or_else(|| self.inner.homes.get(ino, Instant::now()))
+        {
+            Some(f) => Ok(f),
+            None => self.fetch_facts(ino).await,
+        }
+    }
+
+    /// `ino`'s parent and attributes, from its partition's primary (and remembered).
+    async fn fetch_facts(&self, ino: Ino) -> Result<Option<super::subtree::Facts>, Status> {
+        let asked = Instant::now();
         let v = self.view();
         let addr = v
             .primary(ino.partition())
@@ -2341,7 +2392,14 @@ impl MetaNode {
             .call_peer(addr, &req, Duration::from_secs(2))
             .await
             .map_err(to_status)?;
-        Ok(got.inodes.into_iter().next().flatten().and_then(|r| r.parent))
+        let facts = got
+            .inodes
+            .into_iter()
+            .next()
+            .flatten()
+            .map(|r| super::subtree::Facts::of(&r));
+        self.inner.homes.put(ino, facts.clone(), asked);
+        Ok(facts)
     }
 
     fn route<R, F, Fut>(&self, router: Router, f: F) -> Router

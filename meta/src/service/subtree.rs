@@ -1,6 +1,7 @@
 //! Subtree grants on the metadata service (decision 0022): which inodes a request of
 //! a confined client key names, whether each lies below the key's directory, and a
-//! short-lived cache of the parents of inodes other nodes hold.
+//! short-lived cache of the parents and attributes of inodes other nodes hold (also
+//! what a client key's lookups and listings are checked against).
 //!
 //! An inode lies in a subtree when walking its parents ([`InodeRec::parent`]) reaches
 //! the subtree's directory before the root. A directory's parent is its `..`; any other
@@ -17,7 +18,7 @@
 
 use super::wire::{NsOp, ReadOp};
 use crate::ids::Ino;
-use crate::namespace::Errno;
+use crate::namespace::{Attr, Errno};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -85,27 +86,48 @@ pub fn walk(start: Ino, root: Ino, parent: impl Fn(Ino) -> Option<Option<Ino>>) 
     Err(Errno::ELOOP)
 }
 
-/// Parents fetched from other nodes, each trusted for [`HOME_TTL`].
+/// What a node checking a client's request needs of an inode: its parent (for a
+/// subtree) and attributes (for the caller's permission on a directory).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// [`InodeRec::parent`](crate::namespace::InodeRec::parent).
+    pub parent: Option<Ino>,
+    /// Attributes.
+    pub attr: Attr,
+}
+
+impl Facts {
+    /// The facts of a record.
+    pub fn of(rec: &crate::namespace::InodeRec) -> Facts {
+        Facts {
+            parent: rec.parent,
+            attr: rec.attr.clone(),
+        }
+    }
+}
+
+/// Facts of inodes fetched from other nodes (`None`: no such inode), each trusted
+/// for [`HOME_TTL`].
 #[derive(Default)]
 pub struct Homes {
-    known: Mutex<HashMap<Ino, (Option<Ino>, Instant)>>,
+    known: Mutex<HashMap<Ino, (Option<Facts>, Instant)>>,
 }
 
 impl Homes {
-    /// `ino`'s parent, if fetched less than [`HOME_TTL`] before `now`.
-    pub fn get(&self, ino: Ino, now: Instant) -> Option<Option<Ino>> {
+    /// `ino`'s facts, if fetched less than [`HOME_TTL`] before `now`.
+    pub fn get(&self, ino: Ino, now: Instant) -> Option<Option<Facts>> {
         let known = self.known.lock();
-        let (parent, at) = known.get(&ino)?;
-        (now.saturating_duration_since(*at) < HOME_TTL).then_some(*parent)
+        let (facts, at) = known.get(&ino)?;
+        (now.saturating_duration_since(*at) < HOME_TTL).then(|| facts.clone())
     }
 
-    /// Remembers `ino`'s parent as fetched at `at`.
-    pub fn put(&self, ino: Ino, parent: Option<Ino>, at: Instant) {
+    /// Remembers `ino`'s facts as fetched at `at`.
+    pub fn put(&self, ino: Ino, facts: Option<Facts>, at: Instant) {
         let mut known = self.known.lock();
         if known.len() >= MAX_HOMES {
             known.clear();
         }
-        known.insert(ino, (parent, at));
+        known.insert(ino, (facts, at));
     }
 }
 
@@ -185,11 +207,16 @@ mod tests {
     }
 
     #[test]
-    fn fetched_parents_expire() {
+    fn fetched_facts_expire() {
         let h = Homes::default();
         let t0 = Instant::now();
-        h.put(Ino(9), Some(Ino(4)), t0);
-        assert_eq!(h.get(Ino(9), t0 + HOME_TTL / 2), Some(Some(Ino(4))));
+        let rec = crate::service::replica::Replica::initial(crate::ids::PartitionId(0), 4, 1)
+            .part
+            .inodes[&Ino::ROOT]
+            .clone();
+        let f = Facts::of(&rec);
+        h.put(Ino(9), Some(f.clone()), t0);
+        assert_eq!(h.get(Ino(9), t0 + HOME_TTL / 2), Some(Some(f)));
         assert_eq!(h.get(Ino(9), t0 + HOME_TTL), None);
         assert_eq!(h.get(Ino(8), t0), None);
     }

@@ -136,19 +136,45 @@ pub enum ReadOp {
         /// Inode.
         ino: Ino,
     },
+    /// [`ReadOp::Lookup`] as a client key sends it (variants are appended: an older
+    /// node's encodings of the others stay the same): the node checks `creds` (squashed as
+    /// its grant says) may search `parent`, which it does not take a client key's word
+    /// for (a plain `Lookup` from one is refused).
+    LookupAs {
+        /// Caller.
+        creds: Creds,
+        /// Directory.
+        parent: Ino,
+        /// Name.
+        name: Vec<u8>,
+    },
+    /// [`ReadOp::ReadDir`] as a client key sends it: each node checks `creds` may read
+    /// `dir`.
+    ReadDirAs {
+        /// Caller.
+        creds: Creds,
+        /// Directory.
+        dir: Ino,
+        /// Cursor: the last name already returned.
+        after: Option<Vec<u8>>,
+        /// At most this many entries.
+        limit: u32,
+        /// Partitions to list.
+        partitions: Vec<PartitionId>,
+    },
 }
 
 impl ReadOp {
     /// The operation's name (a trace attribute).
     pub fn name(&self) -> &'static str {
         match self {
-            ReadOp::Lookup { .. } => "lookup",
+            ReadOp::Lookup { .. } | ReadOp::LookupAs { .. } => "lookup",
             ReadOp::GetAttr(_) => "getattr",
             ReadOp::GetInode(_) => "get_inode",
             ReadOp::Stripes { .. } => "stripes",
             ReadOp::GetXattr { .. } => "getxattr",
             ReadOp::ListXattr { .. } => "listxattr",
-            ReadOp::ReadDir { .. } => "readdir",
+            ReadOp::ReadDir { .. } | ReadOp::ReadDirAs { .. } => "readdir",
             ReadOp::Purges { .. } => "purges",
             ReadOp::Alive(_) => "alive",
             ReadOp::GetInodeAs { .. } => "get_inode",
@@ -159,6 +185,8 @@ impl ReadOp {
     pub fn ino(&self) -> Ino {
         match self {
             ReadOp::Lookup { parent: ino, .. }
+            | ReadOp::LookupAs { parent: ino, .. }
+            | ReadOp::ReadDirAs { dir: ino, .. }
             | ReadOp::GetAttr(ino)
             | ReadOp::GetInode(ino)
             | ReadOp::Stripes { ino, .. }

@@ -47,7 +47,7 @@ async fn read_all(client: &Client, dir: Ino, files: usize, len: usize) -> Result
     for i in 0..files {
         let name = format!("f{i}");
         let a = client
-            .lookup(dir, name.as_bytes())
+            .lookup(&root, dir, name.as_bytes())
             .await
             .map_err(|e| anyhow::anyhow!("lookup {name}: {e}"))?;
         let f = client

@@ -246,7 +246,7 @@ async fn read_file(client: &Client, dir: Ino, name: &str, seed: u64, len: usize)
     // Where a slow read spent its time: lookup, open, read (ms).
     let t = Instant::now();
     let a = client
-        .lookup(dir, name.as_bytes())
+        .lookup(&Creds::root(), dir, name.as_bytes())
         .await
         .map_err(|e| format!("lookup {name}: {e}"))?;
     let lookup_ms = t.elapsed().as_secs_f64() * 1e3;
