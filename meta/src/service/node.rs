@@ -1376,70 +1376,17 @@ impl MetaNode {
     }
 
     fn on_read(&self, req: &ReadOp) -> Result<ReadReply, Status> {
-        let parts = self.view().map.partitions;
-        let sparse_read = |ino: Ino, f: &dyn Fn(&Namespace) -> Result<ReadReply, Errno>| -> Result<ReadReply, Status> {
-            let s = self.serving(ino.partition())?;
-            let mut ns = Namespace::sparse(parts);
-            ns.provide_inode(ino, s.read().part.inodes.get(&ino).cloned());
-            f(&ns).map_err(errno_status)
-        };
         match req {
-            ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => {
-                if name.len() > crate::namespace::types::NAME_MAX {
-                    return Err(errno_status(Errno::ENAMETOOLONG));
-                }
-                let p = crate::placement::dentry_partition(*parent, name, parts);
-                let s = self.serving(p)?;
-                let st = s.read();
-                let e = st
-                    .part
-                    .dentry(*parent, name)
-                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
-                let attr = st.part.inodes.get(&e.ino).map(|r| r.attr.clone());
-                Ok(ReadReply::Entry(e, attr))
-            }
-            ReadOp::GetAttr(ino) => {
-                let s = self.serving(ino.partition())?;
-                let st = s.read();
-                let r = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
-                Ok(ReadReply::Attr(r.attr.clone()))
-            }
+            ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => self.read_entry(*parent, name),
+            ReadOp::GetAttr(ino) => self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone())),
             ReadOp::GetInode(ino) => Ok(ReadReply::Inode(Box::new(self.head(*ino)?))),
-            ReadOp::GetInodeAs { creds, ino } => {
-                let r = self.head(*ino)?;
-                let cap = match &self.inner.cfg.caps {
-                    Some(key) if crate::namespace::perm::may_open_data(creds, &r.attr) => key
-                        .mint(ino.0, Right::Read, shingle_transport::cap::unix_now())
-                        .to_bytes(),
-                    _ => Vec::new(),
-                };
-                Ok(ReadReply::InodeCap(Box::new(r), cap))
-            }
-            ReadOp::Stripes { ino, from, limit } => {
-                let s = self.serving(ino.partition())?;
-                let st = s.read();
-                let attr = st
-                    .part
-                    .inodes
-                    .get(ino)
-                    .map(|r| r.attr.clone())
-                    .ok_or_else(|| errno_status(Errno::ENOENT))?;
-                let limit = (*limit).clamp(1, super::wire::MAX_STRIPES_READ) as usize;
-                let mut recs: Vec<(u64, crate::namespace::StripeRec)> = st
-                    .part
-                    .stripes_of(*ino, *from)
-                    .take(limit + 1)
-                    .map(|(s, r)| (s, r.clone()))
-                    .collect();
-                let more = recs.len() > limit;
-                recs.truncate(limit);
-                Ok(ReadReply::Stripes(recs, more, Box::new(attr)))
-            }
+            ReadOp::GetInodeAs { creds, ino } => self.head_with_cap(creds, *ino),
+            ReadOp::Stripes { ino, from, limit } => self.read_stripes(*ino, *from, *limit),
             ReadOp::GetXattr { creds, ino, name } => {
-                sparse_read(*ino, &|ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))
+                self.sparse_read(*ino, |ns| ns.getxattr(creds, *ino, name).map(ReadReply::Value))
             }
             ReadOp::ListXattr { creds, ino } => {
-                sparse_read(*ino, &|ns| ns.listxattr(creds, *ino).map(ReadReply::Names))
+                self.sparse_read(*ino, |ns| ns.listxattr(creds, *ino).map(ReadReply::Names))
             }
             ReadOp::Purges {
                 partition,
@@ -1476,40 +1423,125 @@ impl MetaNode {
                 limit,
                 partitions,
                 ..
-            } => {
-                let limit = (*limit).clamp(1, 4096) as usize;
-                // Each partition once, and only partitions that exist: the reply holds
-                // at most 2 × limit entries at any time.
-                let mut wanted: Vec<PartitionId> = partitions.iter().copied().filter(|p| p.0 < parts).collect();
-                wanted.sort_unstable();
-                wanted.dedup();
-                let mut all: Vec<DirEntry> = Vec::new();
-                let mut missing = Vec::new();
-                for p in &wanted {
-                    match self.serving(*p) {
-                        Ok(s) => all.extend(
-                            s.read()
-                                .part
-                                .entries_after(*dir, after.as_deref(), limit)
-                                .into_iter()
-                                .map(|(name, v)| DirEntry {
-                                    name,
-                                    ino: v.ino,
-                                    kind: v.kind,
-                                }),
-                        ),
-                        Err(_) => missing.push(*p),
-                    }
-                    if all.len() > limit {
-                        all.sort_by(|a, b| a.name.cmp(&b.name));
-                        all.truncate(limit);
-                    }
-                }
+            } => Ok(self.read_dir(*dir, after.as_deref(), *limit, partitions)),
+        }
+    }
+
+    /// `f` of inode `ino`'s record in the copy served here (`ENOENT` if none).
+    fn with_inode(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&crate::namespace::InodeRec) -> ReadReply,
+    ) -> Result<ReadReply, Status> {
+        let s = self.serving(ino.partition())?;
+        let st = s.read();
+        st.part
+            .inodes
+            .get(&ino)
+            .map(f)
+            .ok_or_else(|| errno_status(Errno::ENOENT))
+    }
+
+    /// `f` of a namespace view holding just inode `ino` (for reads the namespace engine
+    /// answers, such as extended attributes with their permission checks).
+    fn sparse_read(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&Namespace) -> Result<ReadReply, Errno>,
+    ) -> Result<ReadReply, Status> {
+        let s = self.serving(ino.partition())?;
+        let mut ns = Namespace::sparse(self.view().map.partitions);
+        ns.provide_inode(ino, s.read().part.inodes.get(&ino).cloned());
+        f(&ns).map_err(errno_status)
+    }
+
+    /// Lookup: the entry, with the inode's attributes when its partition is the entry's.
+    fn read_entry(&self, parent: Ino, name: &[u8]) -> Result<ReadReply, Status> {
+        if name.len() > crate::namespace::types::NAME_MAX {
+            return Err(errno_status(Errno::ENAMETOOLONG));
+        }
+        let p = crate::placement::dentry_partition(parent, name, self.view().map.partitions);
+        let s = self.serving(p)?;
+        let st = s.read();
+        let e = st
+            .part
+            .dentry(parent, name)
+            .ok_or_else(|| errno_status(Errno::ENOENT))?;
+        let attr = st.part.inodes.get(&e.ino).map(|r| r.attr.clone());
+        Ok(ReadReply::Entry(e, attr))
+    }
+
+    /// The head an open reads, with a read capability for the file's shards when
+    /// `creds` may have its data (and this node has a capability key).
+    fn head_with_cap(&self, creds: &crate::namespace::Creds, ino: Ino) -> Result<ReadReply, Status> {
+        let r = self.head(ino)?;
+        let cap = match &self.inner.cfg.caps {
+            Some(key) if crate::namespace::perm::may_open_data(creds, &r.attr) => key
+                .mint(ino.0, Right::Read, shingle_transport::cap::unix_now())
+                .to_bytes(),
+            _ => Vec::new(),
+        };
+        Ok(ReadReply::InodeCap(Box::new(r), cap))
+    }
+
+    /// Up to `limit` stripe records of `ino` from `from`, whether more follow, and the
+    /// file's attributes as of the same moment.
+    fn read_stripes(&self, ino: Ino, from: u64, limit: u32) -> Result<ReadReply, Status> {
+        let s = self.serving(ino.partition())?;
+        let st = s.read();
+        let attr = st
+            .part
+            .inodes
+            .get(&ino)
+            .map(|r| r.attr.clone())
+            .ok_or_else(|| errno_status(Errno::ENOENT))?;
+        let limit = limit.clamp(1, super::wire::MAX_STRIPES_READ) as usize;
+        let mut recs: Vec<(u64, crate::namespace::StripeRec)> = st
+            .part
+            .stripes_of(ino, from)
+            .take(limit + 1)
+            .map(|(s, r)| (s, r.clone()))
+            .collect();
+        let more = recs.len() > limit;
+        recs.truncate(limit);
+        Ok(ReadReply::Stripes(recs, more, Box::new(attr)))
+    }
+
+    /// Entries of `dir` after `after` from each of `partitions` served here, merged in
+    /// name order (at most `limit`), and the partitions not served here.
+    fn read_dir(&self, dir: Ino, after: Option<&[u8]>, limit: u32, partitions: &[PartitionId]) -> ReadReply {
+        let parts = self.view().map.partitions;
+        let limit = limit.clamp(1, 4096) as usize;
+        // Each partition once, and only partitions that exist: the reply holds at most
+        // 2 × limit entries at any time.
+        let mut wanted: Vec<PartitionId> = partitions.iter().copied().filter(|p| p.0 < parts).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        let mut all: Vec<DirEntry> = Vec::new();
+        let mut missing = Vec::new();
+        for p in &wanted {
+            match self.serving(*p) {
+                Ok(s) => all.extend(
+                    s.read()
+                        .part
+                        .entries_after(dir, after, limit)
+                        .into_iter()
+                        .map(|(name, v)| DirEntry {
+                            name,
+                            ino: v.ino,
+                            kind: v.kind,
+                        }),
+                ),
+                Err(_) => missing.push(*p),
+            }
+            if all.len() > limit {
                 all.sort_by(|a, b| a.name.cmp(&b.name));
                 all.truncate(limit);
-                Ok(ReadReply::Entries(all, missing))
             }
         }
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all.truncate(limit);
+        ReadReply::Entries(all, missing)
     }
 
     fn on_stats(&self) -> NodeStats {
