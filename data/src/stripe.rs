@@ -256,12 +256,7 @@ async fn write_stripe_inner<C>(
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
-    let StripeAt {
-        ino,
-        stripe,
-        version,
-        cap,
-    } = at;
+    let (ino, stripe) = (at.ino, at.stripe);
     let (k, n) = (usize::from(policy.k), policy.shard_count());
     if targets.len() != n {
         return Err(StripeError::WrongGroupSize {
@@ -270,71 +265,17 @@ where
         });
     }
     let shards = policy.encode_stripe_bytes(data)?;
-    let mut spares_used = 0usize;
-    let mut shared = 0usize;
-    let mut spares: std::collections::VecDeque<SocketAddr> = spares
-        .iter()
-        .copied()
-        .filter(|a| !targets.contains(a) && !down.contains(a) && !health.suspected(*a))
-        .collect();
-    // Shards sent to each node and not failed there (pending or stored), every target
-    // and then each spare used, in that order; and nodes that failed a shard of this
-    // stripe.
-    let mut load: Vec<(SocketAddr, usize)> = Vec::new();
-    for t in targets {
-        if !load.iter().any(|(a, _)| a == t) {
-            load.push((*t, 0));
-        }
-    }
-    let mut bad: Vec<SocketAddr> = Vec::new();
-    let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
+    let suspected = |a: SocketAddr| health.suspected(a);
+    let mut placer = Placer::new(targets, spares, down, rule.share_nodes, &suspected);
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let spawn = |i: usize, node: SocketAddr, shard: Bytes, how: &'static str| {
-        let (c, h, tx, cap) = (client.clone(), health.clone(), tx.clone(), cap.clone());
-        let id = ShardId {
-            ino,
-            stripe,
-            shard: i as u32,
-        };
-        let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= k, placed = how, otel.status_code = Empty);
-        tokio::spawn(
-            async move {
-                let ticket = h.start(node);
-                let r = write_shard(&c, node, id, version, shard, cap).await;
-                ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
-                if r.is_err() {
-                    Span::current().record("otel.status_code", "error");
-                }
-                let _ = tx.send((i, node, r.map(|_| ()).map_err(|e| e.to_string())));
-            }
-            .instrument(span),
-        );
+    let sender = ShardSender {
+        client: client.clone(),
+        health: health.clone(),
+        tx,
+        at,
+        k,
     };
-    // A node for a shard that lost its own: the next spare, else (if the rule allows)
-    // the live node of this stripe with the fewest of its shards.
-    let mut fallback =
-        |load: &[(SocketAddr, usize)], bad: &[SocketAddr], share: bool| -> Option<(SocketAddr, &'static str)> {
-            if let Some(a) = spares.pop_front() {
-                spares_used += 1;
-                return Some((a, "spare"));
-            }
-            if !rule.share_nodes || !share {
-                return None;
-            }
-            let (a, _) = load
-                .iter()
-                .filter(|(a, _)| !bad.contains(a) && !down.contains(a) && !health.suspected(*a))
-                .min_by_key(|(_, c)| *c)?;
-            shared += 1;
-            Some((*a, "shared"))
-        };
-    let add = |load: &mut Vec<(SocketAddr, usize)>, node: SocketAddr, d: isize| match load
-        .iter_mut()
-        .find(|(a, _)| *a == node)
-    {
-        Some((_, c)) => *c = c.saturating_add_signed(d),
-        None => load.push((node, d.max(0) as usize)),
-    };
+    let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
     let mut pending = 0usize;
     let mut safe = 0usize;
     let suspects = health.suspects(targets);
@@ -348,8 +289,8 @@ where
         } else if suspects[i] || down.contains(&targets[i]) {
             orphans.push(i);
         } else {
-            spawn(i, targets[i], shard.clone(), "own");
-            add(&mut load, targets[i], 1);
+            sender.send(i, targets[i], shard.clone(), "own");
+            placer.add(targets[i], 1);
             pending += 1;
         }
     }
@@ -360,15 +301,15 @@ where
         // the few others could leave a stripe that would not survive one more loss
         // (seen on a loaded machine: six shards on two nodes, the write failed).
         let share = down.contains(&targets[i]);
-        let (node, how) = match fallback(&load, &bad, share) {
+        let (node, how) = match placer.fallback(share) {
             Some(f) => {
-                bad.push(targets[i]);
+                placer.bad.push(targets[i]);
                 f
             }
             None => (targets[i], "own"),
         };
-        spawn(i, node, shards[i].clone(), how);
-        add(&mut load, node, 1);
+        sender.send(i, node, shards[i].clone(), how);
+        placer.add(node, 1);
         pending += 1;
     }
     let held = |placed: &[Option<SocketAddr>]| -> Vec<Option<SocketAddr>> {
@@ -395,13 +336,10 @@ where
             Err(e) => {
                 tracing::debug!(ino, stripe, shard = i, %node, error = %e, "shard write failed");
                 errors.push(format!("shard {i} on {node}: {e}"));
-                add(&mut load, node, -1);
-                if !bad.contains(&node) {
-                    bad.push(node);
-                }
-                if let Some((other, how)) = fallback(&load, &bad, true) {
-                    spawn(i, other, shards[i].clone(), how);
-                    add(&mut load, other, 1);
+                placer.failed(node);
+                if let Some((other, how)) = placer.fallback(true) {
+                    sender.send(i, other, shards[i].clone(), how);
+                    placer.add(other, 1);
                     pending += 1;
                 }
             }
@@ -413,9 +351,9 @@ where
     let stored = placed.iter().flatten().count();
     let span = Span::current();
     span.record("stored", stored);
-    span.record("spares", spares_used);
-    span.record("shared", shared);
-    span.record("degraded", stored < n || shared > 0);
+    span.record("spares", placer.spares_used);
+    span.record("shared", placer.shared);
+    span.record("degraded", stored < n || placer.shared > 0);
     if !survives(&held(&placed), safe, k, rule.tolerate) {
         span.record("otel.status_code", "error");
         return Err(StripeError::WriteFailed {
@@ -432,6 +370,131 @@ where
         });
     }
     Ok(placed)
+}
+
+/// What one stripe write knows of where its shards may go, as answers come in: the
+/// shards sent to each node and not failed there (every target, then each spare used,
+/// in that order), the nodes that failed one, and the spares left. Pure: the health
+/// it consults is a function.
+struct Placer<'a> {
+    spares: std::collections::VecDeque<SocketAddr>,
+    load: Vec<(SocketAddr, usize)>,
+    bad: Vec<SocketAddr>,
+    down: &'a [SocketAddr],
+    share_nodes: bool,
+    suspected: &'a (dyn Fn(SocketAddr) -> bool + Sync),
+    spares_used: usize,
+    shared: usize,
+}
+
+impl<'a> Placer<'a> {
+    fn new(
+        targets: &[SocketAddr],
+        spares: &[SocketAddr],
+        down: &'a [SocketAddr],
+        share_nodes: bool,
+        suspected: &'a (dyn Fn(SocketAddr) -> bool + Sync),
+    ) -> Self {
+        let spares = spares
+            .iter()
+            .copied()
+            .filter(|a| !targets.contains(a) && !down.contains(a) && !suspected(*a))
+            .collect();
+        let mut load: Vec<(SocketAddr, usize)> = Vec::new();
+        for t in targets {
+            if !load.iter().any(|(a, _)| a == t) {
+                load.push((*t, 0));
+            }
+        }
+        Placer {
+            spares,
+            load,
+            bad: Vec::new(),
+            down,
+            share_nodes,
+            suspected,
+            spares_used: 0,
+            shared: 0,
+        }
+    }
+
+    /// A node for a shard that lost its own: the next spare, else (if the rule allows
+    /// and `share`) the live node of this stripe with the fewest of its shards.
+    fn fallback(&mut self, share: bool) -> Option<(SocketAddr, &'static str)> {
+        if let Some(a) = self.spares.pop_front() {
+            self.spares_used += 1;
+            return Some((a, "spare"));
+        }
+        if !self.share_nodes || !share {
+            return None;
+        }
+        let (a, _) = self
+            .load
+            .iter()
+            .filter(|(a, _)| !self.bad.contains(a) && !self.down.contains(a) && !(self.suspected)(*a))
+            .min_by_key(|(_, c)| *c)?;
+        self.shared += 1;
+        Some((*a, "shared"))
+    }
+
+    /// `node` was sent `d` more shards (or holds `-d` fewer).
+    fn add(&mut self, node: SocketAddr, d: isize) {
+        match self.load.iter_mut().find(|(a, _)| *a == node) {
+            Some((_, c)) => *c = c.saturating_add_signed(d),
+            None => self.load.push((node, d.max(0) as usize)),
+        }
+    }
+
+    /// A shard write to `node` failed: it holds one fewer, and gets no more.
+    fn failed(&mut self, node: SocketAddr) {
+        self.add(node, -1);
+        if !self.bad.contains(&node) {
+            self.bad.push(node);
+        }
+    }
+}
+
+/// Sends the shards of one stripe version, each in a task of its own, and reports
+/// each outcome (shard index, node, result) on `tx`.
+struct ShardSender<C> {
+    client: C,
+    health: Arc<Health>,
+    tx: mpsc::UnboundedSender<(usize, SocketAddr, Result<(), String>)>,
+    at: StripeAt,
+    k: usize,
+}
+
+impl<C> ShardSender<C>
+where
+    C: RpcChannel + Clone + Send + Sync + 'static,
+{
+    fn send(&self, i: usize, node: SocketAddr, shard: Bytes, how: &'static str) {
+        let (c, h, tx, cap) = (
+            self.client.clone(),
+            self.health.clone(),
+            self.tx.clone(),
+            self.at.cap.clone(),
+        );
+        let id = ShardId {
+            ino: self.at.ino,
+            stripe: self.at.stripe,
+            shard: i as u32,
+        };
+        let version = self.at.version;
+        let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= self.k, placed = how, otel.status_code = Empty);
+        tokio::spawn(
+            async move {
+                let ticket = h.start(node);
+                let r = write_shard(&c, node, id, version, shard, cap).await;
+                ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
+                if r.is_err() {
+                    Span::current().record("otel.status_code", "error");
+                }
+                let _ = tx.send((i, node, r.map(|_| ()).map_err(|e| e.to_string())));
+            }
+            .instrument(span),
+        );
+    }
 }
 
 /// Reads a stripe of `stripe_len` data bytes. `nodes[i]` holds shard i (`None`: known
@@ -603,8 +666,35 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::{StripeAt, survives};
+    use super::{Placer, StripeAt, survives};
     use proptest::prelude::*;
+
+    #[test]
+    fn a_lost_shard_goes_to_a_spare_then_to_the_least_loaded_live_node() {
+        let a = |p: u16| std::net::SocketAddr::from(([127, 0, 0, 1], p));
+        let targets = [a(1), a(2), a(3), a(4)];
+        let (down, spares) = ([a(4)], [a(2), a(5), a(6), a(7)]);
+        // 7 is suspected: never a spare, never shared to.
+        let suspected = |n: std::net::SocketAddr| n == a(7);
+        let mut p = Placer::new(&targets, &spares, &down, true, &suspected);
+        for (t, d) in [(a(1), 2), (a(2), 1), (a(3), 1)] {
+            p.add(t, d);
+        }
+        assert_eq!(p.fallback(false), Some((a(5), "spare")), "a target is no spare");
+        assert_eq!(p.fallback(false), Some((a(6), "spare")));
+        assert_eq!(p.fallback(false), None, "only a down node's shard may share");
+        p.failed(a(2));
+        assert_eq!(
+            p.fallback(true),
+            Some((a(3), "shared")),
+            "least loaded, not failed, not down"
+        );
+        p.add(a(3), 2);
+        assert_eq!(p.fallback(true), Some((a(1), "shared")));
+        assert_eq!((p.spares_used, p.shared), (2, 2));
+        let mut strict = Placer::new(&targets, &[], &down, false, &suspected);
+        assert_eq!(strict.fallback(true), None, "the rule forbids sharing");
+    }
 
     /// A data node that stores every shard it is sent (an empty reply is a default
     /// `WriteShardResponse`).
