@@ -566,60 +566,29 @@ where
         .iter()
         .map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))))
         .collect();
-    let suspects = health.suspects(&addrs);
-    // Candidates, best first: healthy data shards, healthy parity, then suspected ones.
-    let mut order = Vec::new();
-    for pass in 0..2 {
-        for i in (0..used).chain(k..n) {
-            match nodes[i] {
-                None if pass == 0 => failed.push((i, "no node holds this shard".to_string())),
-                Some(node) if suspects[i] == (pass == 1) => order.push((i, node)),
-                _ => {}
-            }
-        }
-    }
+    let (order, missing) = read_order(nodes, &health.suspects(&addrs), used, k);
+    failed.extend(missing);
     // The data shards the stripe uses are wanted (k of them, counting the empty ones).
     let race = hedge::race(
         order,
         used,
         |(_, node)| health.hedge_delay(*node),
         |(i, node), hedging| {
-            let (c, h, cap) = (client.clone(), health.clone(), cap.clone());
             let id = ShardId {
                 ino,
                 stripe,
                 shard: i as u32,
             };
-            let span = info_span!(
-                "shard.read",
-                shard = i,
-                %node,
-                parity = i >= k,
-                hedge = hedging,
-                bytes = Empty,
-                fabric = Empty,
-                otel.status_code = Empty,
-            );
-            async move {
-                let ticket = h.start(node);
-                let r = read_shard(&c, node, id, version, &cap).await;
-                ticket.finish(answered(&r));
-                // After the read: a failed RDMA read was redone over TCP, and says so.
-                let fabric = c.fabric(node);
-                let span = Span::current();
-                span.record("fabric", fabric);
-                match r {
-                    Ok(b) => {
-                        span.record("bytes", b.len());
-                        Attempt::Ok((b, fabric))
-                    }
-                    Err(e) => {
-                        span.record("otel.status_code", "error");
-                        Attempt::Retry(e.to_string())
-                    }
-                }
-            }
-            .instrument(span)
+            read_one(
+                client.clone(),
+                health.clone(),
+                node,
+                id,
+                version,
+                cap.clone(),
+                i >= k,
+                hedging,
+            )
         },
     )
     .await;
@@ -664,10 +633,100 @@ where
     })
 }
 
+/// A shard index and the node asked for it.
+type ShardAt = (usize, SocketAddr);
+/// A shard index and why it could not be had.
+type ShardFailure = (usize, String);
+
+/// The shards a stripe read asks for, best first — healthy data shards, healthy
+/// parity, then those on suspected nodes — and the shards no node holds. Only the
+/// first `used` data shards are read (a short stripe leaves the rest empty).
+fn read_order(
+    nodes: &[Option<SocketAddr>],
+    suspects: &[bool],
+    used: usize,
+    k: usize,
+) -> (Vec<ShardAt>, Vec<ShardFailure>) {
+    let mut order = Vec::new();
+    let mut missing = Vec::new();
+    for pass in 0..2 {
+        for i in (0..used).chain(k..nodes.len()) {
+            match nodes[i] {
+                None if pass == 0 => missing.push((i, "no node holds this shard".to_string())),
+                Some(node) if suspects[i] == (pass == 1) => order.push((i, node)),
+                _ => {}
+            }
+        }
+    }
+    (order, missing)
+}
+
+/// One shard read of a stripe read's race, in a span of its own: the bytes and the
+/// fabric they came over, or the error (the race then asks another shard).
+/// The span is made when the read is asked for, under the stripe read's span (the race
+/// may poll it elsewhere).
+#[allow(clippy::too_many_arguments)]
+fn read_one<C>(
+    c: C,
+    h: Arc<Health>,
+    node: SocketAddr,
+    id: ShardId,
+    version: u64,
+    cap: Bytes,
+    parity: bool,
+    hedging: bool,
+) -> impl std::future::Future<Output = Attempt<(Bytes, &'static str), String>> + Send + 'static
+where
+    C: RpcChannel + RemoteRead + Fabric + Clone + Send + Sync + 'static,
+{
+    let span = info_span!(
+        "shard.read",
+        shard = id.shard,
+        %node,
+        parity,
+        hedge = hedging,
+        bytes = Empty,
+        fabric = Empty,
+        otel.status_code = Empty,
+    );
+    async move {
+        let ticket = h.start(node);
+        let r = read_shard(&c, node, id, version, &cap).await;
+        ticket.finish(answered(&r));
+        // After the read: a failed RDMA read was redone over TCP, and says so.
+        let fabric = c.fabric(node);
+        let span = Span::current();
+        span.record("fabric", fabric);
+        match r {
+            Ok(b) => {
+                span.record("bytes", b.len());
+                Attempt::Ok((b, fabric))
+            }
+            Err(e) => {
+                span.record("otel.status_code", "error");
+                Attempt::Retry(e.to_string())
+            }
+        }
+    }
+    .instrument(span)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::{Placer, StripeAt, survives};
+    use super::{Placer, StripeAt, read_order, survives};
     use proptest::prelude::*;
+
+    #[test]
+    fn reads_ask_healthy_data_then_parity_then_suspects() {
+        let a = |p: u16| Some(std::net::SocketAddr::from(([127, 0, 0, 1], p)));
+        // 4+2, a short stripe using 3 data shards; shard 1 on a suspect, parity 5 lost.
+        let nodes = [a(10), a(11), a(12), a(13), a(14), None];
+        let suspects = [false, true, false, false, false, false];
+        let (order, missing) = read_order(&nodes, &suspects, 3, 4);
+        let shards: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+        assert_eq!(shards, [0, 2, 4, 1], "data 3 is empty, so never read");
+        assert_eq!(missing.iter().map(|(i, _)| *i).collect::<Vec<_>>(), [5]);
+    }
 
     #[test]
     fn a_lost_shard_goes_to_a_spare_then_to_the_least_loaded_live_node() {
