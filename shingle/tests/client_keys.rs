@@ -307,6 +307,11 @@ async fn a_subtree_key_sees_only_its_directory(
         .map(drop),
     );
     eacces("rmdir the subtree", meta.rmdir(&c, shared, b"proj").await);
+    assert_eq!(
+        meta.getattr(Ino(f_bin.0 + (1 << 40))).await.err(),
+        Some(Errno::ENOENT),
+        "no such inode: as for anyone"
+    );
     assert!(meta.getattr(proj.ino).await.is_ok() && meta.getattr(moved.ino).await.is_ok());
     let in_bin = meta.lookup_as(&c, sub, b"in.bin").await.expect("lookup inside").ino;
     meta.head_as(&c, in_bin).await.expect("head inside");
@@ -339,6 +344,16 @@ async fn a_subtree_key_sees_only_its_directory(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!m.mount.join("sub").exists(), "the mount no longer shows it");
+
+    // A file it removes while open stays readable and stat-able until closed.
+    use std::io::Read;
+    let mut open = std::fs::File::open(m.mount.join("moved.txt")).expect("open");
+    std::fs::remove_file(m.mount.join("moved.txt")).expect("remove while open");
+    std::thread::sleep(Duration::from_millis(1100)); // past the kernel's attribute cache
+    assert_eq!(open.metadata().expect("fstat after removal").len(), 3);
+    let mut back = String::new();
+    open.read_to_string(&mut back).expect("read after removal");
+    assert_eq!(back, "new");
 }
 
 /// Below the mount, the tenant's key asks the nodes directly. Reserving versions of

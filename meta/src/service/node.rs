@@ -186,7 +186,8 @@ struct Inner {
     served: tokio::sync::Notify,
     /// A copy here stopped serving outside a map change: catch up now.
     catch_up_now: tokio::sync::Notify,
-    /// Parents of inodes other nodes hold, fetched to check subtree grants.
+    /// Parents and attributes of inodes other nodes hold, fetched to check subtree
+    /// grants and client keys' lookups and listings.
     homes: super::subtree::Homes,
 }
 
@@ -2332,9 +2333,13 @@ impl MetaNode {
     }
 
     /// Refuses (`EACCES`) a request naming an inode outside the directory `root`
-    /// ([`super::subtree`]).
+    /// ([`super::subtree`]); one naming no inode at all gets `ENOENT`, as anyone would
+    /// (a client's fstat of a file removed while open falls back to what it holds).
     async fn confine(&self, root: Ino, inos: &[Ino]) -> Result<(), Status> {
         for ino in inos {
+            if self.facts(*ino).await?.is_none() {
+                return Err(errno_status(Errno::ENOENT));
+            }
             if !self.within(*ino, root).await? {
                 return Err(errno_status(Errno::EACCES));
             }

@@ -45,11 +45,14 @@ pub fn read_names(op: &ReadOp) -> Option<Ino> {
 /// The inodes an operation names: the directories whose entries it changes, the
 /// inodes whose records it changes. A confined client may name only inodes in its
 /// subtree; what lies below them (a name removed, a directory replaced by a rename)
-/// is in the subtree by being there.
+/// is in the subtree by being there. A hold on a removed file's data names none: the
+/// file has no record left to place it (its client removed it while it had it open,
+/// and keeps its data until the last close), and a hold changes and shows nothing.
 pub fn op_names(op: &NsOp) -> Vec<Ino> {
     match op {
         NsOp::Link { ino, newparent, .. } => vec![*ino, *newparent],
         NsOp::Rename { parent, newparent, .. } => vec![*parent, *newparent],
+        NsOp::HoldPurge { .. } => Vec::new(),
         op => vec![op.ino()],
     }
 }
@@ -238,6 +241,8 @@ mod tests {
             newname: b"c".to_vec(),
         };
         assert_eq!(op_names(&link), vec![Ino(9), Ino(4)]);
+        let hold = NsOp::HoldPurge { ino: Ino(9), secs: 30 };
+        assert!(op_names(&hold).is_empty(), "a removed file has no home to check");
         assert_eq!(read_names(&ReadOp::Alive(Ino(9))), None);
         assert_eq!(read_names(&ReadOp::GetAttr(Ino(9))), Some(Ino(9)));
     }
