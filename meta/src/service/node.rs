@@ -2353,11 +2353,7 @@ impl MetaNode {
         use super::subtree::{Step, walk};
         for _ in 0..super::subtree::MAX_DEPTH {
             let now = Instant::now();
-            let known = |i: Ino| {
-                self.held_facts(i)
-                    .or_else(|| self.inner.homes.get(i, now))
-                    .map(|f| f.and_then(|f| f.parent))
-            };
+            let known = |i: Ino| self.known_facts(i, now).map(|f| f.and_then(|f| f.parent));
             match walk(ino, root, known).map_err(errno_status)? {
                 Step::Inside => return Ok(true),
                 Step::Outside => return Ok(false),
@@ -2403,13 +2399,16 @@ impl MetaNode {
     /// `ino`'s parent and attributes: held here, fetched within [`super::subtree::HOME_TTL`],
     /// or fetched now.
     async fn facts(&self, ino: Ino) -> Result<Option<super::subtree::Facts>, Status> {
-        match self
-            .held_facts(ino)
-            .or_else(|| self.inner.homes.get(ino, Instant::now()))
-        {
+        match self.known_facts(ino, Instant::now()) {
             Some(f) => Ok(f),
             None => self.fetch_facts(ino).await,
         }
+    }
+
+    /// `ino`'s parent and attributes without asking another node: held here, or
+    /// fetched within [`super::subtree::HOME_TTL`] before `now` (`None`: neither).
+    fn known_facts(&self, ino: Ino, now: Instant) -> Option<Option<super::subtree::Facts>> {
+        self.held_facts(ino).or_else(|| self.inner.homes.get(ino, now))
     }
 
     /// `ino`'s parent and attributes, from its partition's primary (and remembered).
