@@ -30,10 +30,14 @@ impl Ino {
     pub const COUNTER_BITS: u32 = 44;
     /// Largest partition count an inode number can name.
     pub const MAX_PARTITIONS: u32 = 1 << (64 - Self::COUNTER_BITS);
+    /// The top counter bits no inode number (or intent id) uses: lock keys mark modes
+    /// in them (`service::locks`). A partition hands out 2^42 - 1 numbers.
+    pub const LOCK_BITS: u32 = 2;
 
     /// The inode number `counter` of `partition`.
     pub fn new(partition: PartitionId, counter: u64) -> Option<Ino> {
-        if partition.0 >= Self::MAX_PARTITIONS || counter == 0 || counter >= 1 << Self::COUNTER_BITS {
+        if partition.0 >= Self::MAX_PARTITIONS || counter == 0 || counter >= 1 << (Self::COUNTER_BITS - Self::LOCK_BITS)
+        {
             return None;
         }
         Some(Ino((u64::from(partition.0) << Self::COUNTER_BITS) | counter))
@@ -76,5 +80,7 @@ mod tests {
         assert!(Ino::new(PartitionId(Ino::MAX_PARTITIONS), 1).is_none());
         assert!(Ino::new(PartitionId(0), 0).is_none());
         assert!(Ino::new(PartitionId(0), 1 << 44).is_none());
+        assert!(Ino::new(PartitionId(0), 1 << 42).is_none());
+        assert!(Ino::new(PartitionId(0), (1 << 42) - 1).is_some());
     }
 }

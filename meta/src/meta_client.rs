@@ -53,7 +53,14 @@ pub struct MetaClient {
     timeout: Duration,
     rpc_timeout: Duration,
     caps: Arc<parking_lot::Mutex<std::collections::HashMap<u64, Vec<u8>>>>,
+    /// Directories this client's mutations changed, until when their attributes are
+    /// read settled ([`ReadOp::GetAttrSettled`], `SETTLE_WINDOW`).
+    settling: Arc<parking_lot::Mutex<std::collections::HashMap<Ino, Instant>>>,
 }
+
+/// Directories a [`MetaClient`] remembers as settling (beyond that, the oldest go:
+/// their reads are then plain, as another client's would be).
+const MAX_SETTLING: usize = 4096;
 
 /// Shard capabilities a [`MetaClient`] keeps until they are taken.
 const MAX_KEPT_CAPS: usize = 4096;
@@ -72,6 +79,7 @@ impl MetaClient {
             timeout: Duration::from_secs(20),
             rpc_timeout: Duration::from_secs(2),
             caps: Arc::default(),
+            settling: Arc::default(),
         }
     }
 
@@ -279,6 +287,77 @@ impl MetaClient {
     /// after the first finished, is answered as done without running it again. For
     /// tests and tools that retry on their own; [`MetaClient::op`] chooses the id.
     pub async fn op_as(&self, creds: &Creds, op: NsOp, id: u64) -> Result<OpReply, Errno> {
+        let dirs = op.dirs_adjusted();
+        let r = self.op_at_coordinator(creds, &op, id).await;
+        // Also after a failure: the operation may have been done all the same.
+        self.settle_later(&dirs);
+        r
+    }
+
+    /// Remembers `dirs` as changed by this client now: their counts and times may
+    /// reach their copies a moment after the answer, and this client must see them.
+    fn settle_later(&self, dirs: &[Ino]) {
+        if dirs.is_empty() {
+            return;
+        }
+        let until = Instant::now() + crate::service::wire::SETTLE_WINDOW;
+        let mut s = self.settling.lock();
+        if s.len() + dirs.len() > MAX_SETTLING {
+            let now = Instant::now();
+            s.retain(|_, t| *t > now);
+            while s.len() + dirs.len() > MAX_SETTLING {
+                let Some(oldest) = s.iter().min_by_key(|(_, t)| **t).map(|(i, _)| *i) else {
+                    break;
+                };
+                s.remove(&oldest);
+            }
+        }
+        for d in dirs {
+            s.insert(*d, until);
+        }
+    }
+
+    /// Whether this client changed directory `ino` within `SETTLE_WINDOW`.
+    fn settling(&self, ino: Ino) -> bool {
+        let mut s = self.settling.lock();
+        match s.get(&ino) {
+            Some(t) if *t > Instant::now() => true,
+            Some(_) => {
+                s.remove(&ino);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// Attributes of `ino` from its primary once the operations holding it have
+    /// applied their changes ([`ReadOp::GetAttrSettled`]).
+    async fn getattr_settled(&self, ino: Ino) -> Result<Attr, Errno> {
+        let p = ino.partition();
+        let r = self
+            .retry(|v| async move {
+                let Some(addr) = v.primary(p).and_then(|n| v.addr(n)) else {
+                    return Err(Errno::EAGAIN);
+                };
+                let req = Read {
+                    epoch: v.map.epoch,
+                    op: ReadOp::GetAttrSettled(ino),
+                };
+                let wait = crate::service::wire::SETTLE_WAIT + self.rpc_timeout;
+                match call(&self.client, addr, &req, wait).await {
+                    Ok(r) => Ok(Ok(r)),
+                    Err(CallError::Errno(e)) if e != Errno::EAGAIN => Ok(Err(e)),
+                    Err(e) => Err(e.errno()),
+                }
+            })
+            .await?;
+        match r {
+            ReadReply::Attr(a) => Ok(a),
+            _ => Err(Errno::EIO),
+        }
+    }
+
+    async fn op_at_coordinator(&self, creds: &Creds, op: &NsOp, id: u64) -> Result<OpReply, Errno> {
         self.retry(|v| {
             let req = Op {
                 epoch: v.map.epoch,
@@ -407,14 +486,19 @@ impl MetaClient {
         };
         let p = crate::placement::dentry_partition(*parent, name, self.view().map.partitions);
         match self.read(p, op).await? {
+            ReadReply::Entry(e, _) if self.settling(e.ino) => self.getattr_settled(e.ino).await,
             ReadReply::Entry(_, Some(a)) => Ok(a),
             ReadReply::Entry(e, None) => self.getattr(e.ino).await,
             _ => Err(Errno::EIO),
         }
     }
 
-    /// Attributes of an inode.
+    /// Attributes of an inode (of a directory this client changed a moment ago, as
+    /// they are once those changes are applied: `ReadOp::GetAttrSettled`).
     pub async fn getattr(&self, ino: Ino) -> Result<Attr, Errno> {
+        if self.settling(ino) {
+            return self.getattr_settled(ino).await;
+        }
         match self.read(ino.partition(), ReadOp::GetAttr(ino)).await? {
             ReadReply::Attr(a) => Ok(a),
             _ => Err(Errno::EIO),

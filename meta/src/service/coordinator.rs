@@ -15,6 +15,7 @@ use crate::map::MapView;
 use crate::namespace::{
     Creds, DentryVal, DoneOp, Errno, FileKind, InodeRec, Intent, Mutation, Namespace, Need, Plan, StripeRec,
 };
+use crate::service::locks;
 use crate::service::wire::PartOp;
 use crate::service::wire::{NsOp, OpReply};
 use std::collections::{BTreeMap, BTreeSet};
@@ -90,7 +91,7 @@ impl Coordination {
 
     /// What to do next.
     pub fn step(&mut self) -> Next {
-        let base: Vec<u64> = base_locks(&self.op)
+        let base: Vec<u64> = base_locks(&self.op, self.partitions)
             .into_iter()
             .filter(|k| !self.held.contains(k))
             .collect();
@@ -132,7 +133,9 @@ impl Coordination {
     pub fn locked(&mut self, keys: &[u64]) {
         for k in keys {
             self.held.insert(*k);
-            self.cache.inodes.remove(&Ino(*k));
+            if let Some(ino) = locks::key_inode(*k) {
+                self.cache.inodes.remove(&ino);
+            }
         }
         if keys.contains(&RENAME_LOCK) {
             self.cache.inodes.clear();
@@ -244,6 +247,30 @@ pub fn intent_ops(
     (first, by_part)
 }
 
+/// Splits the other partitions' batches of an intent ([`intent_ops`]) into those the
+/// client waits for and those that may follow its answer: a partition whose steps only
+/// adjust directories' counts and times (`AdjustDir`) comes after. The operation is
+/// durable once its coordinating partition holds the intent (a new primary redoes the
+/// rest), and every name and inode it changes is in place once the first group is
+/// applied; the directories' attributes follow, under the locks the coordinator keeps
+/// until they are applied (a reader who must see them waits for those locks:
+/// `ReadOp::GetAttrSettled`).
+pub fn answer_before(
+    by_part: BTreeMap<PartitionId, Vec<PartOp>>,
+) -> (BTreeMap<PartitionId, Vec<PartOp>>, BTreeMap<PartitionId, Vec<PartOp>>) {
+    by_part.into_iter().partition(|(_, ops)| {
+        !ops.iter().all(|op| {
+            matches!(
+                op,
+                PartOp::Apply {
+                    m: Mutation::AdjustDir { .. },
+                    ..
+                }
+            )
+        })
+    })
+}
+
 /// The batch that finishes intent `id` in its coordinating partition: drops its record
 /// and its markers there (the other partitions forget theirs with later batches).
 pub fn finish_ops(id: u64) -> Vec<PartOp> {
@@ -312,10 +339,34 @@ impl Cache {
 }
 
 /// Locks taken before reading: the directories whose entries change, or the inode.
-fn base_locks(op: &NsOp) -> Vec<u64> {
+///
+/// An operation that only adds or removes one name of a directory (a create, an
+/// unlink, an rmdir of a child, a hard link) holds the directory shared and the name
+/// alone ([`locks::name_key`]): such operations run side by side in one directory, each
+/// still alone on its name. They change the directory's record only by relative steps
+/// (`AdjustDir`: entry and link counts, times), which commute; what reads or rewrites
+/// the directory's record as a whole — its removal (whose emptiness check reads the
+/// entry count), a rename, a change of its attributes — holds it exclusively and so
+/// waits until every such step has been applied.
+fn base_locks(op: &NsOp, partitions: u32) -> Vec<u64> {
+    let name = |parent: Ino, name: &[u8]| {
+        let p = crate::placement::dentry_partition(parent, name, partitions);
+        [locks::shared(parent), locks::name_key(p, parent, name)]
+    };
     let mut k = match op {
-        NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![parent.0],
-        NsOp::Link { ino, newparent, .. } => vec![newparent.0, ino.0],
+        NsOp::Mknod { parent, name: n, .. }
+        | NsOp::Unlink { parent, name: n, .. }
+        | NsOp::Rmdir { parent, name: n } => name(*parent, n).to_vec(),
+        NsOp::Link {
+            ino,
+            newparent,
+            newname,
+            ..
+        } => {
+            let mut k = name(*newparent, newname).to_vec();
+            k.push(ino.0);
+            k
+        }
         NsOp::Rename { parent, newparent, .. } => vec![parent.0, newparent.0],
         NsOp::SetAttr { ino, .. }
         | NsOp::SetXattr { ino, .. }
@@ -577,10 +628,13 @@ mod tests {
         let op = mknod(Ino::ROOT, "a", FileKind::File);
         let mut c = Coordination::new(op, root(), 0, 1, 8);
         let (trace, r) = drive(&mut c, &mut whole);
-        assert_eq!(trace[0], format!("lock {:?}", vec![Ino::ROOT.0]));
+        let name = locks::name_key(crate::placement::dentry_partition(Ino::ROOT, b"a", 8), Ino::ROOT, b"a");
+        let mut keys = vec![locks::shared(Ino::ROOT), name];
+        keys.sort_unstable();
+        assert_eq!(trace[0], format!("lock {keys:?}"));
         assert!(matches!(r, Ok(OpReply::Attr(_))), "{r:?}");
         assert_eq!(trace.last().map(String::as_str), Some("commit 1"));
-        assert_eq!(c.held().collect::<Vec<_>>(), vec![Ino::ROOT.0]);
+        assert_eq!(c.held().collect::<Vec<_>>(), keys);
     }
 
     #[test]
@@ -598,7 +652,41 @@ mod tests {
         assert!(r.is_ok(), "{r:?}");
         assert!(trace.contains(&format!("lock {:?}", vec![d.ino.0])), "{trace:?}");
         let held: Vec<u64> = c.held().collect();
-        assert!(held.contains(&d.ino.0) && held.contains(&Ino::ROOT.0));
+        assert!(held.contains(&d.ino.0) && held.contains(&locks::shared(Ino::ROOT)));
+    }
+
+    #[test]
+    fn only_directory_counts_follow_the_answer() {
+        let adjust = |dir: Ino| PartOp::Apply {
+            intent: 9,
+            step: 2,
+            m: Mutation::AdjustDir {
+                dir,
+                entries: 1,
+                subdirs: 0,
+                time: 5,
+            },
+        };
+        let (p1, p2) = (PartitionId(1), PartitionId(2));
+        let mut by_part = BTreeMap::new();
+        by_part.insert(p1, vec![adjust(Ino::ROOT)]);
+        by_part.insert(
+            p2,
+            vec![
+                adjust(Ino::ROOT),
+                PartOp::Apply {
+                    intent: 9,
+                    step: 1,
+                    m: Mutation::DelDentry {
+                        parent: Ino::ROOT,
+                        name: b"x".to_vec(),
+                    },
+                },
+            ],
+        );
+        let (now, later) = answer_before(by_part);
+        assert_eq!(now.keys().collect::<Vec<_>>(), vec![&p2]);
+        assert_eq!(later.keys().collect::<Vec<_>>(), vec![&p1]);
     }
 
     #[test]

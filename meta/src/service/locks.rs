@@ -7,9 +7,24 @@
 //! keys after the lease at the latest; normally they go sooner, once the partition of
 //! its operation (the lock's anchor) has a new primary that redid what it left
 //! (`MetaNode::sweep_intents`, decision 0009).
+//!
+//! A key is a `u64` on the wire. Most are inode numbers, taken exclusively. Two kinds
+//! are marked in counter bits no inode uses (`Ino::LOCK_BITS`):
+//! - [`shared`]: the same inode, shared. Operations that only add or remove a name in a
+//!   directory (create, unlink, mkdir, rmdir of a child, a hard link) hold their
+//!   directory shared, so several run in one directory at once; what changes the
+//!   directory itself (its attributes, its removal, a rename) holds it exclusively and
+//!   waits for all of them. An exclusive request that was refused keeps new shared
+//!   holders out for a moment ([`WANT`]), so a stream of creates cannot starve it.
+//! - [`name_key`]: one name in one directory, hosted with the entry's partition, so two
+//!   operations on the same name (two creates of it) still exclude each other.
+//!
+//! [`Holds`] is the table as a pure value (no clock, no I/O): the service's
+//! [`LockTable`] and the simulator both use it.
 
+use crate::ids::{Ino, PartitionId};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 
@@ -24,22 +39,192 @@ pub fn owner_node(owner: u64) -> u64 {
     owner >> 40
 }
 
-/// One held key.
-#[derive(Clone, Copy, Debug)]
-struct Held {
-    owner: u64,
+const SHARED_BIT: u64 = 1 << (Ino::COUNTER_BITS - 1);
+const NAME_BIT: u64 = 1 << (Ino::COUNTER_BITS - 2);
+
+/// The key that holds directory (or inode) `ino` shared.
+pub fn shared(ino: Ino) -> u64 {
+    ino.0 | SHARED_BIT
+}
+
+/// The key of name `name` in directory `parent`, hosted by the primary of the entry's
+/// partition `p` (two names may share a key: they then only wait for each other).
+pub fn name_key(p: PartitionId, parent: Ino, name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in parent.0.to_le_bytes().iter().chain(name) {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (u64::from(p.0) << Ino::COUNTER_BITS) | NAME_BIT | (h & (NAME_BIT - 1))
+}
+
+/// The key a request names without its mode, and whether it asks for it shared.
+pub fn split(key: u64) -> (u64, bool) {
+    (key & !SHARED_BIT, key & SHARED_BIT != 0)
+}
+
+/// The inode a key locks, if it locks one (a name key or the rename lock lock none).
+pub fn key_inode(key: u64) -> Option<Ino> {
+    let (base, _) = split(key);
+    (base & NAME_BIT == 0 && Ino(base).counter() != 0).then_some(Ino(base))
+}
+
+/// How long a refused exclusive request keeps new shared holders out, in the caller's
+/// time unit's terms: the service uses 50 ms (a request looks again well within it).
+pub const WANT: Duration = Duration::from_millis(50);
+
+/// One holder of a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hold<T> {
+    /// The operation holding it.
+    pub owner: u64,
     /// Lease end.
-    until: Instant,
+    pub until: T,
     /// When the owner took or last renewed it.
-    taken: Instant,
+    pub taken: T,
     /// The partition of the owner's operation (where its intent would be).
-    anchor: u32,
+    pub anchor: u32,
+    /// Held shared (with other shared holders) rather than alone.
+    pub shared: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Entry<T> {
+    holds: Vec<Hold<T>>,
+    /// An exclusive request refused for shared holders: (owner, until).
+    wanted: Option<(u64, T)>,
+}
+
+/// The locks of one host, by key without its mode: a pure value, times of any ordered
+/// type (the service's `Instant`, the simulator's milliseconds).
+#[derive(Clone, Debug)]
+pub struct Holds<T> {
+    keys: BTreeMap<u64, Entry<T>>,
+}
+
+impl<T> Default for Holds<T> {
+    fn default() -> Self {
+        Holds { keys: BTreeMap::new() }
+    }
+}
+
+impl<T: Copy + Ord> Holds<T> {
+    /// Takes every key of `keys` (as [`split`] reads them) for `owner` at `now`, with a
+    /// lease to `until`, or none. True when all are held (keys the owner already holds
+    /// count as taken, renewed, and exclusive if either asks so). A refused exclusive
+    /// request keeps new shared holders out until `want_until`.
+    pub fn take(&mut self, keys: &[u64], owner: u64, anchor: u32, now: T, until: T, want_until: T) -> bool {
+        self.expire(now);
+        let mut free = true;
+        for k in keys {
+            let (base, shared) = split(*k);
+            let Some(e) = self.keys.get_mut(&base) else { continue };
+            let others = e.holds.iter().filter(|h| h.owner != owner);
+            let blocked = if shared {
+                let wanted = e.wanted.is_some_and(|(o, t)| o != owner && t > now);
+                wanted || others.clone().any(|h| !h.shared)
+            } else {
+                others.clone().next().is_some()
+            };
+            if blocked {
+                free = false;
+                if !shared && e.holds.iter().all(|h| h.shared || h.owner == owner) {
+                    e.wanted = Some((owner, want_until));
+                }
+            }
+        }
+        if !free {
+            return false;
+        }
+        for k in keys {
+            let (base, shared) = split(*k);
+            let e = self.keys.entry(base).or_insert_with(|| Entry {
+                holds: Vec::new(),
+                wanted: None,
+            });
+            if e.wanted.is_some_and(|(o, _)| o == owner) {
+                e.wanted = None;
+            }
+            let mut hold = Hold {
+                owner,
+                until,
+                taken: now,
+                anchor,
+                shared,
+            };
+            if let Some(i) = e.holds.iter().position(|h| h.owner == owner) {
+                hold.shared = shared && e.holds[i].shared;
+                e.holds[i] = hold;
+            } else {
+                e.holds.push(hold);
+            }
+        }
+        true
+    }
+
+    /// Drops holds whose lease ran out by `now`, and wants that are over.
+    pub fn expire(&mut self, now: T) {
+        self.keys.retain(|_, e| {
+            e.holds.retain(|h| h.until > now);
+            if e.wanted.is_some_and(|(_, t)| t <= now) {
+                e.wanted = None;
+            }
+            !e.holds.is_empty() || e.wanted.is_some()
+        });
+    }
+
+    /// Releases the keys `owner` holds. True when something went.
+    pub fn release(&mut self, keys: &[u64], owner: u64) -> bool {
+        let mut any = false;
+        for k in keys {
+            let (base, _) = split(*k);
+            if let Some(e) = self.keys.get_mut(&base) {
+                let before = e.holds.len();
+                e.holds.retain(|h| h.owner != owner);
+                any |= e.holds.len() != before;
+                if e.holds.is_empty() && e.wanted.is_none() {
+                    self.keys.remove(&base);
+                }
+            }
+        }
+        any
+    }
+
+    /// Keeps the holds for which `keep(key without mode, hold)` holds; returns how many
+    /// went.
+    pub fn retain(&mut self, mut keep: impl FnMut(u64, &Hold<T>) -> bool) -> usize {
+        let mut gone = 0;
+        self.keys.retain(|k, e| {
+            let before = e.holds.len();
+            e.holds.retain(|h| keep(*k, h));
+            gone += before - e.holds.len();
+            !e.holds.is_empty() || e.wanted.is_some()
+        });
+        gone
+    }
+
+    /// Every hold, with its key without mode.
+    pub fn holds(&self) -> impl Iterator<Item = (u64, &Hold<T>)> + '_ {
+        self.keys.iter().flat_map(|(k, e)| e.holds.iter().map(move |h| (*k, h)))
+    }
+
+    /// The owners holding `ino` (shared or not) at `now`.
+    pub fn holders(&self, ino: Ino, now: T) -> Vec<u64> {
+        self.keys.get(&ino.0).map_or_else(Vec::new, |e| {
+            e.holds.iter().filter(|h| h.until > now).map(|h| h.owner).collect()
+        })
+    }
+
+    /// Forgets every hold.
+    pub fn clear(&mut self) {
+        self.keys.clear();
+    }
 }
 
 /// The locks hosted by one node.
 #[derive(Default)]
 pub struct LockTable {
-    held: Mutex<HashMap<u64, Held>>,
+    held: Mutex<Holds<Instant>>,
     freed: Notify,
 }
 
@@ -53,7 +238,8 @@ impl LockTable {
             let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if self.try_lock(keys, owner, anchor, lease) {
+            let now = Instant::now();
+            if self.held.lock().take(keys, owner, anchor, now, now + lease, now + WANT) {
                 return true;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -61,44 +247,36 @@ impl LockTable {
                 return false;
             }
             // A lease may run out without a release, so look again now and then.
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(50)), freed).await;
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(20)), freed).await;
         }
-    }
-
-    fn try_lock(&self, keys: &[u64], owner: u64, anchor: u32, lease: Duration) -> bool {
-        let now = Instant::now();
-        let mut held = self.held.lock();
-        // Expired leases go, so the table holds only live locks.
-        held.retain(|_, h| h.until > now);
-        let free = keys
-            .iter()
-            .all(|k| held.get(k).is_none_or(|h| h.owner == owner || h.until <= now));
-        if free {
-            for k in keys {
-                held.insert(
-                    *k,
-                    Held {
-                        owner,
-                        until: now + lease,
-                        taken: now,
-                        anchor,
-                    },
-                );
-            }
-        }
-        free
     }
 
     /// Releases the keys `owner` holds.
     pub fn release(&self, keys: &[u64], owner: u64) {
-        let mut held = self.held.lock();
-        for k in keys {
-            if held.get(k).is_some_and(|h| h.owner == owner) {
-                held.remove(k);
-            }
-        }
-        drop(held);
+        self.held.lock().release(keys, owner);
         self.freed.notify_waiters();
+    }
+
+    /// Waits until every operation that holds `ino` now has released it (or `wait`
+    /// passed: false): what they changed of it is then applied here. Operations that
+    /// take it later are not waited for.
+    pub async fn settled(&self, ino: Ino, wait: Duration) -> bool {
+        let deadline = Instant::now() + wait;
+        let before = self.held.lock().holders(ino, Instant::now());
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let now = Instant::now();
+            if !self.held.lock().holders(ino, now).iter().any(|o| before.contains(o)) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(20)), freed).await;
+        }
     }
 
     /// The anchors of the locks for which `dead(coordinator node, taken at)` holds:
@@ -107,9 +285,9 @@ impl LockTable {
     pub fn anchors_of(&self, dead: impl Fn(u64, Instant) -> bool) -> Vec<u32> {
         let held = self.held.lock();
         let mut a: Vec<u32> = held
-            .values()
-            .filter(|h| dead(owner_node(h.owner), h.taken))
-            .map(|h| h.anchor)
+            .holds()
+            .filter(|(_, h)| dead(owner_node(h.owner), h.taken))
+            .map(|(_, h)| h.anchor)
             .collect();
         a.sort_unstable();
         a.dedup();
@@ -121,11 +299,10 @@ impl LockTable {
     /// not wait out their lease. `taken at` tells the locks of a node's earlier life
     /// (taken before it was seen down) from those it takes after it came back.
     pub fn release_coordinators(&self, dead: impl Fn(u64, Instant, u32) -> bool) -> usize {
-        let mut held = self.held.lock();
-        let before = held.len();
-        held.retain(|_, h| !dead(owner_node(h.owner), h.taken, h.anchor));
-        let n = before - held.len();
-        drop(held);
+        let n = self
+            .held
+            .lock()
+            .retain(|_, h| !dead(owner_node(h.owner), h.taken, h.anchor));
         if n > 0 {
             self.freed.notify_waiters();
         }
@@ -137,11 +314,7 @@ impl LockTable {
     /// hosts them again later starts without them: their owners' releases could not
     /// reach it while it was away, and would otherwise hold the keys for a lease.
     pub fn forget_keys(&self, moved: impl Fn(u64) -> bool) -> usize {
-        let mut held = self.held.lock();
-        let before = held.len();
-        held.retain(|k, _| !moved(*k));
-        let n = before - held.len();
-        drop(held);
+        let n = self.held.lock().retain(|k, _| !moved(k));
         if n > 0 {
             self.freed.notify_waiters();
         }
@@ -200,6 +373,119 @@ mod tests {
         assert_eq!(t.forget_keys(|k| k < 15), 2);
         assert!(t.lock(&[10, 11], owner_id(2, 1), 0, lease, Duration::ZERO).await);
         assert!(!t.lock(&[20], owner_id(2, 1), 0, lease, Duration::ZERO).await);
+    }
+
+    #[tokio::test]
+    async fn shared_holders_run_together_and_exclusive_waits_for_all() {
+        let t = std::sync::Arc::new(LockTable::default());
+        let lease = Duration::from_secs(10);
+        let d = Ino::new(PartitionId(3), 7).expect("ino");
+        let (a, b, c) = (owner_id(1, 1), owner_id(2, 1), owner_id(3, 1));
+        let na = name_key(PartitionId(5), d, b"a");
+        assert_eq!(Ino(na).partition(), PartitionId(5));
+        assert_eq!(key_inode(na), None);
+        assert_eq!(key_inode(shared(d)), Some(d));
+        assert!(t.lock(&[shared(d), na], a, 0, lease, Duration::ZERO).await);
+        // Another name in the same directory: runs beside it.
+        assert!(
+            t.lock(
+                &[shared(d), name_key(PartitionId(6), d, b"b")],
+                b,
+                0,
+                lease,
+                Duration::ZERO
+            )
+            .await
+        );
+        // The same name: waits.
+        assert!(!t.lock(&[shared(d), na], c, 0, lease, Duration::ZERO).await);
+        // The directory itself: waits for both, and keeps new shared holders out.
+        assert!(!t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
+        let d2 = owner_id(4, 1);
+        assert!(!t.lock(&[shared(d)], d2, 0, lease, Duration::ZERO).await);
+        let settled = {
+            let t = t.clone();
+            tokio::spawn(async move { t.settled(d, Duration::from_secs(5)).await })
+        };
+        t.release(&[shared(d), na], a);
+        assert!(!t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
+        t.release(&[shared(d)], b);
+        assert!(settled.await.expect("join"));
+        assert!(t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
+        assert!(!t.lock(&[shared(d)], d2, 0, lease, Duration::ZERO).await);
+        t.release(&[d.0], c);
+        assert!(t.lock(&[shared(d)], d2, 0, lease, Duration::ZERO).await);
+    }
+
+    /// Random takes, releases and expiries of a few keys in both modes over 2,000
+    /// seeds: every key is held by one owner alone or only shared, a take is all or
+    /// nothing, and a refusal always has a reason (another owner's conflicting hold, or
+    /// a refused exclusive request that is waiting).
+    #[test]
+    fn holds_keep_modes_apart() {
+        let d = |i: u64| Ino::new(PartitionId(1), i + 1).expect("ino");
+        for seed in 0..2000u64 {
+            let mut rng = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            let mut next = move || {
+                rng ^= rng << 13;
+                rng ^= rng >> 7;
+                rng ^= rng << 17;
+                rng
+            };
+            let mut h: Holds<u64> = Holds::default();
+            for now in 0..300u64 {
+                let owner = next() % 5 + 1;
+                match next() % 4 {
+                    0 => {
+                        h.release(&[d(next() % 3).0], owner);
+                    }
+                    _ => {
+                        let keys: Vec<u64> = (0..1 + next() % 2)
+                            .map(|_| {
+                                let ino = d(next() % 3);
+                                if next() % 3 == 0 { ino.0 } else { shared(ino) }
+                            })
+                            .collect();
+                        let before = h.clone();
+                        let until = now + 1 + next() % 20;
+                        let took = h.take(&keys, owner, 0, now, until, now + 5);
+                        let mine = |x: &Holds<u64>, k: u64| {
+                            x.holds()
+                                .any(|(b, o)| b == split(k).0 && o.owner == owner && o.until > now)
+                        };
+                        if took {
+                            assert!(keys.iter().all(|k| mine(&h, *k)), "seed {seed}: take left a key out");
+                        } else {
+                            assert!(
+                                keys.iter().filter(|k| !mine(&before, **k)).all(|k| !mine(&h, *k)),
+                                "seed {seed}: a refused take held a key"
+                            );
+                            let reason = keys.iter().any(|k| {
+                                let (base, sh) = split(*k);
+                                let conflict = before
+                                    .holds()
+                                    .filter(|(b, o)| *b == base && o.owner != owner && o.until > now)
+                                    .any(|(_, o)| !sh || !o.shared);
+                                let wanted = before
+                                    .keys
+                                    .get(&base)
+                                    .is_some_and(|e| e.wanted.is_some_and(|(o, t)| o != owner && t > now));
+                                conflict || (sh && wanted)
+                            });
+                            assert!(reason, "seed {seed}: refused without a reason");
+                        }
+                    }
+                }
+                h.expire(now);
+                for (base, e) in &h.keys {
+                    let live: Vec<&Hold<u64>> = e.holds.iter().filter(|o| o.until > now).collect();
+                    assert!(
+                        live.len() <= 1 || live.iter().all(|o| o.shared),
+                        "seed {seed}: key {base} held exclusively beside others"
+                    );
+                }
+            }
+        }
     }
 
     #[tokio::test]

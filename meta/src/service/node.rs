@@ -25,7 +25,7 @@
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
 
-use super::coordinator::{Coordination, Next, PlanRun, batch_ops, finish_ops, intent_ops, plan_run};
+use super::coordinator::{Coordination, Next, PlanRun, answer_before, batch_ops, finish_ops, intent_ops, plan_run};
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
 use super::protocol::{Follow, Takeover};
@@ -1380,6 +1380,10 @@ impl MetaNode {
         match req {
             ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => self.read_entry(*parent, name),
             ReadOp::GetAttr(ino) => self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone())),
+            ReadOp::GetAttrSettled(ino) => {
+                self.primary_slot(ino.partition())?;
+                self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone()))
+            }
             ReadOp::GetInode(ino) => Ok(ReadReply::Inode(Box::new(self.head(*ino)?))),
             ReadOp::GetInodeAs { creds, ino } => self.head_with_cap(creds, *ino),
             ReadOp::Stripes { ino, from, limit } => self.read_stripes(*ino, *from, *limit),
@@ -1598,25 +1602,79 @@ impl MetaNode {
         loop {
             let owner = super::locks::owner_id(self.me().0, random_u64());
             let mut held: Vec<(NodeId, Vec<u64>)> = Vec::new();
-            let r = self.coordinate(&req, client, owner, &mut held).await;
+            let e = match self.coordinate(&req, client, owner, &mut held).await {
+                Ok((reply, tails)) => {
+                    // Answered now; what follows the answer runs under the locks,
+                    // which go once it is applied (`answer_before`).
+                    let node = self.clone();
+                    tokio::spawn(async move { node.finish_op(tails, held, owner).await });
+                    return Ok(reply);
+                }
+                Err(e) => e,
+            };
             for (n, keys) in held {
                 self.unlock(n, keys, owner).await;
             }
-            match r {
-                Err(Retry::Busy) if Instant::now() < deadline => {
+            match e {
+                Retry::Busy if Instant::now() < deadline => {
                     busy += 1;
                     Span::current().record("retries", busy);
                     tokio::time::sleep(pause + Duration::from_micros(random_u64() % 2000)).await;
                     pause = (pause * 2).min(Duration::from_millis(100));
                 }
-                Err(Retry::Busy) => return Err(errno_status(Errno::EAGAIN)),
-                Err(Retry::Fail(s)) if is_fenced(&s) => {
+                Retry::Busy => return Err(errno_status(Errno::EAGAIN)),
+                Retry::Fail(s) if is_fenced(&s) => {
                     debug!(error = %s.message, "operation fenced; the client retries at the new primary");
                     return Err(errno_status(Errno::EAGAIN));
                 }
-                Err(Retry::Fail(s)) => return Err(s),
-                Ok(r) => return Ok(r),
+                Retry::Fail(s) => return Err(s),
             }
+        }
+    }
+
+    /// What an answered operation leaves: the batches of its intents that follow the
+    /// answer, then its locks go, then the intents are finished. If a batch fails, the
+    /// locks stay until their lease runs out: the directory's counts are not applied
+    /// yet, and an operation that read them before the sweep redid the intent could
+    /// remove a directory that is not empty.
+    async fn finish_op(&self, tails: Vec<Tail>, held: Vec<(NodeId, Vec<u64>)>, owner: u64) {
+        let (applied, failed) = self.apply_later(tails).await;
+        if !failed {
+            for (n, keys) in held {
+                self.unlock(n, keys, owner).await;
+            }
+        }
+        self.finish_tails(applied).await;
+    }
+
+    /// Applies what follows the answer of each tail; returns those applied, and
+    /// whether any failed (its intent is left to the sweep).
+    async fn apply_later(&self, tails: Vec<Tail>) -> (Vec<Tail>, bool) {
+        let mut applied = Vec::with_capacity(tails.len());
+        let mut failed = false;
+        for t in tails {
+            match self.execute_all(t.later.clone(), t.coord, t.reign).await {
+                Ok(()) => applied.push(t),
+                Err(e) => {
+                    warn!(intent = t.id, error = %e, "applying a directory's counts after the answer failed; the sweep will");
+                    self.inner.inflight.lock().remove(&t.id);
+                    failed = true;
+                }
+            }
+        }
+        (applied, failed)
+    }
+
+    /// Finishes the intents of applied tails. Finishing only drops an intent's record
+    /// (and then its markers); if that fails or this node dies first, the sweep redoes
+    /// the intent, whose steps the markers keep from applying twice, and finishes it.
+    /// Until then it stays "in flight" here so this node's own sweep leaves it alone.
+    async fn finish_tails(&self, tails: Vec<Tail>) {
+        for t in tails {
+            if let Err(e) = self.finish_intent(t.coord, t.id, t.others, t.reign).await {
+                debug!(intent = t.id, error = %e, "finishing an intent failed; the sweep will");
+            }
+            self.inner.inflight.lock().remove(&t.id);
         }
     }
 
@@ -1626,7 +1684,7 @@ impl MetaNode {
         client: bool,
         owner: u64,
         held: &mut Vec<(NodeId, Vec<u64>)>,
-    ) -> Result<OpReply, Retry> {
+    ) -> Result<(OpReply, Vec<Tail>), Retry> {
         let v = self.view();
         let mut c = Coordination::new(req.op.clone(), req.creds.clone(), req.id, now_ns(), v.map.partitions);
         if client {
@@ -1641,10 +1699,20 @@ impl MetaNode {
                 }
                 Next::Fetch(needs) => self.fetch(&v, &needs, &mut c).await?,
                 Next::Commit(plans, reply) => {
+                    let mut tails = Vec::new();
                     for plan in plans {
-                        self.execute_plan(plan).await.map_err(Retry::Fail)?;
+                        match self.execute_plan(plan).await {
+                            Ok(t) => tails.extend(t),
+                            Err(e) => {
+                                // Plans done before this one are durable: they are
+                                // completed, under the locks still held.
+                                let (applied, _) = self.apply_later(tails).await;
+                                self.finish_tails(applied).await;
+                                return Err(Retry::Fail(e));
+                            }
+                        }
                     }
-                    return Ok(reply);
+                    return Ok((reply, tails));
                 }
                 Next::Fail(e) => return Err(Retry::Fail(errno_status(e))),
             }
@@ -1899,7 +1967,9 @@ impl MetaNode {
         }
     }
 
-    async fn execute_plan(&self, plan: Plan) -> Result<(), Status> {
+    /// Executes a plan up to its answer: one batch, or an intent's record and every
+    /// step the client waits for. What follows the answer comes back as a [`Tail`].
+    async fn execute_plan(&self, plan: Plan) -> Result<Option<Tail>, Status> {
         let coord = match plan_run(&plan) {
             PlanRun::Batch { p, relative } => {
                 // A retry after a failed replication re-sends the batch to a primary
@@ -1917,7 +1987,7 @@ impl MetaNode {
                 if id != 0 {
                     self.queue_forgets(p, vec![id]);
                 }
-                return Ok(());
+                return Ok(None);
             }
             PlanRun::Intent { coord } => coord,
         };
@@ -1929,23 +1999,16 @@ impl MetaNode {
         let reign = self.lead_reign(coord).ok_or_else(|| errno_status(Errno::EAGAIN))?;
         self.inner.inflight.lock().insert(id);
         let intent = Intent { id, steps };
-        match self.apply_intent(coord, &intent, true, reign).await {
-            Ok(others) => {
-                // Every step is durable on its partition's copies: the operation is
-                // done and is answered now. Finishing the intent only drops its record
-                // (and then its markers); if that fails or this node dies first, the
-                // sweep redoes the intent, whose steps the markers keep from applying
-                // twice, and finishes it. Until then it stays "in flight" here so this
-                // node's own sweep leaves it alone.
-                let node = self.clone();
-                tokio::spawn(async move {
-                    if let Err(e) = node.finish_intent(coord, id, others, reign).await {
-                        debug!(intent = id, error = %e, "finishing an intent failed; the sweep will");
-                    }
-                    node.inner.inflight.lock().remove(&id);
-                });
-                Ok(())
-            }
+        match self.apply_answered(coord, &intent, true, reign).await {
+            // Durable (the intent's record is), and every name and inode it changes is
+            // in place: answered now.
+            Ok((later, others)) => Ok(Some(Tail {
+                coord,
+                id,
+                reign,
+                later,
+                others,
+            })),
             Err(e) => {
                 self.inner.inflight.lock().remove(&id);
                 Err(e)
@@ -1956,32 +2019,38 @@ impl MetaNode {
     /// Records (when `begin`) and applies every step of an intent, then finishes it.
     async fn drive_intent(&self, coord: PartitionId, intent: &Intent, begin: bool) -> Result<(), Status> {
         let reign = self.lead_reign(coord).ok_or_else(|| errno_status(Errno::EAGAIN))?;
-        let others = self.apply_intent(coord, intent, begin, reign).await?;
+        let (later, others) = self.apply_answered(coord, intent, begin, reign).await?;
+        self.execute_all(later, coord, reign).await?;
         self.finish_intent(coord, intent.id, others, reign).await
     }
 
-    /// Records (when `begin`) and applies every step of an intent; returns the other
-    /// partitions it touched.
-    async fn apply_intent(
+    /// Records (when `begin`) an intent and applies the steps its client waits for;
+    /// returns the batches that may follow the answer ([`answer_before`]) and every
+    /// other partition it touches.
+    async fn apply_answered(
         &self,
         coord: PartitionId,
         intent: &Intent,
         begin: bool,
         reign: Epoch,
-    ) -> Result<Vec<PartitionId>, Status> {
+    ) -> Result<(Later, Vec<PartitionId>), Status> {
         let (first, by_part) = intent_ops(coord, intent, begin);
         self.execute_led(coord, first, coord, reign).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
+        let (now, later) = answer_before(by_part);
+        self.execute_all(now, coord, reign).await?;
+        Ok((later, others))
+    }
+
+    /// Executes batches of an intent led from `coord` in `reign`, in parallel.
+    async fn execute_all(&self, batches: Later, coord: PartitionId, reign: Epoch) -> Result<(), Status> {
         let results = futures_util::future::join_all(
-            by_part
+            batches
                 .into_iter()
                 .map(|(p, ops)| self.execute_led(p, ops, coord, reign)),
         )
         .await;
-        for r in results {
-            r?;
-        }
-        Ok(others)
+        results.into_iter().collect()
     }
 
     /// Drops a finished intent's record and markers (in its partition now; in the
@@ -2161,6 +2230,12 @@ impl MetaNode {
                     n.confine(root, &[names]).await?;
                 }
                 n.check_read(client, &req.op).await?;
+                if let ReadOp::GetAttrSettled(ino) = &req.op {
+                    n.primary_slot(ino.partition())?;
+                    if !n.inner.locks.settled(*ino, SETTLE_WAIT).await {
+                        debug!(ino = ino.0, "answering a settled read with the inode still held");
+                    }
+                }
                 n.on_read(&req.op)
             }
             .instrument(span)
@@ -2457,6 +2532,19 @@ impl MetaNode {
             }
         })
     }
+}
+
+/// Batches of an intent, by partition.
+type Later = BTreeMap<PartitionId, Vec<PartOp>>;
+
+/// What an answered operation's intent leaves to do: the batches that follow the
+/// answer (directories' counts and times), then its finish.
+struct Tail {
+    coord: PartitionId,
+    id: u64,
+    reign: Epoch,
+    later: Later,
+    others: Vec<PartitionId>,
 }
 
 /// The answer of a client operation, set once by the attempt that runs it.

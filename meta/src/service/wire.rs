@@ -162,14 +162,27 @@ pub enum ReadOp {
         /// Partitions to list.
         partitions: Vec<PartitionId>,
     },
+    /// [`ReadOp::GetAttr`] from the inode's primary once every operation holding the
+    /// inode when the read arrived has released it (at most [`SETTLE_WAIT`]): a
+    /// directory's counts and times follow a create's or an unlink's answer
+    /// (`coordinator::answer_before`), and the client that made the change reads them
+    /// this way until they have surely landed ([`SETTLE_WINDOW`]).
+    GetAttrSettled(Ino),
 }
+
+/// Longest a [`ReadOp::GetAttrSettled`] waits for the operations holding its inode.
+pub const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// How long after a mutation its client reads the directories it changed with
+/// [`ReadOp::GetAttrSettled`].
+pub const SETTLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl ReadOp {
     /// The operation's name (a trace attribute).
     pub fn name(&self) -> &'static str {
         match self {
             ReadOp::Lookup { .. } | ReadOp::LookupAs { .. } => "lookup",
-            ReadOp::GetAttr(_) => "getattr",
+            ReadOp::GetAttr(_) | ReadOp::GetAttrSettled(_) => "getattr",
             ReadOp::GetInode(_) => "get_inode",
             ReadOp::Stripes { .. } => "stripes",
             ReadOp::GetXattr { .. } => "getxattr",
@@ -188,6 +201,7 @@ impl ReadOp {
             | ReadOp::LookupAs { parent: ino, .. }
             | ReadOp::ReadDirAs { dir: ino, .. }
             | ReadOp::GetAttr(ino)
+            | ReadOp::GetAttrSettled(ino)
             | ReadOp::GetInode(ino)
             | ReadOp::Stripes { ino, .. }
             | ReadOp::GetXattr { ino, .. }
@@ -470,6 +484,18 @@ impl NsOp {
             | NsOp::HoldPurge { ino, .. }
             | NsOp::Purged { ino }
             | NsOp::RelocateShards { ino, .. } => *ino,
+        }
+    }
+
+    /// The directories whose counts and times it changes: they may be applied after
+    /// the operation's answer (`coordinator::answer_before`), so its client reads them
+    /// with [`ReadOp::GetAttrSettled`] for a while.
+    pub fn dirs_adjusted(&self) -> Vec<Ino> {
+        match self {
+            NsOp::Mknod { parent, .. } | NsOp::Unlink { parent, .. } | NsOp::Rmdir { parent, .. } => vec![*parent],
+            NsOp::Link { newparent, .. } => vec![*newparent],
+            NsOp::Rename { parent, newparent, .. } => vec![*parent, *newparent],
+            _ => Vec::new(),
         }
     }
 

@@ -19,7 +19,7 @@ use super::{Addr, Body, Ev, Fail, Ms, Msg, Op, Pending, ReplyTo, World};
 use crate::ids::{Ino, NodeId, PartitionId};
 use crate::namespace::{Creds, DentryVal, Errno, FileKind, InodeRec, Intent, Need, Plan, StripeRec};
 use crate::service::coordinator::{Coordination, Next, PlanRun, batch_ops, fence, finish_ops, intent_ops, plan_run};
-use crate::service::locks::{owner_id, owner_node};
+use crate::service::locks::{Hold, Holds, owner_id, owner_node};
 use crate::service::wire::{NsOp, OpReply, PartOp};
 use crate::sim::Bug;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -58,22 +58,18 @@ pub(super) struct LockWait {
     until: Ms,
 }
 
-/// A lock held at a node.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Held {
-    owner: u64,
-    until: Ms,
-    taken: Ms,
-    /// The partition of the owner's operation.
-    anchor: PartitionId,
-}
+/// A lock held at a node (the service's pure lock table, in simulated milliseconds).
+type Held = Hold<Ms>;
+
+/// How long a refused exclusive request keeps new shared holders out (`locks::WANT`).
+const WANT: Ms = 50;
 
 /// What a node is doing for namespace operations.
 #[derive(Default)]
 pub(super) struct NsNode {
     work: BTreeMap<u64, Work>,
     next_work: u64,
-    locks: BTreeMap<u64, Held>,
+    locks: Holds<Ms>,
     /// Intents driven here (the sweep leaves them alone).
     inflight: BTreeSet<u64>,
     /// When each node was last seen going Down.
@@ -639,11 +635,7 @@ impl World {
             }
             Msg::Unlock { keys, owner } => {
                 let ns = self.ns_node(n);
-                for k in keys {
-                    if ns.locks.get(&k).is_some_and(|h| h.owner == owner) {
-                        ns.locks.remove(&k);
-                    }
-                }
+                ns.locks.release(&keys, owner);
                 Ok(())
             }
             Msg::Fetch { epoch, needs } => {
@@ -698,23 +690,10 @@ impl World {
             return self.respond(n, w.to, Ok(Body::Locked(false)));
         }
         let ns = self.ns_node(n);
-        ns.locks.retain(|_, h| h.until > now);
-        let free = w
-            .keys
-            .iter()
-            .all(|k| ns.locks.get(k).is_none_or(|h| h.owner == w.owner));
-        if free {
-            for k in &w.keys {
-                ns.locks.insert(
-                    *k,
-                    Held {
-                        owner: w.owner,
-                        until: now + LOCK_LEASE,
-                        taken: now,
-                        anchor: w.anchor,
-                    },
-                );
-            }
+        if ns
+            .locks
+            .take(&w.keys, w.owner, w.anchor.0, now, now + LOCK_LEASE, now + WANT)
+        {
             return self.respond(n, w.to, Ok(Body::Locked(true)));
         }
         if now >= w.until {
@@ -1030,7 +1009,7 @@ impl World {
         let ns = self.ns_node(n);
         let down_at = ns.down_at.clone();
         ns.locks
-            .retain(|_, h| h.anchor != p || down_at.get(&NodeId(owner_node(h.owner))).is_none_or(|t| h.taken > *t));
+            .retain(|_, h| h.anchor != p.0 || down_at.get(&NodeId(owner_node(h.owner))).is_none_or(|t| h.taken > *t));
     }
 
     /// One read of coordination `k` came back: once all have, its next step.
@@ -1217,16 +1196,17 @@ impl World {
                 .filter(|t| h.taken <= **t)
                 .copied()
         };
+        ns.locks.expire(now);
         ns.locks.retain(|key, h| {
             let long_dead = dead(h).is_some_and(|t| now >= t + DEAD_LOCKS);
-            h.until > now && !long_dead && v.primary(Ino(*key).partition()) == Some(n)
+            !long_dead && v.primary(Ino(key).partition()) == Some(n)
         });
         // Ask the partitions of dead coordinators' operations whether they settled.
         let anchors: BTreeSet<PartitionId> = ns
             .locks
-            .values()
-            .filter(|h| dead(h).is_some())
-            .map(|h| h.anchor)
+            .holds()
+            .filter(|(_, h)| dead(h).is_some())
+            .map(|(_, h)| PartitionId(h.anchor))
             .collect();
         for p in anchors {
             if let Some(primary) = v.primary(p) {
