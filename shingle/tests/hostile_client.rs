@@ -600,6 +600,14 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             }),
         ),
         (
+            "Read/GetAttrSettled",
+            kind::<Read>(),
+            meta_enc(&Read {
+                epoch,
+                op: ReadOp::GetAttrSettled(Ino::ROOT),
+            }),
+        ),
+        (
             "Read/GetXattr",
             kind::<Read>(),
             meta_enc(&Read {
@@ -910,6 +918,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
         "Read/ReadDir",
         "Read/LookupAs",
         "Read/ReadDirAs",
+        "Read/GetAttrSettled",
         "Read/Stripes",
         "Read/GetXattr",
         "StageShard",

@@ -1633,18 +1633,47 @@ impl MetaNode {
     }
 
     /// What an answered operation leaves: the batches of its intents that follow the
-    /// answer, then its locks go, then the intents are finished. If a batch fails, the
-    /// locks stay until their lease runs out: the directory's counts are not applied
-    /// yet, and an operation that read them before the sweep redid the intent could
-    /// remove a directory that is not empty.
+    /// answer, then its locks go, then the intents are finished. If a batch fails (this
+    /// node lost the intent's partition), the locks stay until the intent is redone by
+    /// the partition's primary: the directory's counts are not applied yet, and an
+    /// operation that read them before could remove a directory that is not empty.
     async fn finish_op(&self, tails: Vec<Tail>, held: Vec<(NodeId, Vec<u64>)>, owner: u64) {
+        let unfinished: Vec<(PartitionId, u64)> = tails.iter().map(|t| (t.coord, t.id)).collect();
         let (applied, failed) = self.apply_later(tails).await;
-        if !failed {
-            for (n, keys) in held {
-                self.unlock(n, keys, owner).await;
-            }
+        if failed {
+            self.await_redone(&unfinished).await;
+        }
+        for (n, keys) in held {
+            self.unlock(n, keys, owner).await;
         }
         self.finish_tails(applied).await;
+    }
+
+    /// Waits (at most a lock lease) until the intents `(partition, id)` a coordinator
+    /// could not complete are redone: none is pending any more in its partition's copy
+    /// here when this node is its serving primary again, or its primary elsewhere has
+    /// settled (drives every intent pending there itself, as for a dead coordinator's
+    /// locks, decision 0009).
+    async fn await_redone(&self, intents: &[(PartitionId, u64)]) {
+        let deadline = Instant::now() + self.inner.cfg.lock_lease;
+        while Instant::now() < deadline {
+            let mut done = true;
+            for (p, id) in intents {
+                let here = self.primary_slot(*p).ok().map(|slot| {
+                    let st = slot.read();
+                    st.serving && !st.part.intents.contains_key(id)
+                });
+                let redone = match here {
+                    Some(r) => r,
+                    None => self.settled(&self.view(), *p).await,
+                };
+                done &= redone;
+            }
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Applies what follows the answer of each tail; returns those applied, and
