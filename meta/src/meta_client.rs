@@ -330,8 +330,8 @@ impl MetaClient {
         }
     }
 
-    /// Attributes of `ino` from its primary once the operations holding it have
-    /// applied their changes ([`ReadOp::GetAttrSettled`]).
+    /// Attributes of `ino` from its primary, with what answered operations will still
+    /// add to them ([`ReadOp::GetAttrSettled`]).
     async fn getattr_settled(&self, ino: Ino) -> Result<Attr, Errno> {
         let p = ino.partition();
         let r = self
@@ -343,8 +343,7 @@ impl MetaClient {
                     epoch: v.map.epoch,
                     op: ReadOp::GetAttrSettled(ino),
                 };
-                let wait = crate::service::wire::SETTLE_WAIT + self.rpc_timeout;
-                match call(&self.client, addr, &req, wait).await {
+                match call(&self.client, addr, &req, self.rpc_timeout).await {
                     Ok(r) => Ok(Ok(r)),
                     Err(CallError::Errno(e)) if e != Errno::EAGAIN => Ok(Err(e)),
                     Err(e) => Err(e.errno()),

@@ -32,7 +32,7 @@ use shingle_meta::namespace::partition::Mutation;
 use shingle_meta::namespace::{Creds, FileKind, Layout, SetAttr, StripeRec, StripeWrite};
 use shingle_meta::service::copy::CopyId;
 use shingle_meta::service::wire::{
-    Alloc, Execute, Fence, Fetch, InstallPiece, Lock, MetaRpc, NsOp, Op, PartOp, Pull, PullPiece, Read, ReadOp,
+    Alloc, Execute, Expect, Fence, Fetch, InstallPiece, Lock, MetaRpc, NsOp, Op, PartOp, Pull, PullPiece, Read, ReadOp,
     Replicate, Stats, SyncMe, encode,
 };
 use shingle_transport::frame::MsgKind;
@@ -697,6 +697,19 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
             }),
         ),
         ("Fence", kind::<Fence>(), meta_enc(&Fence { epoch })),
+        (
+            "Expect",
+            kind::<Expect>(),
+            meta_enc(&Expect {
+                epoch,
+                intent: 1,
+                step: 2,
+                dir: Ino::ROOT,
+                entries: i64::MAX,
+                subdirs: i64::MIN,
+                time: i64::MAX,
+            }),
+        ),
         ("Stats", kind::<Stats>(), meta_enc(&Stats)),
         (
             "StageShard",

@@ -13,10 +13,10 @@
 use crate::ids::{Ino, NodeId, PartitionId};
 use crate::map::MapView;
 use crate::namespace::{
-    Creds, DentryVal, DoneOp, Errno, FileKind, InodeRec, Intent, Mutation, Namespace, Need, Plan, StripeRec,
+    Attr, Creds, DentryVal, DoneOp, Errno, FileKind, InodeRec, Intent, Mutation, Namespace, Need, Plan, StripeRec,
 };
 use crate::service::locks;
-use crate::service::wire::PartOp;
+use crate::service::wire::{self, PartOp};
 use crate::service::wire::{NsOp, OpReply};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -253,7 +253,8 @@ pub fn intent_ops(
 /// durable once its coordinating partition holds the intent (a new primary redoes the
 /// rest), and every name and inode it changes is in place once the first group is
 /// applied; the directories' attributes follow, under the locks the coordinator keeps
-/// until they are applied (a reader who must see them waits for those locks:
+/// until they are applied (announced first to the directories' primaries,
+/// [`expected_counts`], so the client that made the change reads them at once:
 /// `ReadOp::GetAttrSettled`).
 pub fn answer_before(
     by_part: BTreeMap<PartitionId, Vec<PartOp>>,
@@ -269,6 +270,60 @@ pub fn answer_before(
             )
         })
     })
+}
+
+/// What the batches that follow an answer will add to directories, one [`Expect`] per
+/// `AdjustDir` step (epoch 0: the sender sets it), by the partition whose primary keeps
+/// it (the directory's).
+///
+/// [`Expect`]: crate::service::wire::Expect
+pub fn expected_counts(later: &BTreeMap<PartitionId, Vec<PartOp>>) -> Vec<(PartitionId, wire::Expect)> {
+    let mut out = Vec::new();
+    for (p, ops) in later {
+        for op in ops {
+            if let PartOp::Apply {
+                intent,
+                step,
+                m:
+                    Mutation::AdjustDir {
+                        dir,
+                        entries,
+                        subdirs,
+                        time,
+                    },
+            } = op
+            {
+                out.push((
+                    *p,
+                    wire::Expect {
+                        epoch: crate::ids::Epoch(0),
+                        intent: *intent,
+                        step: *step,
+                        dir: *dir,
+                        entries: *entries,
+                        subdirs: *subdirs,
+                        time: *time,
+                    },
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// A directory's attributes with the counts and times of `expected` steps not applied
+/// yet: what it will be once they are (as `AdjustDir` applies them; the times are the
+/// latest of all).
+pub fn with_expected<'a>(mut attr: Attr, expected: impl IntoIterator<Item = &'a wire::Expect>) -> Attr {
+    for e in expected {
+        attr.size = attr.size.saturating_add_signed(e.entries);
+        attr.nlink = i64::from(attr.nlink)
+            .saturating_add(e.subdirs)
+            .clamp(0, i64::from(u32::MAX)) as u32;
+        attr.mtime = attr.mtime.max(e.time);
+        attr.ctime = attr.ctime.max(e.time);
+    }
+    attr
 }
 
 /// The batch that finishes intent `id` in its coordinating partition: drops its record
@@ -687,6 +742,16 @@ mod tests {
         let (now, later) = answer_before(by_part);
         assert_eq!(now.keys().collect::<Vec<_>>(), vec![&p2]);
         assert_eq!(later.keys().collect::<Vec<_>>(), vec![&p1]);
+        let expected = expected_counts(&later);
+        assert_eq!(expected.len(), 1);
+        let (p, e) = &expected[0];
+        assert_eq!((*p, e.intent, e.step, e.dir, e.entries), (p1, 9, 2, Ino::ROOT, 1));
+        let whole = Namespace::format(8, 1);
+        let before = whole.getattr(Ino::ROOT).expect("root");
+        let after = with_expected(before.clone(), [e, e]);
+        assert_eq!(after.size, before.size + 2);
+        assert_eq!(after.nlink, before.nlink);
+        assert_eq!(after.mtime, 5.max(before.mtime));
     }
 
     #[test]

@@ -208,13 +208,6 @@ impl<T: Copy + Ord> Holds<T> {
         self.keys.iter().flat_map(|(k, e)| e.holds.iter().map(move |h| (*k, h)))
     }
 
-    /// The owners holding `ino` (shared or not) at `now`.
-    pub fn holders(&self, ino: Ino, now: T) -> Vec<u64> {
-        self.keys.get(&ino.0).map_or_else(Vec::new, |e| {
-            e.holds.iter().filter(|h| h.until > now).map(|h| h.owner).collect()
-        })
-    }
-
     /// Forgets every hold.
     pub fn clear(&mut self) {
         self.keys.clear();
@@ -255,28 +248,6 @@ impl LockTable {
     pub fn release(&self, keys: &[u64], owner: u64) {
         self.held.lock().release(keys, owner);
         self.freed.notify_waiters();
-    }
-
-    /// Waits until every operation that holds `ino` now has released it (or `wait`
-    /// passed: false): what they changed of it is then applied here. Operations that
-    /// take it later are not waited for.
-    pub async fn settled(&self, ino: Ino, wait: Duration) -> bool {
-        let deadline = Instant::now() + wait;
-        let before = self.held.lock().holders(ino, Instant::now());
-        loop {
-            let freed = self.freed.notified();
-            tokio::pin!(freed);
-            freed.as_mut().enable();
-            let now = Instant::now();
-            if !self.held.lock().holders(ino, now).iter().any(|o| before.contains(o)) {
-                return true;
-            }
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return false;
-            }
-            let _ = tokio::time::timeout(left.min(Duration::from_millis(20)), freed).await;
-        }
     }
 
     /// The anchors of the locks for which `dead(coordinator node, taken at)` holds:
@@ -403,14 +374,9 @@ mod tests {
         assert!(!t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
         let d2 = owner_id(4, 1);
         assert!(!t.lock(&[shared(d)], d2, 0, lease, Duration::ZERO).await);
-        let settled = {
-            let t = t.clone();
-            tokio::spawn(async move { t.settled(d, Duration::from_secs(5)).await })
-        };
         t.release(&[shared(d), na], a);
         assert!(!t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
         t.release(&[shared(d)], b);
-        assert!(settled.await.expect("join"));
         assert!(t.lock(&[d.0], c, 0, lease, Duration::ZERO).await);
         assert!(!t.lock(&[shared(d)], d2, 0, lease, Duration::ZERO).await);
         t.release(&[d.0], c);

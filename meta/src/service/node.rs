@@ -25,7 +25,9 @@
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
 
-use super::coordinator::{Coordination, Next, PlanRun, answer_before, batch_ops, finish_ops, intent_ops, plan_run};
+use super::coordinator::{
+    Coordination, Next, PlanRun, answer_before, batch_ops, expected_counts, finish_ops, intent_ops, plan_run,
+};
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
 use super::protocol::{Follow, Takeover};
@@ -189,7 +191,15 @@ struct Inner {
     /// Parents and attributes of inodes other nodes hold, fetched to check subtree
     /// grants and client keys' lookups and listings.
     homes: super::subtree::Homes,
+    /// Counts directories this node is primary of will get from steps that follow
+    /// answers ([`Expect`]), until those steps apply here (or [`EXPECT_TTL`]).
+    expected: Mutex<HashMap<Ino, Vec<(Expect, Instant)>>>,
 }
+
+/// Most [`Expect`]s one node keeps (a coordinator sends one per answered operation,
+/// dropped a millisecond later; beyond this the oldest go, and a settled read misses
+/// them until their steps apply).
+const MAX_EXPECTED: usize = 65_536;
 
 /// A question to a fenced node, shared by the partitions waiting for its answer.
 type FenceAsk = futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<Epoch, String>>>;
@@ -285,6 +295,7 @@ impl MetaNode {
             staging: Mutex::new(Staging::new(staging)),
             snapshots: Mutex::new(HashMap::new()),
             homes: super::subtree::Homes::default(),
+            expected: Mutex::new(HashMap::new()),
         });
         Ok(MetaNode { inner })
     }
@@ -889,6 +900,9 @@ impl MetaNode {
                 return Err(errno_status(Errno::EAGAIN));
             }
             let (keys, lsn) = st.lead(&ops);
+            // Counts announced to settled reads are in the copy now: drop them in the
+            // same moment (a read holds the copy's lock too), or one would count twice.
+            self.applied_expected(&ops);
             let req = Replicate {
                 epoch: v.map.epoch,
                 partition: p,
@@ -1381,8 +1395,22 @@ impl MetaNode {
             ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => self.read_entry(*parent, name),
             ReadOp::GetAttr(ino) => self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone())),
             ReadOp::GetAttrSettled(ino) => {
-                self.primary_slot(ino.partition())?;
-                self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone()))
+                let slot = self.primary_slot(ino.partition())?;
+                let st = slot.read();
+                if !st.serving {
+                    return Err(errno_status(Errno::EAGAIN));
+                }
+                let rec = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
+                let now = Instant::now();
+                let mut expected = self.inner.expected.lock();
+                let attr = match expected.get_mut(ino) {
+                    Some(list) => {
+                        list.retain(|(_, until)| *until > now);
+                        super::coordinator::with_expected(rec.attr.clone(), list.iter().map(|(e, _)| e))
+                    }
+                    None => rec.attr.clone(),
+                };
+                Ok(ReadReply::Attr(attr))
             }
             ReadOp::GetInode(ino) => Ok(ReadReply::Inode(Box::new(self.head(*ino)?))),
             ReadOp::GetInodeAs { creds, ino } => self.head_with_cap(creds, *ino),
@@ -1996,6 +2024,77 @@ impl MetaNode {
         }
     }
 
+    /// Keeps what a step that follows an answer will add to a directory this node is
+    /// the serving primary of ([`Expect`]).
+    fn on_expect(&self, e: Expect) -> Result<(), Status> {
+        let slot = self.primary_slot(e.dir.partition())?;
+        let st = slot.read();
+        if !st.serving {
+            return Err(errno_status(Errno::EAGAIN));
+        }
+        if st.part.has_marker(e.intent, e.step) {
+            return Ok(()); // Applied already (a redo, or a retried announcement).
+        }
+        let now = Instant::now();
+        let mut expected = self.inner.expected.lock();
+        let total: usize = expected.values().map(Vec::len).sum();
+        if total >= MAX_EXPECTED {
+            expected.retain(|_, list| {
+                list.retain(|(_, until)| *until > now);
+                !list.is_empty()
+            });
+            if expected.values().map(Vec::len).sum::<usize>() >= MAX_EXPECTED {
+                expected.clear();
+            }
+        }
+        let list = expected.entry(e.dir).or_default();
+        if !list.iter().any(|(x, _)| x.intent == e.intent && x.step == e.step) {
+            list.push((e, now + EXPECT_TTL));
+        }
+        Ok(())
+    }
+
+    /// Drops the announced counts whose steps `ops` apply (called with the copy's
+    /// state locked, so a settled read sees either the count or the step, never both).
+    fn applied_expected(&self, ops: &[PartOp]) {
+        let mut expected = self.inner.expected.lock();
+        if expected.is_empty() {
+            return;
+        }
+        for op in ops {
+            if let PartOp::Apply {
+                intent,
+                step,
+                m: crate::namespace::Mutation::AdjustDir { dir, .. },
+            } = op
+                && let Some(list) = expected.get_mut(dir)
+            {
+                list.retain(|(e, _)| !(e.intent == *intent && e.step == *step));
+                if list.is_empty() {
+                    expected.remove(dir);
+                }
+            }
+        }
+    }
+
+    /// Announces `expects` to their directories' primaries ([`Expect`]); true when all
+    /// took them.
+    async fn announce(&self, expects: Vec<(PartitionId, Expect)>) -> bool {
+        let v = self.view();
+        let calls = expects.into_iter().map(|(p, mut e)| {
+            e.epoch = v.map.epoch;
+            let target = v.primary(p).and_then(|n| v.addr(n).map(|a| (n, a)));
+            async move {
+                match target {
+                    Some((n, _)) if n == self.me() => self.on_expect(e).is_ok(),
+                    Some((_, addr)) => self.call_peer(addr, &e, Duration::from_secs(2)).await.is_ok(),
+                    None => false,
+                }
+            }
+        });
+        futures_util::future::join_all(calls).await.into_iter().all(|ok| ok)
+    }
+
     /// Executes a plan up to its answer: one batch, or an intent's record and every
     /// step the client waits for. What follows the answer comes back as a [`Tail`].
     async fn execute_plan(&self, plan: Plan) -> Result<Option<Tail>, Status> {
@@ -2064,10 +2163,18 @@ impl MetaNode {
         reign: Epoch,
     ) -> Result<(Later, Vec<PartitionId>), Status> {
         let (first, by_part) = intent_ops(coord, intent, begin);
-        self.execute_led(coord, first, coord, reign).await?;
         let others: Vec<PartitionId> = by_part.keys().copied().collect();
-        let (now, later) = answer_before(by_part);
+        let (now, mut later) = answer_before(by_part);
+        // A new operation (`begin`) tells the directories' primaries what follows its
+        // answer, beside its first batch; a redo has no one to answer.
+        let expects = if begin { expected_counts(&later) } else { Vec::new() };
+        let (first, announced) = tokio::join!(self.execute_led(coord, first, coord, reign), self.announce(expects));
+        first?;
         self.execute_all(now, coord, reign).await?;
+        if !announced {
+            // A settled read could not count them: apply them before the answer.
+            self.execute_all(std::mem::take(&mut later), coord, reign).await?;
+        }
         Ok((later, others))
     }
 
@@ -2259,12 +2366,6 @@ impl MetaNode {
                     n.confine(root, &[names]).await?;
                 }
                 n.check_read(client, &req.op).await?;
-                if let ReadOp::GetAttrSettled(ino) = &req.op {
-                    n.primary_slot(ino.partition())?;
-                    if !n.inner.locks.settled(*ino, SETTLE_WAIT).await {
-                        debug!(ino = ino.0, "answering a settled read with the inode still held");
-                    }
-                }
                 n.on_read(&req.op)
             }
             .instrument(span)
@@ -2368,6 +2469,10 @@ impl MetaNode {
         r = self.route::<Settled, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;
             Ok(n.settled_here(req.partition))
+        });
+        r = self.route::<Expect, _, _>(r, |n, _, req| async move {
+            n.check_epoch(req.epoch).await?;
+            n.on_expect(req)
         });
         r
     }

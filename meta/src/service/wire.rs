@@ -16,6 +16,7 @@
 //! | `0x040C` | [`PullPiece`] | new primary → best member   | a piece of that member's copy          |
 //! | `0x040D` | [`Settled`] | lock host → primary           | "nothing left unfinished by an earlier primary?" |
 //! | `0x040E` | [`Fence`]   | primary → dropped holder      | "have you adopted this epoch?" (its copy stopped) |
+//! | `0x040F` | [`Expect`]  | coordinator → directory's primary | counts a directory will get after an answer |
 //!
 //! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
 //! (decision 0007): the namespace types are already serde, and a compact, schema-checked
@@ -162,16 +163,13 @@ pub enum ReadOp {
         /// Partitions to list.
         partitions: Vec<PartitionId>,
     },
-    /// [`ReadOp::GetAttr`] from the inode's primary once every operation holding the
-    /// inode when the read arrived has released it (at most [`SETTLE_WAIT`]): a
-    /// directory's counts and times follow a create's or an unlink's answer
-    /// (`coordinator::answer_before`), and the client that made the change reads them
-    /// this way until they have surely landed ([`SETTLE_WINDOW`]).
+    /// [`ReadOp::GetAttr`] from the inode's primary, with the counts and times that
+    /// answered operations will still add to it ([`Expect`]): a directory's follow a
+    /// create's or an unlink's answer (`coordinator::answer_before`), and the client
+    /// that made the change reads them this way until they have surely landed
+    /// ([`SETTLE_WINDOW`]).
     GetAttrSettled(Ino),
 }
-
-/// Longest a [`ReadOp::GetAttrSettled`] waits for the operations holding its inode.
-pub const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// How long after a mutation its client reads the directories it changed with
 /// [`ReadOp::GetAttrSettled`].
@@ -687,6 +685,33 @@ pub struct Settled {
     pub partition: PartitionId,
 }
 meta_rpc!(Settled, 0x040D, bool);
+
+/// A coordinator tells a directory's primary what an operation's intent will add to
+/// the directory after the operation's answer (`coordinator::answer_before`), before it
+/// answers: a settled read of the directory ([`ReadOp::GetAttrSettled`]) then counts it
+/// without waiting for the step. The primary keeps it in memory until the step applies
+/// there (or [`EXPECT_TTL`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Expect {
+    /// The caller's map epoch.
+    pub epoch: Epoch,
+    /// The intent.
+    pub intent: u64,
+    /// The step of the intent that adjusts the directory.
+    pub step: u16,
+    /// The directory.
+    pub dir: Ino,
+    /// Change of its entry count.
+    pub entries: i64,
+    /// Change of its subdirectory count.
+    pub subdirs: i64,
+    /// Its new mtime and ctime.
+    pub time: crate::namespace::types::TimeNs,
+}
+meta_rpc!(Expect, 0x040F, ());
+
+/// How long a directory's primary counts an [`Expect`] whose step has not applied.
+pub const EXPECT_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// A numbered batch from the primary to a replica.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
