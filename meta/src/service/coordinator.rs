@@ -317,9 +317,7 @@ pub fn expected_counts(later: &BTreeMap<PartitionId, Vec<PartOp>>) -> Vec<(Parti
 pub fn with_expected<'a>(mut attr: Attr, expected: impl IntoIterator<Item = &'a wire::Expect>) -> Attr {
     for e in expected {
         attr.size = attr.size.saturating_add_signed(e.entries);
-        attr.nlink = i64::from(attr.nlink)
-            .saturating_add(e.subdirs)
-            .clamp(0, i64::from(u32::MAX)) as u32;
+        attr.nlink = crate::namespace::partition::add_links(attr.nlink, e.subdirs);
         attr.mtime = attr.mtime.max(e.time);
         attr.ctime = attr.ctime.max(e.time);
     }

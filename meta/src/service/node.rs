@@ -1709,8 +1709,8 @@ impl MetaNode {
     async fn apply_later(&self, tails: Vec<Tail>) -> (Vec<Tail>, bool) {
         let mut applied = Vec::with_capacity(tails.len());
         let mut failed = false;
-        for t in tails {
-            match self.execute_all(t.later.clone(), t.coord, t.reign).await {
+        for mut t in tails {
+            match self.execute_all(std::mem::take(&mut t.later), t.coord, t.reign).await {
                 Ok(()) => applied.push(t),
                 Err(e) => {
                     warn!(intent = t.id, error = %e, "applying a directory's counts after the answer failed; the sweep will");
