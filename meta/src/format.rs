@@ -6,8 +6,9 @@
 
 /// Format of a metadata node's partition store (`meta.redb`). 1: a file's stripes
 /// inside its inode record; 2: one record per stripe (a store of format 1 is
-/// rewritten at open).
-pub const META_STORE_FORMAT: u64 = 2;
+/// rewritten at open); 3: behind a write-ahead log (`meta.wal`), which an older build
+/// would not replay.
+pub const META_STORE_FORMAT: u64 = 3;
 /// Format of a manager's Raft store (`manager.redb`).
 pub const MANAGER_STORE_FORMAT: u64 = 1;
 

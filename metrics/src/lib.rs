@@ -133,8 +133,12 @@ pub struct Metrics {
     pub repair_running: Gauge,
     /// Removed files whose data waits for its purge (partitions this node is primary of).
     pub purges_pending: Gauge,
-    /// Group commits of the metadata store (one redb transaction with its fsync): time.
+    /// Group commits of the metadata store (a log frame and its fdatasync, or a
+    /// checkpoint: a redb transaction with its fsync): time.
     pub meta_store_commit_seconds: Histogram,
+    /// Checkpoints of the metadata store's log (redb committed durably, the log
+    /// started again).
+    pub meta_store_checkpoints: Counter,
     /// Partition writes (a batch's records, or an install) persisted by group commits.
     pub meta_store_writes: Counter,
     /// Map epochs a meta node learned of together and adopted one by one from the
@@ -205,6 +209,7 @@ impl Metrics {
             purges_pending: Gauge::default(),
             meta_store_commit_seconds: latency(),
             meta_store_writes: Counter::default(),
+            meta_store_checkpoints: Counter::default(),
             meta_map_epochs_stepped: Counter::default(),
             meta_map_epochs_skipped: Counter::default(),
             meta_fence_calls: Counter::default(),
@@ -387,7 +392,7 @@ impl Metrics {
         );
         r.register_with_unit(
             "meta_store_commit",
-            "Group commits of the metadata store (one transaction and its fsync)",
+            "Group commits of the metadata store (a log frame and its fdatasync, or a checkpoint)",
             Unit::Seconds,
             self.meta_store_commit_seconds.clone(),
         );
@@ -395,6 +400,11 @@ impl Metrics {
             "meta_store_writes",
             "Partition writes persisted by the metadata store's group commits",
             self.meta_store_writes.clone(),
+        );
+        r.register(
+            "meta_store_checkpoints",
+            "Checkpoints of the metadata store's log (redb committed with fsync, the log started again)",
+            self.meta_store_checkpoints.clone(),
         );
         r.register(
             "meta_map_epochs_stepped",

@@ -6,7 +6,8 @@
 //!   which copies keep serving across a map change), pure and shared with the simulator.
 //! - [`read_fence`]: which nodes may still serve reads of a partition they were
 //!   dropped from, and must confirm the new map before its primary acknowledges (pure).
-//! - [`store`]: durable copies in redb with group commit.
+//! - [`store`]: durable copies in redb with group commit, behind [`wal`] (the
+//!   write-ahead log's frames, cursor and replay, pure).
 //! - [`copy`]: partition copies moved in resumable pieces (install, takeover pull).
 //! - [`coordinator`]: the coordinator of one namespace operation (locks, reads, plans,
 //!   intents, the fence of stale coordinators), pure and shared with the simulator.
@@ -24,6 +25,7 @@ pub mod read_fence;
 pub mod replica;
 pub mod store;
 pub mod subtree;
+pub mod wal;
 pub mod wire;
 
 pub use node::{MetaConfig, MetaNode};
