@@ -427,6 +427,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 wait_ms: u32::MAX,
                 release: false,
                 anchor: PartitionId(0),
+                fetch: None,
             }),
         ),
         (
@@ -677,6 +678,7 @@ async fn a_hostile_client_can_neither_crash_nor_corrupt_a_node() {
                 wait_ms: 0,
                 release: false,
                 anchor: PartitionId(0),
+                fetch: None,
             }),
         ),
         (

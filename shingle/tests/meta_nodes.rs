@@ -723,13 +723,23 @@ async fn locks_of_a_dead_coordinator_go_once_its_partition_settles() {
         wait_ms: 0,
         release: false,
         anchor,
+        // What a coordinator reads next, read by the host once the key is held.
+        fetch: Some(shingle_meta::service::wire::Fetch {
+            epoch: v.map.epoch,
+            inodes: vec![d.ino],
+            ..Default::default()
+        }),
     };
     let host_addr = v.addr(host).expect("host address");
-    assert!(
-        call(c.transport(), host_addr, &lock, Duration::from_secs(2))
-            .await
-            .expect("lock"),
-        "the victim's coordinator holds d"
+    let locked = call(c.transport(), host_addr, &lock, Duration::from_secs(2))
+        .await
+        .expect("lock");
+    assert!(locked.granted, "the victim's coordinator holds d");
+    let fetched = locked.fetched.expect("read once held");
+    assert_eq!(
+        fetched.inodes.first().and_then(|r| r.as_ref()).map(|r| r.attr.ino),
+        Some(d.ino),
+        "the lock's host read d"
     );
     // Held: a create in d waits for it.
     let impatient = c.clone().with_timeout(Duration::from_millis(1500));
@@ -752,10 +762,9 @@ async fn locks_of_a_dead_coordinator_go_once_its_partition_settles() {
         started.elapsed()
     );
     // A node that is not Up may not take keys (its coordinations are fenced).
-    assert!(
-        !call(c.transport(), host_addr, &lock, Duration::from_secs(2))
-            .await
-            .expect("lock"),
-        "a Down node's coordinator takes no lock"
-    );
+    let refused = call(c.transport(), host_addr, &lock, Duration::from_secs(2))
+        .await
+        .expect("lock");
+    assert!(!refused.granted, "a Down node's coordinator takes no lock");
+    assert_eq!(refused.fetched, None, "nothing is read for a lock not granted");
 }

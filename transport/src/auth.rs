@@ -37,8 +37,9 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// stripes, partition copies carry them, `PutStripes`/`CutStripes` mutations); 4: a
 /// create can hand its creator stripe versions (`NsOp::Mknod` gained `reserve`); 5: a
 /// primary fences the holders a map dropped before it acknowledges (`Fence`). See
-/// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is).
-pub const PROTOCOL_VERSION: u8 = 6;
+/// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is);
+/// 7: a lock request may read the locked inodes once held (`Lock::fetch`, `Locked`).
+pub const PROTOCOL_VERSION: u8 = 7;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a handshake MAC.

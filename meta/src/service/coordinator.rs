@@ -168,7 +168,15 @@ impl Coordination {
     }
 
     /// Whether client operation `op` is recorded as done in partition `p`.
+    ///
+    /// A done operation is answered from its records as they are now, so inodes read
+    /// before this check are read again: a lock host reads the locked inodes when it
+    /// grants them, which may be before the redo that finished the operation applied
+    /// its last step there (an interrupted attempt's intent is redone without its locks).
     pub fn provide_done(&mut self, p: PartitionId, op: u64, rec: Option<DoneOp>) {
+        if rec.is_some() {
+            self.cache.inodes.clear();
+        }
         self.cache.done.insert((p, op), rec);
     }
 }

@@ -1751,8 +1751,11 @@ impl MetaNode {
         loop {
             match c.step() {
                 Next::Lock(keys) => {
-                    self.lock(&v, keys.clone(), owner, anchor, held).await?;
+                    let read = self.lock(&v, keys.clone(), owner, anchor, held).await?;
                     c.locked(&keys);
+                    for (ino, rec) in read {
+                        c.provide_inode(ino, rec);
+                    }
                 }
                 Next::Fetch(needs) => self.fetch(&v, &needs, &mut c).await?,
                 Next::Commit(plans, reply) => {
@@ -1776,6 +1779,8 @@ impl MetaNode {
         }
     }
 
+    /// Takes `keys` at their hosts; returns the locked inodes a remote host read once
+    /// they were held (the coordinator would fetch them next: [`Lock::fetch`]).
     async fn lock(
         &self,
         v: &MapView,
@@ -1783,12 +1788,13 @@ impl MetaNode {
         owner: u64,
         anchor: PartitionId,
         held: &mut Vec<(NodeId, Vec<u64>)>,
-    ) -> Result<(), Retry> {
+    ) -> Result<Vec<(Ino, Option<crate::namespace::InodeRec>)>, Retry> {
         let mut by_host: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
         for k in keys {
             let host = v.primary(Ino(k).partition()).ok_or(Retry::Busy)?;
             by_host.entry(host).or_default().push(k);
         }
+        let mut read = Vec::new();
         for (host, keys) in by_host {
             let ok = if host == self.me() {
                 self.inner
@@ -1803,6 +1809,12 @@ impl MetaNode {
                     .await
             } else {
                 let addr = v.addr(host).ok_or(Retry::Busy)?;
+                let inodes: Vec<Ino> = keys.iter().filter_map(|k| super::locks::key_inode(*k)).collect();
+                let fetch = (!inodes.is_empty()).then(|| Fetch {
+                    epoch: v.map.epoch,
+                    inodes,
+                    ..Fetch::default()
+                });
                 let req = Lock {
                     keys: keys.clone(),
                     owner,
@@ -1810,17 +1822,23 @@ impl MetaNode {
                     wait_ms: 200,
                     release: false,
                     anchor,
+                    fetch,
                 };
-                self.call_peer(addr, &req, Duration::from_secs(2))
+                let reply = self
+                    .call_peer(addr, &req, Duration::from_secs(2))
                     .await
-                    .unwrap_or(false)
+                    .unwrap_or_default();
+                if let (Some(got), Some(asked)) = (reply.fetched, req.fetch) {
+                    read.extend(asked.inodes.into_iter().zip(got.inodes));
+                }
+                reply.granted
             };
             if !ok {
                 return Err(Retry::Busy);
             }
             held.push((host, keys));
         }
-        Ok(())
+        Ok(read)
     }
 
     async fn unlock(&self, host: NodeId, keys: Vec<u64>, owner: u64) {
@@ -1836,6 +1854,7 @@ impl MetaNode {
             wait_ms: 0,
             release: true,
             anchor: PartitionId(0),
+            fetch: None,
         };
         if let Err(e) = self.call_peer(addr, &req, Duration::from_secs(2)).await {
             debug!(host = host.0, error = %e, "unlock failed; the lease will free the keys");
@@ -2426,19 +2445,30 @@ impl MetaNode {
                 }
                 if req.release {
                     n.inner.locks.release(&req.keys, req.owner);
-                    return Ok(true);
+                    return Ok(Locked {
+                        granted: true,
+                        fetched: None,
+                    });
                 }
                 // A coordinator whose node is not Up may not take keys: its partitions
                 // went to others, who may be redoing what it left.
                 if !n.view().map.is_up(NodeId(super::locks::owner_node(req.owner))) {
-                    return Ok(false);
+                    return Ok(Locked::default());
                 }
                 let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
                 let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
-                Ok(n.inner
+                let granted = n
+                    .inner
                     .locks
                     .lock(&req.keys, req.owner, req.anchor.0, lease, wait)
-                    .await)
+                    .await;
+                // Read under the keys just taken, as the coordinator's fetch would.
+                let fetched = if granted {
+                    req.fetch.as_ref().and_then(|f| n.on_fetch(f).ok())
+                } else {
+                    None
+                };
+                Ok(Locked { granted, fetched })
             }
             .instrument(span)
         });

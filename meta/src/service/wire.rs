@@ -670,8 +670,22 @@ pub struct Lock {
     /// coordinator's node goes Down, the host frees the keys as soon as that
     /// partition's new primary has redone what the coordinator left ([`Settled`]).
     pub anchor: PartitionId,
+    /// Records to read once the keys are held: the coordinator's next [`Fetch`] (the
+    /// locked inodes), saved a round trip. Read as a `Fetch` is, so only for a caller
+    /// on this node's map epoch.
+    pub fetch: Option<Fetch>,
 }
-meta_rpc!(Lock, 0x0405, bool);
+meta_rpc!(Lock, 0x0405, Locked);
+
+/// Reply to [`Lock`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Locked {
+    /// Whether the keys are held (a release: always).
+    pub granted: bool,
+    /// What [`Lock::fetch`] read once they were; `None` when not asked, not granted,
+    /// or refused (another map epoch): the coordinator then fetches as before.
+    pub fetched: Option<Fetched>,
+}
 
 /// Asks a partition's primary whether every operation left unfinished in it by an
 /// earlier primary has been redone: it serves the partition and every intent pending

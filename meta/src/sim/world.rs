@@ -100,6 +100,9 @@ enum Msg {
         keys: Vec<u64>,
         owner: u64,
         anchor: PartitionId,
+        /// The locked inodes to read once held, for a caller on this map epoch
+        /// (`Lock::fetch` of the service).
+        read: Option<(Epoch, Vec<Ino>)>,
     },
     /// A read from a copy (any member; no epoch check, as `on_read` of node.rs): which
     /// of `names` the copy lacks.
@@ -155,6 +158,8 @@ enum Body {
     Copy(CopyId, Box<Partition>),
     Ns(Result<OpReply, Errno>),
     Locked(bool),
+    /// Keys granted, with the locked inodes read once they were held.
+    Granted(Vec<(Ino, Option<crate::namespace::InodeRec>)>),
     Fetched(Vec<ns::Rec>),
     /// The names a read's copy lacks.
     Missing(Vec<Vec<u8>>),

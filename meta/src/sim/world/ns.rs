@@ -16,10 +16,10 @@
 //! counts), no intent is left, and no inode number was handed out twice.
 
 use super::{Addr, Body, Ev, Fail, Ms, Msg, Op, Pending, ReplyTo, World};
-use crate::ids::{Ino, NodeId, PartitionId};
+use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::namespace::{Creds, DentryVal, Errno, FileKind, InodeRec, Intent, Need, Plan, StripeRec};
 use crate::service::coordinator::{Coordination, Next, PlanRun, batch_ops, fence, finish_ops, intent_ops, plan_run};
-use crate::service::locks::{Hold, Holds, owner_id, owner_node};
+use crate::service::locks::{Hold, Holds, key_inode, owner_id, owner_node};
 use crate::service::wire::{NsOp, OpReply, PartOp};
 use crate::sim::Bug;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -55,6 +55,7 @@ pub(super) struct LockWait {
     keys: Vec<u64>,
     owner: u64,
     anchor: PartitionId,
+    read: Option<(Epoch, Vec<Ino>)>,
     until: Ms,
 }
 
@@ -96,6 +97,8 @@ pub(super) struct CoordWork {
     waiting: usize,
     refused: bool,
     asked: Vec<u64>,
+    /// Inodes the lock hosts read once the asked keys were held.
+    read: Vec<(Ino, Option<InodeRec>)>,
     plans: VecDeque<Plan>,
     reply: Option<OpReply>,
     /// The plan waiting for its id: one partition's batch, or an intent.
@@ -603,6 +606,7 @@ impl World {
                     waiting: 0,
                     refused: false,
                     asked: Vec::new(),
+                    read: Vec::new(),
                     plans: VecDeque::new(),
                     reply: None,
                     pending: None,
@@ -622,12 +626,18 @@ impl World {
                 self.coord_next(n, k);
                 Ok(())
             }
-            Msg::Lock { keys, owner, anchor } => {
+            Msg::Lock {
+                keys,
+                owner,
+                anchor,
+                read,
+            } => {
                 let wait = LockWait {
                     to,
                     keys,
                     owner,
                     anchor,
+                    read,
                     until: self.now + LOCK_WAIT,
                 };
                 self.try_lock(n, wait);
@@ -694,7 +704,22 @@ impl World {
             .locks
             .take(&w.keys, w.owner, w.anchor.0, now, now + LOCK_LEASE, now + WANT)
         {
-            return self.respond(n, w.to, Ok(Body::Locked(true)));
+            // Read under the keys just taken, as a fetch would (the caller's epoch, this
+            // node the primary); otherwise the caller fetches.
+            let read = w.read.as_ref().and_then(|(epoch, inos)| {
+                if *epoch != v.map.epoch {
+                    return None;
+                }
+                inos.iter()
+                    .map(|ino| {
+                        self.primary_check(n, ino.partition()).ok()?;
+                        let part = &self.nodes[&n].slots[&ino.partition()].r.part;
+                        Some((*ino, part.inodes.get(ino).cloned()))
+                    })
+                    .collect::<Option<Vec<_>>>()
+            });
+            let body = read.map_or(Body::Locked(true), Body::Granted);
+            return self.respond(n, w.to, Ok(body));
         }
         if now >= w.until {
             return self.respond(n, w.to, Ok(Body::Locked(false)));
@@ -762,13 +787,18 @@ impl World {
                 w.waiting = by_host.len();
                 w.refused = false;
                 w.asked = keys;
+                w.read.clear();
                 let owner = w.owner;
                 let anchor = w.c.anchor();
                 for (host, keys) in by_host {
+                    // A remote host reads the locked inodes once held (`Lock::fetch`).
+                    let inos: Vec<Ino> = keys.iter().filter_map(|k| key_inode(*k)).collect();
+                    let read = (host != n && !inos.is_empty()).then(|| (v.map.epoch, inos));
                     let msg = Msg::Lock {
                         keys: keys.clone(),
                         owner,
                         anchor,
+                        read,
                     };
                     self.work_call(n, host, msg, k, Wait::Lock(host, keys));
                 }
@@ -1031,7 +1061,11 @@ impl World {
                 let Some(w) = self.coord(n, k) else { return };
                 w.waiting = w.waiting.saturating_sub(1);
                 // Keys whose answer was lost may be held all the same: released too.
-                w.refused |= !matches!(res, Ok(Body::Locked(true)));
+                match res {
+                    Ok(Body::Locked(true)) => {}
+                    Ok(Body::Granted(read)) => w.read.extend(read),
+                    _ => w.refused = true,
+                }
                 w.held.push((host, keys));
                 if w.waiting > 0 {
                     return;
@@ -1041,6 +1075,9 @@ impl World {
                 }
                 let asked = std::mem::take(&mut w.asked);
                 w.c.locked(&asked);
+                for (ino, rec) in std::mem::take(&mut w.read) {
+                    w.c.provide_inode(ino, rec);
+                }
                 self.coord_next(n, k);
             }
             (Wait::Fetch(needs), Ok(Body::Fetched(recs))) if recs.len() == needs.len() => {
