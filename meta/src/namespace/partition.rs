@@ -14,8 +14,8 @@ use crate::ids::{Ino, PartitionId};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// A link count changed by `delta`, kept within 0..=u32::MAX whatever the delta.
-/// `nlink` changed by `delta`, within `0..=u32::MAX` (as link steps apply it).
+/// A link count changed by `delta`, kept within 0..=u32::MAX whatever the delta (as
+/// link steps apply it).
 pub(crate) fn add_links(nlink: u32, delta: i64) -> u32 {
     i64::from(nlink).saturating_add(delta).clamp(0, i64::from(u32::MAX)) as u32
 }

@@ -1395,22 +1395,10 @@ impl MetaNode {
             ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => self.read_entry(*parent, name),
             ReadOp::GetAttr(ino) => self.with_inode(*ino, |r| ReadReply::Attr(r.attr.clone())),
             ReadOp::GetAttrSettled(ino) => {
-                let slot = self.primary_slot(ino.partition())?;
-                let st = slot.read();
-                if !st.serving {
-                    return Err(errno_status(Errno::EAGAIN));
-                }
-                let rec = st.part.inodes.get(ino).ok_or_else(|| errno_status(Errno::ENOENT))?;
-                let now = Instant::now();
-                let mut expected = self.inner.expected.lock();
-                let attr = match expected.get_mut(ino) {
-                    Some(list) => {
-                        list.retain(|(_, until)| *until > now);
-                        super::coordinator::with_expected(rec.attr.clone(), list.iter().map(|(e, _)| e))
-                    }
-                    None => rec.attr.clone(),
-                };
-                Ok(ReadReply::Attr(attr))
+                self.primary_slot(ino.partition())?;
+                // Counted under the copy's lock (held by `with_inode`), against which
+                // applied steps drop their announcements: never counted twice.
+                self.with_inode(*ino, |r| ReadReply::Attr(self.counted(*ino, &r.attr)))
             }
             ReadOp::GetInode(ino) => Ok(ReadReply::Inode(Box::new(self.head(*ino)?))),
             ReadOp::GetInodeAs { creds, ino } => self.head_with_cap(creds, *ino),
@@ -2071,6 +2059,19 @@ impl MetaNode {
             list.push((e, now + EXPECT_TTL));
         }
         Ok(())
+    }
+
+    /// `attr` of directory `ino` with the counts announced for it and not applied yet.
+    fn counted(&self, ino: Ino, attr: &crate::namespace::Attr) -> crate::namespace::Attr {
+        let now = Instant::now();
+        let mut expected = self.inner.expected.lock();
+        match expected.get_mut(&ino) {
+            Some(list) => {
+                list.retain(|(_, until)| *until > now);
+                super::coordinator::with_expected(attr.clone(), list.iter().map(|(e, _)| e))
+            }
+            None => attr.clone(),
+        }
     }
 
     /// Drops the announced counts whose steps `ops` apply (called with the copy's

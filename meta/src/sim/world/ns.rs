@@ -649,26 +649,7 @@ impl World {
                 Ok(())
             }
             Msg::Fetch { epoch, needs } => {
-                if epoch != self.nodes[&n].view.map.epoch {
-                    return Err(Fail::Stale);
-                }
-                let parts = self.cfg.partitions;
-                let mut out = Vec::with_capacity(needs.len());
-                for need in &needs {
-                    let p = match need {
-                        Need::Inode(ino) | Need::Stripe(ino, _) => ino.partition(),
-                        Need::Dentry(parent, nm) => crate::placement::dentry_partition(*parent, nm, parts),
-                        Need::Counter(_) | Need::Done(..) => return Err(Fail::Stale),
-                    };
-                    self.primary_check(n, p)?;
-                    let part = &self.nodes[&n].slots[&p].r.part;
-                    out.push(match need {
-                        Need::Inode(ino) => Rec::Inode(part.inodes.get(ino).cloned()),
-                        Need::Dentry(parent, nm) => Rec::Dentry(part.dentry(*parent, nm)),
-                        Need::Stripe(ino, s) => Rec::Stripe(part.stripes.get(&(*ino, *s)).cloned()),
-                        _ => unreachable!("refused above"),
-                    });
-                }
+                let out = self.fetch_here(n, epoch, &needs)?;
                 self.respond(n, to, Ok(Body::Fetched(out)));
                 Ok(())
             }
@@ -707,16 +688,13 @@ impl World {
             // Read under the keys just taken, as a fetch would (the caller's epoch, this
             // node the primary); otherwise the caller fetches.
             let read = w.read.as_ref().and_then(|(epoch, inos)| {
-                if *epoch != v.map.epoch {
-                    return None;
-                }
-                inos.iter()
-                    .map(|ino| {
-                        self.primary_check(n, ino.partition()).ok()?;
-                        let part = &self.nodes[&n].slots[&ino.partition()].r.part;
-                        Some((*ino, part.inodes.get(ino).cloned()))
-                    })
-                    .collect::<Option<Vec<_>>>()
+                let needs: Vec<Need> = inos.iter().map(|i| Need::Inode(*i)).collect();
+                let recs = self.fetch_here(n, *epoch, &needs).ok()?;
+                let inodes = recs.into_iter().map(|r| match r {
+                    Rec::Inode(r) => r,
+                    _ => unreachable!("inodes were asked"),
+                });
+                Some(inos.iter().copied().zip(inodes).collect())
             });
             let body = read.map_or(Body::Locked(true), Body::Granted);
             return self.respond(n, w.to, Ok(body));
@@ -726,6 +704,32 @@ impl World {
         }
         let inc = self.nodes[&n].inc;
         self.at(10, Ev::LockWait(n, inc, Box::new(w)));
+    }
+
+    /// What a coordinator on map `epoch` reads from node `n` (`on_fetch` of node.rs):
+    /// only on this node's epoch, and from partitions it is the primary of.
+    fn fetch_here(&self, n: NodeId, epoch: Epoch, needs: &[Need]) -> Result<Vec<Rec>, Fail> {
+        if epoch != self.nodes[&n].view.map.epoch {
+            return Err(Fail::Stale);
+        }
+        let parts = self.cfg.partitions;
+        let mut out = Vec::with_capacity(needs.len());
+        for need in needs {
+            let p = match need {
+                Need::Inode(ino) | Need::Stripe(ino, _) => ino.partition(),
+                Need::Dentry(parent, nm) => crate::placement::dentry_partition(*parent, nm, parts),
+                Need::Counter(_) | Need::Done(..) => return Err(Fail::Stale),
+            };
+            self.primary_check(n, p)?;
+            let part = &self.nodes[&n].slots[&p].r.part;
+            out.push(match need {
+                Need::Inode(ino) => Rec::Inode(part.inodes.get(ino).cloned()),
+                Need::Dentry(parent, nm) => Rec::Dentry(part.dentry(*parent, nm)),
+                Need::Stripe(ino, s) => Rec::Stripe(part.stripes.get(&(*ino, *s)).cloned()),
+                _ => unreachable!("refused above"),
+            });
+        }
+        Ok(out)
     }
 
     /// A lock request waiting at node `n` looks again.
