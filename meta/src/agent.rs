@@ -19,6 +19,7 @@ use crate::manager::rpc::{Heartbeat, HeartbeatRequest, Report, ReportRequest};
 use crate::manager::{fetch_map, fetch_map_since, propose};
 use crate::map::{ClusterMap, MapCommand, MapHistory, NodeInfo};
 use shingle_transport::{CallOptions, PeerClient, RpcChannel};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -221,6 +222,10 @@ async fn follow(
     let mut last_ok = Instant::now();
     let mut told_ok = true;
     let mut last_round = Instant::now();
+    // Per manager: since when its heartbeats fail (while others may answer), and
+    // whether that was logged. Only the leader's ear keeps a node Up: a node that
+    // reaches two managers but never the leader is marked Down and stays Down.
+    let mut failing: BTreeMap<SocketAddr, (Instant, bool)> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval) => {}
@@ -265,8 +270,23 @@ async fn follow(
                     any = true;
                     newest = newest.max(Epoch(r.epoch));
                     by_epoch.push((Epoch(r.epoch), m));
+                    if failing.remove(&m).is_some_and(|(_, told)| told) {
+                        info!(manager = %m, "manager answers heartbeats again");
+                    }
                 }
-                Err(e) => debug!(manager = %m, error = %e, "heartbeat failed"),
+                Err(e) => {
+                    debug!(manager = %m, error = %e, "heartbeat failed");
+                    let (since, told) = failing.entry(m).or_insert((Instant::now(), false));
+                    if node_id != 0 && !*told && since.elapsed() >= cfg.touch_timeout {
+                        *told = true;
+                        warn!(
+                            manager = %m,
+                            silent_ms = since.elapsed().as_millis() as u64,
+                            error = %e,
+                            "a manager does not answer this node's heartbeats"
+                        );
+                    }
+                }
             }
         }
         if any {

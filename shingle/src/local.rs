@@ -278,12 +278,16 @@ impl LocalNode {
 
 impl LocalNode {
     /// "node ID (ADDR) is not up", and the last lines of its log when it has one.
-    fn describe(&self) -> String {
-        let log = self
-            .config
+    /// Where this node's log is when it logs to a file (`node{id}.log` in the data dir).
+    fn log_path(&self) -> Option<PathBuf> {
+        self.config
             .parent()
             .and_then(Path::parent)
-            .map(|d| d.join(format!("node{}.log", self.id)));
+            .map(|d| d.join(format!("node{}.log", self.id)))
+    }
+
+    fn describe(&self) -> String {
+        let log = self.log_path();
         let tail = log
             .as_ref()
             .and_then(|l| std::fs::read_to_string(l).ok())
@@ -604,15 +608,37 @@ impl LocalCluster {
                     .map(|n| format!("{}:{:?}", n.id.0, n.state))
                     .collect();
                 bail!(
-                    "cluster not ready after {timeout:?}: {up} of {} nodes up (map epoch {}: {}){}",
+                    "cluster not ready after {timeout:?}: {up} of {} nodes up (map epoch {}: {}){}{}",
                     self.nodes.len(),
                     v.map.epoch.0,
                     states.join(" "),
-                    missing.iter().map(|m| format!("\n{m}")).collect::<String>()
+                    missing.iter().map(|m| format!("\n{m}")).collect::<String>(),
+                    self.liveness_story()
                 );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+    }
+
+    /// What the nodes' logs say of liveness (who marked whom Down, which manager a
+    /// node could not reach): the story behind a node that is not up.
+    fn liveness_story(&self) -> String {
+        let mut lines = Vec::new();
+        for n in &self.nodes {
+            let Some(text) = n.log_path().and_then(|l| std::fs::read_to_string(l).ok()) else {
+                continue;
+            };
+            lines.extend(
+                text.lines()
+                    .filter(|l| l.contains("liveness changed") || l.contains("does not answer"))
+                    .map(|l| format!("\n    node {}: {l}", n.id)),
+            );
+        }
+        if lines.is_empty() {
+            return String::new();
+        }
+        let tail = &lines[lines.len().saturating_sub(16)..];
+        format!("\nliveness in the nodes' logs:{}", tail.concat())
     }
 
     /// Kills every node (SIGKILL) and starts them all again with the same configs,
