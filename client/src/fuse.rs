@@ -33,6 +33,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle;
 use tracing::{Instrument, Span};
 
+/// The attribute Linux probes before every write and chown of a file (to drop file
+/// capabilities).
+const CAPABILITY: &[u8] = b"security.capability";
+
 /// The span of one kernel request (`$name` with `op`, `ino` and the fields given),
 /// paired with the operation's name for the metrics.
 macro_rules! op_span {
@@ -909,10 +913,12 @@ impl Filesystem for ShingleFs {
         let (files, fh) = (self.files.clone(), self.fh());
         self.writable.lock().insert(fh);
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
+        let absent = self.absent.clone();
         self.run(
             op_span!("fs.create", "create", parent.0, degraded = false),
             async move {
                 let perm = mode & !umask & 0o7777;
+                let (asked, at) = (absent.lock().asking(), std::time::Instant::now());
                 let made = if k == FileKind::File {
                     c.create(&cr, parent, &name, perm).await
                 } else {
@@ -924,6 +930,9 @@ impl Filesystem for ShingleFs {
                 };
                 match made {
                     Ok((a, f)) => {
+                        // A file made a moment ago has no file capabilities: the
+                        // kernel's probe before its first write is answered here.
+                        absent.lock().note(a.ino.0, CAPABILITY, asked, at, ttl);
                         files.lock().insert(fh, f);
                         reply.created(&ttl, &file_attr(&a), Generation(0), FileHandle(fh), FopenFlags::empty());
                     }
