@@ -87,7 +87,11 @@ fn timed(samples: &mut Vec<u64>, f: impl FnOnce() -> std::io::Result<()>) -> Res
     Ok(())
 }
 
-fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u64, u64)>> {
+/// Called after each measured phase with its name and how many operations (or
+/// entries) it did.
+type After<'a> = &'a mut dyn FnMut(&str, usize);
+
+fn latency(root: &Path, n: usize, after: After) -> Result<Vec<(u64, u64)>> {
     let dir = root.join("lat");
     fs::create_dir_all(&dir)?;
     let path = |i: usize| dir.join(format!("f{i:06}"));
@@ -97,19 +101,19 @@ fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u6
     for i in 0..n {
         timed(&mut all[0], || fs::File::create(path(i)).map(drop))?;
     }
-    after(OPS[0]);
+    after(OPS[0], n);
     for i in 0..n {
         timed(&mut all[1], || {
             fs::set_permissions(path(i), fs::Permissions::from_mode(0o600))
         })?;
     }
-    after(OPS[1]);
+    after(OPS[1], n);
     for i in 0..n {
         timed(&mut all[2], || {
             std::os::unix::fs::chown(path(i), Some(1000), Some(1000))
         })?;
     }
-    after(OPS[2]);
+    after(OPS[2], n);
     for i in 0..n {
         let f = fs::File::options().write(true).open(path(i))?;
         let when = std::time::SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + i as u64);
@@ -117,27 +121,27 @@ fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u6
             f.set_times(fs::FileTimes::new().set_modified(when).set_accessed(when))
         })?;
     }
-    after(OPS[3]);
+    after(OPS[3], n);
     for i in 0..n {
         timed(&mut all[4], || fs::rename(path(i), moved(i)))?;
     }
-    after(OPS[4]);
+    after(OPS[4], n);
     for i in 0..n {
         timed(&mut all[5], || fs::remove_file(moved(i)))?;
     }
-    after(OPS[5]);
+    after(OPS[5], n);
     for i in 0..n {
         timed(&mut all[6], || fs::create_dir(sub(i)))?;
     }
-    after(OPS[6]);
+    after(OPS[6], n);
     for i in 0..n {
         timed(&mut all[7], || fs::remove_dir(sub(i)))?;
     }
-    after(OPS[7]);
+    after(OPS[7], n);
     for _ in 0..n {
         timed(&mut all[8], || fs::metadata(&dir).map(drop))?;
     }
-    after(OPS[8]);
+    after(OPS[8], n);
     // The same missing name again and again, as Python's import path probes do.
     let absent = dir.join("absent");
     for _ in 0..n {
@@ -147,7 +151,7 @@ fn latency(root: &Path, n: usize, after: &mut dyn FnMut(&str)) -> Result<Vec<(u6
             Err(e) => Err(e),
         })?;
     }
-    after(OPS[9]);
+    after(OPS[9], n);
     fs::remove_dir(&dir)?;
     Ok(all.iter_mut().map(|v| (pct(v, 0.5), pct(v, 0.99))).collect())
 }
@@ -223,11 +227,13 @@ fn storm(root: &Path, threads: usize, files: usize) -> Result<(f64, f64)> {
     Ok((creates, unlinks))
 }
 
-fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: &mut dyn FnMut(&str)) -> Result<Side> {
+fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: After) -> Result<Side> {
     let latency = latency(root, a.ops, after)?;
     let dst = root.join("tree");
     let cp_s = run_cmd(Command::new("cp").arg("-a").arg(src).arg(&dst))?;
+    after("cp -a", a.tree);
     let rm_s = run_cmd(Command::new("rm").arg("-rf").arg(&dst))?;
+    after("rm -rf", a.tree);
     let (creates_s, unlinks_s) = storm(root, a.threads, a.files)?;
     Ok(Side {
         latency,
@@ -267,14 +273,13 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     let a2 = a.clone();
     let (l2, m3, s2) = (local.clone(), mnt.clone(), src.clone());
     let nodes: Vec<u16> = (1..=spec.nodes as u16 + 1).map(|i| metrics_base + i).collect();
-    let n_ops = a.ops as f64;
     let result = tokio::task::spawn_blocking(move || -> Result<(Side, Side, Vec<String>)> {
-        let local = measure(&l2, &s2, &a2, &mut |_| {})?;
+        let local = measure(&l2, &s2, &a2, &mut |_, _| {})?;
         let mut last = snapshot(&nodes);
         let mut lines = Vec::new();
-        let shingle = measure(&m3, &s2, &a2, &mut |op| {
+        let shingle = measure(&m3, &s2, &a2, &mut |op, n| {
             let now = snapshot(&nodes);
-            lines.push(breakdown(op, &last, &now, n_ops));
+            lines.push(breakdown(op, &last, &now, n as f64));
             last = now;
         })?;
         Ok((local, shingle, lines))
@@ -308,7 +313,7 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     println!("rm -rf s      {:17.2}     {:17.2}", local.rm_s, shingle.rm_s);
     println!("creates/s     {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
     println!("unlinks/s     {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
-    println!("# where the time goes, per operation on the mount: count x mean ms");
+    println!("# where the time goes, per operation (cp -a, rm -rf: per entry) on the mount: count x mean ms");
     for l in &lines {
         println!("{l}");
     }
