@@ -5,10 +5,29 @@
 //! `put` checks the payload against the writer's crc32c, appends the record at the
 //! active zone's write pointer, then waits for its *batch* to become durable. One
 //! caller at a time is the syncer: it closes the current batch, syncs every zone the
-//! batch touched, commits the batch's index updates to redb (fsync'd), applies them to
-//! the in-memory index, and wakes the batch. Concurrent writers thus share one device
-//! sync and one index commit (group commit). Nothing is acknowledged before both the
-//! record and its index entry are durable; a chunk is not readable before either.
+//! batch touched, writes the batch's index updates to redb, applies them to the
+//! in-memory index, and wakes the batch. Concurrent writers thus share one device sync
+//! (group commit). Nothing is acknowledged before its record is durable; a chunk is not
+//! readable before then.
+//!
+//! ## The zones are the log; the index is a checkpoint (decision 0025)
+//! Every record names its key, version and a sequence number, so the records appended
+//! since the index was last made durable can be found again: a batch of puts writes
+//! its index updates to redb without a sync (one device sync per put, not two), and a
+//! *checkpoint* — a durable redb commit that also records `ckpt_seq`, the first
+//! sequence number it does not cover, and the tail (zone and offset) of the active zone
+//! at that moment — comes after [`CHECKPOINT_CHANGES`] changes or [`CHECKPOINT_BYTES`]
+//! of records, for any batch with a delete or a GC move (those must be durable before
+//! they are acknowledged or a zone is reset), when the sequence lease is extended, and
+//! from [`ChunkStore::checkpoint`] (the node calls it when idle). Sequence numbers are
+//! handed out in append order (under the writer lock), so on open the records to
+//! replay are those of the checkpoint's tail zone past its offset, and every zone
+//! without index entries whose first record is numbered `ckpt_seq` or later (opened,
+//! or reset and reused, after the checkpoint); the newest record of a key and version
+//! wins, as in a rebuild. A record deleted before the checkpoint lies before its tail
+//! and is never replayed. A put that failed (its sync) may be replayed: like any
+//! unacknowledged write it may or may not be there after a crash, and nothing names
+//! its version.
 //!
 //! ## Crash safety
 //! - Data is synced before the index entry that points at it is committed, so the
@@ -40,7 +59,7 @@ use crate::zone::{ZoneError, ZoneId, ZoneState, ZonedDevice};
 use bytes::{Bytes, BytesMut};
 use parking_lot::{Condvar, Mutex, RwLock};
 use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tracing::{debug, info, warn};
@@ -49,8 +68,138 @@ const CHUNKS: TableDefinition<&[u8], &[u8]> = TableDefinition::new("chunks");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// The on-disk format of the chunk index (the `format` key of its `meta` table). 1: keys
 /// named a chunk alone (read and rewritten on open; the key was not yet written); 2:
-/// keys carry the version. An index of a newer format is refused, not misread.
-pub const INDEX_FORMAT: u64 = 2;
+/// keys carry the version; 3: the index is a checkpoint, and the records appended after
+/// it (found from `ckpt_seq` and the tail it names) are replayed on open — a build
+/// that does not replay them would lose acknowledged writes, so it must refuse. An
+/// index of a newer format is refused, not misread.
+pub const INDEX_FORMAT: u64 = 3;
+
+/// A checkpoint (durable index commit) is due after this many index changes or this
+/// many record bytes since the last one: what a crash leaves to replay is bounded.
+const CHECKPOINT_CHANGES: usize = 4096;
+const CHECKPOINT_BYTES: u64 = 64 << 20;
+
+/// Records the checkpoint `end` in the index's `meta` table: the first sequence number
+/// it does not cover and the active zone's tail (see the module docs).
+fn write_checkpoint(m: &mut redb::Table<&str, u64>, end: BatchEnd) -> StoreResult<()> {
+    m.insert("ckpt_seq", end.next_seq)?;
+    match end.tail {
+        Some((z, off)) => {
+            m.insert("ckpt_tail_zone", u64::from(z.0))?;
+            m.insert("ckpt_tail_offset", off)?;
+        }
+        None => {
+            m.remove("ckpt_tail_zone")?;
+            m.remove("ckpt_tail_offset")?;
+        }
+    }
+    Ok(())
+}
+
+/// Calls `f` with every whole, checksummed record of zone `zone` from `from` to
+/// `write_pointer`, and its offset. A damaged or torn header is skipped a block at a
+/// time (the next record starts on a block boundary); a record whose payload does not
+/// match its checksum is skipped whole and reported.
+fn scan_zone<D: ZonedDevice>(
+    device: &D,
+    zone: ZoneId,
+    from: u64,
+    write_pointer: u64,
+    mut f: impl FnMut(u64, &ChunkHeader),
+) -> StoreResult<()> {
+    let bs = u64::from(device.geometry().block_size);
+    let mut off = from;
+    let mut header = [0u8; CHUNK_HEADER_LEN];
+    while off + CHUNK_HEADER_LEN as u64 <= write_pointer {
+        device.read(zone, off, &mut header)?;
+        let h = match ChunkHeader::decode(&header) {
+            Ok(h) => h,
+            Err(_) => {
+                off += bs;
+                continue;
+            }
+        };
+        let len = h.record_len(device.geometry().block_size);
+        if off + len > write_pointer {
+            break;
+        }
+        let mut payload = vec![0u8; h.payload_len as usize];
+        device.read(zone, off + CHUNK_HEADER_LEN as u64, &mut payload)?;
+        if h.verify_payload(&payload).is_ok() {
+            f(off, &h);
+            off += len;
+        } else {
+            // A torn record (its append failed halfway, and the next one was written
+            // after its torn part) or a damaged one: look for the next record a block
+            // further, not past the length this header claims.
+            warn!(key = %h.key, zone = zone.0, offset = off, "skipping a corrupt record in a zone scan");
+            off += bs;
+        }
+    }
+    Ok(())
+}
+
+/// Adds the record `h` at `off` in `zone` to `map` unless a newer record (higher
+/// sequence number) of the same key and version is there.
+fn take_newest(map: &mut BTreeMap<VKey, IndexEntry>, zone: ZoneId, off: u64, h: &ChunkHeader) -> bool {
+    let e = IndexEntry {
+        zone: zone.0,
+        offset: off,
+        payload_len: h.payload_len,
+        version: h.version,
+        seq: h.seq,
+        crc: h.payload_crc,
+    };
+    match map.get(&(h.key, h.version)) {
+        Some(cur) if cur.seq >= h.seq => false,
+        _ => {
+            map.insert((h.key, h.version), e);
+            true
+        }
+    }
+}
+
+/// Replays into `map` the records appended after the checkpoint (`ckpt_seq`, `tail`):
+/// the tail zone's past its offset, and every zone without index entries whose first
+/// record is numbered `ckpt_seq` or later (it was opened, or reset and reused, after the
+/// checkpoint; a zone whose records are all older holds only what the checkpoint knew
+/// of, deleted ones included). Returns the keys it added or replaced.
+fn replay<D: ZonedDevice>(
+    device: &D,
+    zones: &[crate::zone::ZoneInfo],
+    map: &mut BTreeMap<VKey, IndexEntry>,
+    ckpt_seq: u64,
+    tail: Option<(ZoneId, u64)>,
+    max_seq: &mut u64,
+) -> StoreResult<Vec<VKey>> {
+    let indexed: HashSet<u32> = map.values().map(|e| e.zone).collect();
+    let mut changed = Vec::new();
+    for info in zones {
+        if info.write_pointer == 0 || info.state == ZoneState::Offline {
+            continue;
+        }
+        let tail_here = tail.filter(|(z, _)| *z == info.id).map(|(_, o)| o);
+        if indexed.contains(&info.id.0) && tail_here.is_none() {
+            continue;
+        }
+        let mut first = [0u8; CHUNK_HEADER_LEN];
+        device.read(info.id, 0, &mut first)?;
+        let from = match ChunkHeader::decode(&first) {
+            Ok(h) if h.seq >= ckpt_seq => 0,
+            _ => match tail_here {
+                Some(o) => o,
+                None => continue,
+            },
+        };
+        scan_zone(device, info.id, from, info.write_pointer, |off, h| {
+            *max_seq = (*max_seq).max(h.seq);
+            if take_newest(map, info.id, off, h) {
+                changed.push((h.key, h.version));
+            }
+        })?;
+    }
+    Ok(changed)
+}
 
 /// Refuses an index written in a format this build does not read.
 fn check_index_format(db: &Database) -> StoreResult<()> {
@@ -210,7 +359,8 @@ redb_err!(
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
-    redb::CommitError
+    redb::CommitError,
+    redb::SetDurabilityError
 );
 
 /// Result of store operations.
@@ -276,6 +426,23 @@ struct SyncState {
     failures: VecDeque<(u64, String)>,
 }
 
+/// What the syncer has written to the index since the last checkpoint.
+#[derive(Default)]
+struct Unchecked {
+    changes: usize,
+    bytes: u64,
+    /// A checkpoint was asked for ([`ChunkStore::checkpoint`]).
+    wanted: bool,
+}
+
+/// The end of a closed batch: the active zone and its write pointer, and the first
+/// sequence number a later batch may use.
+#[derive(Clone, Copy)]
+struct BatchEnd {
+    tail: Option<(ZoneId, u64)>,
+    next_seq: u64,
+}
+
 /// Counters of a store.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StoreStats {
@@ -299,6 +466,11 @@ pub struct StoreStats {
     pub gc_zones_reset: u64,
     /// Group commits since open.
     pub commits: u64,
+    /// Of those, checkpoints (durable index commits).
+    pub checkpoints: u64,
+    /// Records replayed into the index when the store was opened (appended after the
+    /// last checkpoint before a crash).
+    pub replayed: u64,
 }
 
 impl StoreStats {
@@ -348,6 +520,7 @@ pub struct ChunkStore<D: ZonedDevice> {
     stats: Mutex<StoreStats>,
     gc_lock: Mutex<()>,
     next_seq: AtomicU64,
+    unchecked: Mutex<Unchecked>,
 }
 
 impl<D: ZonedDevice> ChunkStore<D> {
@@ -363,6 +536,10 @@ impl<D: ZonedDevice> ChunkStore<D> {
         let g = device.geometry();
         let mut map = BTreeMap::new();
         let mut leased = 0;
+        // The last checkpoint: the first sequence number it does not cover and the
+        // active zone's tail then. An index without one (format 2) was durable at
+        // every batch: nothing to replay.
+        let mut ckpt: Option<(u64, Option<(ZoneId, u64)>)> = None;
         // Index keys of the first format named the chunk alone (one version per chunk);
         // they are rewritten with their version.
         let mut legacy: Vec<([u8; 18], IndexEntry)> = Vec::new();
@@ -398,6 +575,18 @@ impl<D: ZonedDevice> ChunkStore<D> {
             if let Some(v) = m.get("seq_leased")? {
                 leased = v.value();
             }
+            if let Some(seq) = m.get("ckpt_seq")? {
+                let zone = m.get("ckpt_tail_zone")?.map(|v| v.value());
+                let offset = m.get("ckpt_tail_offset")?.map(|v| v.value());
+                let tail = match (zone, offset) {
+                    (Some(z), Some(o)) => Some((
+                        ZoneId(u32::try_from(z).map_err(|_| StoreError::Index(format!("checkpoint tail zone {z}")))?),
+                        o,
+                    )),
+                    _ => None,
+                };
+                ckpt = Some((seq.value(), tail));
+            }
         }
         if !legacy.is_empty() {
             let txn = db.begin_write()?;
@@ -411,12 +600,12 @@ impl<D: ZonedDevice> ChunkStore<D> {
             txn.commit()?;
             info!(chunks = legacy.len(), "chunk index keys rewritten with their versions");
         }
-        {
-            let txn = db.begin_write()?;
-            txn.open_table(META)?.insert("format", INDEX_FORMAT)?;
-            txn.commit()?;
-        }
         let zones_info = device.report_zones()?;
+        let mut replayed_seq = 0;
+        let replayed = match ckpt {
+            Some((seq, tail)) => replay(&device, &zones_info, &mut map, seq, tail, &mut replayed_seq)?,
+            None => Vec::new(),
+        };
         let mut zones: Vec<ZoneAcct> = (0..g.zone_count).map(|_| ZoneAcct::default()).collect();
         let mut max_seq = 0;
         for (k, e) in &map {
@@ -448,7 +637,40 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 _ => {}
             }
         }
-        let next_seq = leased.max(max_seq + 1);
+        // Never below the checkpoint's: a record it covers (one deleted, or a put that
+        // failed) may still lie in a zone, and must not be taken for a newer one.
+        let next_seq = leased
+            .max(max_seq.max(replayed_seq) + 1)
+            .max(ckpt.map_or(0, |(seq, _)| seq));
+        {
+            // The replayed records, the format, and a checkpoint of the store as it
+            // opens: a second crash replays nothing of the first.
+            let txn = db.begin_write()?;
+            {
+                let mut t = txn.open_table(CHUNKS)?;
+                for vk in &replayed {
+                    if let Some(e) = map.get(vk) {
+                        t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
+                    }
+                }
+                let mut m = txn.open_table(META)?;
+                m.insert("format", INDEX_FORMAT)?;
+                write_checkpoint(
+                    &mut m,
+                    BatchEnd {
+                        tail: active.map(|z| (z, write_pointer)),
+                        next_seq,
+                    },
+                )?;
+            }
+            txn.commit()?;
+        }
+        if !replayed.is_empty() {
+            info!(
+                records = replayed.len(),
+                "chunk records appended after the last checkpoint replayed"
+            );
+        }
         info!(chunks = map.len(), free_zones = free.len(), "chunk store opened");
         let store = ChunkStore {
             block_size: g.block_size,
@@ -475,7 +697,9 @@ impl<D: ZonedDevice> ChunkStore<D> {
             stats: Mutex::new(StoreStats::default()),
             gc_lock: Mutex::new(()),
             next_seq: AtomicU64::new(next_seq),
+            unchecked: Mutex::new(Unchecked::default()),
         };
+        store.stats.lock().replayed = replayed.len() as u64;
         Ok(store)
     }
 
@@ -514,20 +738,24 @@ impl<D: ZonedDevice> ChunkStore<D> {
         for_gc: bool,
     ) -> StoreResult<(Location, u64)> {
         let rec_len = chunk::record_len(payload.len(), self.block_size);
-        // Number and encode the record before taking the writer lock, so concurrent
-        // writers copy and checksum in parallel; only the append itself is serialised.
-        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-        let header = ChunkHeader {
+        // Encode the record before taking the writer lock, so concurrent writers copy
+        // in parallel; only numbering (the header alone) and the append are serialised.
+        let mut header = ChunkHeader {
             key,
             version,
-            seq,
+            seq: 0,
             payload_len: payload.len() as u32,
             payload_crc: crc,
         };
-        let record = chunk::encode_record(&header, payload, self.block_size);
+        let mut record = chunk::encode_record(&header, payload, self.block_size);
         let mut w = self.writer.lock();
         let zone = self.zone_with_room(&mut w, rec_len, for_gc)?;
         let offset = w.write_pointer;
+        // Numbered in append order: replay after a crash finds the records after a
+        // checkpoint by their numbers (see the module docs).
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        header.seq = seq;
+        record[..CHUNK_HEADER_LEN].copy_from_slice(&header.encode());
         if let Err(e) = self.device.write(zone, offset, &record) {
             // The device's write pointer is the truth after a failed write (a torn
             // write may have moved it); the torn bytes are unreferenced garbage.
@@ -619,7 +847,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
 
     /// Closes the open batch and makes it durable. Only one runs at a time.
     fn commit_batch(&self) -> (u64, StoreResult<()>) {
-        let (ops, zones, closed, lease) = {
+        let (ops, zones, closed, lease, end) = {
             let mut w = self.writer.lock();
             let closed = w.open_batch;
             w.open_batch += 1;
@@ -630,18 +858,51 @@ impl<D: ZonedDevice> ChunkStore<D> {
             } else {
                 None
             };
+            let end = BatchEnd {
+                tail: w.active.map(|z| (z, w.write_pointer)),
+                next_seq,
+            };
             (
                 std::mem::take(&mut w.pending),
                 std::mem::take(&mut w.pending_zones),
                 closed,
                 lease,
+                end,
             )
         };
-        (closed, self.make_durable(ops, zones, lease))
+        let r = self.make_durable(ops, zones, lease, end);
+        if r.is_err() && lease.is_some() {
+            // The extended lease is not durable: the next batch tries again.
+            self.writer.lock().seq_leased = 0;
+        }
+        (closed, r)
     }
 
-    fn make_durable(&self, ops: Vec<Op>, zones: BTreeSet<ZoneId>, lease: Option<u64>) -> StoreResult<()> {
-        if ops.is_empty() && lease.is_none() {
+    /// Makes the index durable now (a checkpoint, see the module docs) if anything was
+    /// written since the last one: after it, a crash has nothing to replay. Called when
+    /// the node is idle and before it stops.
+    pub fn checkpoint(&self) -> StoreResult<()> {
+        {
+            let mut u = self.unchecked.lock();
+            if u.changes == 0 && u.bytes == 0 {
+                return Ok(());
+            }
+            u.wanted = true;
+        }
+        // The next batch (empty if nobody writes) carries the checkpoint.
+        let batch = self.writer.lock().open_batch;
+        self.wait_durable(batch)
+    }
+
+    fn make_durable(
+        &self,
+        ops: Vec<Op>,
+        zones: BTreeSet<ZoneId>,
+        lease: Option<u64>,
+        end: BatchEnd,
+    ) -> StoreResult<()> {
+        let wanted = self.unchecked.lock().wanted;
+        if ops.is_empty() && lease.is_none() && !wanted {
             return Ok(());
         }
         for z in &zones {
@@ -684,7 +945,36 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
             overlay.into_iter().collect()
         };
-        let txn = self.db.begin_write()?;
+        // Deletes and GC moves are durable before they are acknowledged (and before a
+        // zone is reset): replay would not undo them. Puts need only their records.
+        let must = ops.iter().any(|op| {
+            matches!(
+                op,
+                Op::Delete { .. }
+                    | Op::Put {
+                        only_if_at: Some(_),
+                        ..
+                    }
+            )
+        });
+        let bytes: u64 = ops
+            .iter()
+            .map(|op| match op {
+                Op::Put { entry, .. } => chunk::record_len(entry.payload_len as usize, self.block_size),
+                Op::Delete { .. } => 0,
+            })
+            .sum();
+        let checkpoint = {
+            let u = self.unchecked.lock();
+            must || wanted
+                || lease.is_some()
+                || u.changes + changes.len() >= CHECKPOINT_CHANGES
+                || u.bytes + bytes >= CHECKPOINT_BYTES
+        };
+        let mut txn = self.db.begin_write()?;
+        if !checkpoint {
+            txn.set_durability(redb::Durability::None)?;
+        }
         {
             let mut t = txn.open_table(CHUNKS)?;
             for (vk, entry) in &changes {
@@ -697,12 +987,24 @@ impl<D: ZonedDevice> ChunkStore<D> {
                     }
                 }
             }
+            let mut m = txn.open_table(META)?;
             if let Some(l) = lease {
-                let mut m = txn.open_table(META)?;
                 m.insert("seq_leased", l)?;
+            }
+            if checkpoint {
+                write_checkpoint(&mut m, end)?;
             }
         }
         txn.commit()?;
+        {
+            let mut u = self.unchecked.lock();
+            if checkpoint {
+                *u = Unchecked::default();
+            } else {
+                u.changes += changes.len();
+                u.bytes += bytes;
+            }
+        }
         let mut idx = self.index.write();
         for (vk, entry) in changes {
             let old = match entry {
@@ -723,7 +1025,9 @@ impl<D: ZonedDevice> ChunkStore<D> {
             }
         }
         drop(idx);
-        self.stats.lock().commits += 1;
+        let mut st = self.stats.lock();
+        st.commits += 1;
+        st.checkpoints += u64::from(checkpoint);
         Ok(())
     }
 
@@ -1018,50 +1322,13 @@ impl<D: ZonedDevice> ChunkStore<D> {
     /// lost or damaged). Keeps the newest record (highest sequence number) of each key
     /// and version, the order the index applies rewrites of one version in.
     pub fn rebuild_index(device: &D, index_path: &Path) -> StoreResult<usize> {
-        let g = device.geometry();
-        let bs = u64::from(g.block_size);
-        let mut newest: HashMap<VKey, IndexEntry> = HashMap::new();
+        let mut newest: BTreeMap<VKey, IndexEntry> = BTreeMap::new();
         let mut max_seq = 0;
         for info in device.report_zones()? {
-            let mut off = 0;
-            let mut header = [0u8; CHUNK_HEADER_LEN];
-            while off + CHUNK_HEADER_LEN as u64 <= info.write_pointer {
-                device.read(info.id, off, &mut header)?;
-                let h = match ChunkHeader::decode(&header) {
-                    Ok(h) => h,
-                    Err(_) => {
-                        // Torn or damaged record: resynchronise at the next block.
-                        off += bs;
-                        continue;
-                    }
-                };
-                let len = h.record_len(g.block_size);
-                if off + len > info.write_pointer {
-                    break;
-                }
-                let mut payload = vec![0u8; h.payload_len as usize];
-                device.read(info.id, off + CHUNK_HEADER_LEN as u64, &mut payload)?;
-                if h.verify_payload(&payload).is_ok() {
-                    let e = IndexEntry {
-                        zone: info.id.0,
-                        offset: off,
-                        payload_len: h.payload_len,
-                        version: h.version,
-                        seq: h.seq,
-                        crc: h.payload_crc,
-                    };
-                    max_seq = max_seq.max(h.seq);
-                    match newest.get(&(h.key, h.version)) {
-                        Some(cur) if cur.seq >= h.seq => {}
-                        _ => {
-                            newest.insert((h.key, h.version), e);
-                        }
-                    }
-                } else {
-                    warn!(key = %h.key, zone = info.id.0, offset = off, "skipping corrupt record while rebuilding the index");
-                }
-                off += len;
-            }
+            scan_zone(device, info.id, 0, info.write_pointer, |off, h| {
+                max_seq = max_seq.max(h.seq);
+                take_newest(&mut newest, info.id, off, h);
+            })?;
         }
         if index_path.exists() {
             std::fs::remove_file(index_path).map_err(|e| StoreError::Index(format!("remove old index: {e}")))?;
@@ -1076,6 +1343,14 @@ impl<D: ZonedDevice> ChunkStore<D> {
             let mut m = txn.open_table(META)?;
             m.insert("seq_leased", max_seq + SEQ_LEASE)?;
             m.insert("format", INDEX_FORMAT)?;
+            // Everything on the device is in this index: nothing to replay.
+            write_checkpoint(
+                &mut m,
+                BatchEnd {
+                    tail: None,
+                    next_seq: max_seq + 1,
+                },
+            )?;
         }
         txn.commit()?;
         info!(chunks = newest.len(), "chunk index rebuilt from zones");

@@ -198,7 +198,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     }
     let _metrics = match metrics_listen(&cfg)? {
         Some(a) => {
-            scrape_hooks(store, manager.clone(), meta.clone(), map_rx.clone());
+            scrape_hooks(store.clone(), manager.clone(), meta.clone(), map_rx.clone());
             // metrics_listen checked the exposure.
             let e = shingle_metrics::http::Endpoint::bind(a, true)
                 .await
@@ -221,6 +221,12 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         m.stop();
     }
     server.shutdown().await;
+    if let Some(s) = store {
+        // The chunk index made durable: the next start replays nothing.
+        if let Err(e) = tokio::task::spawn_blocking(move || s.checkpoint()).await? {
+            warn!(error = %e, "chunk index checkpoint at shutdown failed; the next start replays the zones");
+        }
+    }
     if let Some(m) = manager {
         m.shutdown().await;
     }
@@ -446,7 +452,9 @@ fn corrupt_versions(store: &ChunkStore<Arc<dyn ZonedDevice>>) -> Vec<(shingle_da
 
 /// Collects zones while free zones are below `free_below`: every 2 s when there is
 /// room, again at once while a pass made progress and room is still short (a stream of
-/// rewrites turns zones into garbage faster than one zone a pass reclaims).
+/// rewrites turns zones into garbage faster than one zone a pass reclaims). Every 2 s
+/// it also checkpoints the chunk index when puts left it behind the zones (what a
+/// crash would replay stays small on a quiet node).
 async fn gc_loop(store: Arc<ChunkStore<Arc<dyn ZonedDevice>>>, free_below: u32) {
     let mut pressed = false;
     loop {
@@ -454,6 +462,9 @@ async fn gc_loop(store: Arc<ChunkStore<Arc<dyn ZonedDevice>>>, free_below: u32) 
         tokio::time::sleep(Duration::from_millis(pause)).await;
         let s = store.clone();
         let r = tokio::task::spawn_blocking(move || {
+            if !pressed && let Err(e) = s.checkpoint() {
+                warn!(error = %e, "chunk index checkpoint failed");
+            }
             if s.stats().zones_free < free_below {
                 Some(s.gc(4, 0.2))
             } else {
