@@ -204,6 +204,10 @@ impl MapWatch {
 
 type TouchFn = Box<dyn Fn(bool) + Send + Sync>;
 
+/// How long one manager may fail a node's heartbeats (while others answer) before the
+/// node says so.
+const MANAGER_SILENT: Duration = Duration::from_secs(5);
+
 /// The shortest time between two rounds of heartbeats of one agent.
 const KICK_GAP: Duration = Duration::from_millis(10);
 
@@ -277,7 +281,7 @@ async fn follow(
                 Err(e) => {
                     debug!(manager = %m, error = %e, "heartbeat failed");
                     let (since, told) = failing.entry(m).or_insert((Instant::now(), false));
-                    if node_id != 0 && !*told && since.elapsed() >= cfg.touch_timeout {
+                    if node_id != 0 && !*told && since.elapsed() >= cfg.touch_timeout.max(MANAGER_SILENT) {
                         *told = true;
                         warn!(
                             manager = %m,

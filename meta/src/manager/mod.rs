@@ -1117,14 +1117,13 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
             }
         }
         for (id, state, silent, phi) in changes {
-            let silent_ms = silent.as_millis() as u64;
-            let phi = format!("{phi:.1}");
-            // A node lost is what an operator (and a failed test) looks for first.
-            if state == NodeState::Up {
-                info!(node = id.0, ?state, silent_ms, phi, "node liveness changed");
-            } else {
-                warn!(node = id.0, ?state, silent_ms, phi, "node liveness changed");
-            }
+            info!(
+                node = id.0,
+                ?state,
+                silent_ms = silent.as_millis() as u64,
+                phi = format!("{phi:.1}"),
+                "node liveness changed"
+            );
             if let Err(e) = m.propose(MapCommand::SetState { id, state }).await {
                 debug!(node = id.0, error = %e, "cannot record liveness change");
             }
@@ -1264,7 +1263,7 @@ async fn probe_reported(m: Arc<Inner>, id: NodeId, by: SocketAddr) {
         return;
     }
     m.refused.lock().insert(id.0, Instant::now());
-    warn!(node = id.0, %addr, reporter = %by, state = ?NodeState::Down, "node liveness changed: connection refused");
+    info!(node = id.0, %addr, reporter = %by, state = ?NodeState::Down, "node liveness changed: connection refused");
     if let Err(e) = m
         .propose(MapCommand::SetState {
             id,

@@ -20,7 +20,7 @@ pub fn spawn(config: &Path) -> (Child, SocketAddr) {
         .arg(config)
         .env(
             "SHINGLE_LOG",
-            std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+            std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error,shingle_meta::manager=info".into()),
         )
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -100,7 +100,8 @@ impl Cluster {
             node_toml: s.node_toml.into(),
             data_toml: s.data_toml.into(),
             logs_to_stderr: true,
-            log: std::env::var("SHINGLE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+            log: std::env::var("SHINGLE_LOG")
+                .unwrap_or_else(|_| "warn,openraft=error,shingle_meta::manager=info".into()),
             ..LocalSpec::new(root.to_path_buf(), s.nodes)
         };
         let local = LocalCluster::start(&spec).expect("start the cluster");
@@ -210,7 +211,7 @@ impl DevMount {
             .arg("--mount")
             .arg(mount)
             .args(args)
-            .env("SHINGLE_LOG", "warn,openraft=error")
+            .env("SHINGLE_LOG", "warn,openraft=error,shingle_meta::manager=info")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());
         configure(&mut cmd);
