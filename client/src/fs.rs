@@ -1383,6 +1383,12 @@ impl OpenFile {
         stored.and(committed)
     }
 
+    /// Whether the file holds writes (through any handle of this client) that are not
+    /// committed yet.
+    pub fn has_uncommitted(&self) -> bool {
+        self.shared.local.load(Ordering::Acquire)
+    }
+
     /// Size as seen through this handle.
     pub fn size(&self) -> u64 {
         self.shared.size.load(Ordering::Acquire)

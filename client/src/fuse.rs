@@ -275,6 +275,19 @@ impl ShingleFs {
         self.files.lock().get(&fh.0).cloned()
     }
 
+    /// A handle of `ino` (`fh` when it is one) through which writes wait to be
+    /// committed, if any.
+    fn uncommitted(&self, ino: Ino, fh: Option<FileHandle>) -> Option<Arc<OpenFile>> {
+        let files = self.files.lock();
+        if let Some(f) = fh.and_then(|fh| files.get(&fh.0)).filter(|f| f.ino == ino) {
+            return f.has_uncommitted().then(|| f.clone());
+        }
+        if !self.client.is_open(ino) {
+            return None;
+        }
+        files.values().find(|f| f.ino == ino && f.has_uncommitted()).cloned()
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn make(
         &self,
@@ -397,7 +410,22 @@ impl Filesystem for ShingleFs {
             atime: when(atime),
             mtime: when(mtime),
         };
+        // Writes made here before the change are committed before it: committed at
+        // close instead, they would set the mtime after `futimens` (cp -a, which sets
+        // times and owner before it closes) and clear set-id bits after `fchmod`, as
+        // if they had been made later. (A size change commits them itself.)
+        let earlier = if size.is_none() {
+            self.uncommitted(ino, fh)
+        } else {
+            None
+        };
         self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
+            if let Some(f) = earlier
+                && let Err(e) = f.flush().await
+            {
+                reply.error(errno(e));
+                return;
+            }
             match c.setattr(&cr, ino, set).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),
                 Err(e) => reply.error(errno(e)),

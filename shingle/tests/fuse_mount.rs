@@ -53,6 +53,32 @@ fn tree_permissions_concurrency_big_files_and_remount() {
         assert_eq!(&std::fs::read(p).expect("read back"), content, "{}", p.display());
         assert_eq!(std::fs::metadata(p).expect("stat").len(), content.len() as u64);
     }
+    // Times and mode set through a descriptor before it closes are what the file keeps
+    // (cp -a does that): its buffered writes are committed before the change, not after.
+    let preserved = dev.path("tree/preserved");
+    let when = std::time::UNIX_EPOCH + Duration::from_secs(1_600_000_000);
+    {
+        let mut f = std::fs::File::create(&preserved).expect("create");
+        f.write_all(b"written before the times are set").expect("write");
+        f.set_times(std::fs::FileTimes::new().set_modified(when).set_accessed(when))
+            .expect("futimens");
+        f.set_permissions(std::fs::Permissions::from_mode(0o4755))
+            .expect("fchmod");
+    }
+    // Past the attribute TTL: what the cluster holds, not the kernel's copy.
+    std::thread::sleep(Duration::from_millis(1500));
+    let m = std::fs::metadata(&preserved).expect("stat");
+    assert_eq!(
+        m.modified().expect("mtime"),
+        when,
+        "the close moved the mtime set before it"
+    );
+    assert_eq!(m.permissions().mode() & 0o7777, 0o4755, "the close cleared set-user-id");
+    assert_eq!(
+        std::fs::read(&preserved).expect("read"),
+        b"written before the times are set"
+    );
+    std::fs::remove_file(&preserved).expect("rm");
     let mut names: Vec<String> = std::fs::read_dir(dev.path("tree/d1/sub"))
         .expect("readdir")
         .map(|e| e.expect("entry").file_name().into_string().expect("utf8"))
