@@ -988,19 +988,43 @@ impl Client {
     /// Commits the stored stripes. A lost race (`ESTALE`) drops them, reloads the
     /// layout and is reported through the error sequence; other errors are returned.
     async fn commit(&self, creds: &Creds, ino: Ino, st: &mut FileState) -> Result<(), Errno> {
+        self.commit_then(creds, ino, st, None).await.map(drop)
+    }
+
+    /// [`Client::commit`], and then `then` (the caller's credentials and changes) in the
+    /// same operation: the attributes after both, or `None` when there was nothing to
+    /// commit (and `then` was not applied). Refused as a whole, it leaves the writes to
+    /// the next commit.
+    async fn commit_then(
+        &self,
+        creds: &Creds,
+        ino: Ino,
+        st: &mut FileState,
+        then: Option<(&Creds, &SetAttr)>,
+    ) -> Result<Option<Attr>, Errno> {
         if st.unlinked {
-            return Ok(());
+            return Ok(None);
         }
         let Some(plan): Option<CommitPlan> = st.content.begin_commit() else {
-            return Ok(());
+            return Ok(None);
         };
         let mut r = Err(Errno::EIO);
         for _ in 0..2 {
-            r = self
-                .inner
-                .meta
-                .commit_write(creds, ino, st.policy.clone(), plan.size, plan.writes.clone())
-                .await;
+            let (policy, writes) = (st.policy.clone(), plan.writes.clone());
+            r = match then {
+                None => {
+                    self.inner
+                        .meta
+                        .commit_write(creds, ino, policy, plan.size, writes)
+                        .await
+                }
+                Some((caller, set)) => {
+                    self.inner
+                        .meta
+                        .commit_write_setattr(caller, ino, policy, plan.size, writes, set.clone())
+                        .await
+                }
+            };
             if r != Err(Errno::ENOENT) || self.removed(ino).await {
                 break;
             }
@@ -1016,7 +1040,7 @@ impl Client {
                 "commit: the file was removed while open; its data stays with the open handles"
             );
             st.unlinked = true;
-            return Ok(());
+            return Ok(None);
         }
         let reload = st
             .content
@@ -1039,7 +1063,8 @@ impl Client {
         }
         self.collect_garbage(ino, st);
         match r {
-            Ok(_) | Err(Errno::ESTALE) => Ok(()),
+            Ok(a) => Ok(Some(a)),
+            Err(Errno::ESTALE) if then.is_none() => Ok(None),
             Err(e) => Err(e),
         }
     }
@@ -1381,6 +1406,25 @@ impl OpenFile {
             return Err(e);
         }
         stored.and(committed)
+    }
+
+    /// Stores and commits the writes this file holds and then applies `set` (no size
+    /// change) with the caller's credentials `creds`, as one operation: a setattr
+    /// orders after the writes made before it for the cost of one replicated commit.
+    /// `Ok(None)`: nothing was left to commit, `set` is not applied. An error leaves the
+    /// writes to the next flush, which reports what went wrong with them.
+    pub async fn commit_setattr(&self, creds: &Creds, set: &SetAttr) -> Result<Option<Attr>, Errno> {
+        let c = self.client()?;
+        let st = self.shared.state.lock().await;
+        let (mut st, stored) = c.store_all(&self.creds, &self.shared, st).await;
+        stored?;
+        let r = c.commit_then(&self.creds, self.ino, &mut st, Some((creds, set))).await;
+        c.collect_garbage(self.ino, &mut st);
+        self.shared.publish(&st);
+        if let Ok(Some(a)) = &r {
+            *self.shared.attr.lock() = a.clone();
+        }
+        r
     }
 
     /// Whether the file holds writes (through any handle of this client) that are not

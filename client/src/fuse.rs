@@ -410,21 +410,33 @@ impl Filesystem for ShingleFs {
             atime: when(atime),
             mtime: when(mtime),
         };
-        // Writes made here before the change are committed before it: committed at
-        // close instead, they would set the mtime after `futimens` (cp -a, which sets
-        // times and owner before it closes) and clear set-id bits after `fchmod`, as
-        // if they had been made later. (A size change commits them itself.)
+        // Writes made here before the change are committed before it, in the same
+        // operation: committed at close instead, they would set the mtime after
+        // `futimens` (cp -a sets times and owner before it closes) and clear set-id
+        // bits after `fchmod`, as if they had been made later. (A size change commits
+        // them itself.)
         let earlier = if size.is_none() {
             self.uncommitted(ino, fh)
         } else {
             None
         };
         self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
-            if let Some(f) = earlier
-                && let Err(e) = f.flush().await
-            {
-                reply.error(errno(e));
-                return;
+            if let Some(f) = earlier {
+                match f.commit_setattr(&cr, &set).await {
+                    Ok(Some(a)) => {
+                        reply.attr(&ttl, &file_attr(&a));
+                        return;
+                    }
+                    Ok(None) => {}
+                    // Refused as a whole: the writes first (their error, if they
+                    // have one), then the change alone (its error, if it has one).
+                    Err(_) => {
+                        if let Err(e) = f.flush().await {
+                            reply.error(errno(e));
+                            return;
+                        }
+                    }
+                }
             }
             match c.setattr(&cr, ino, set).await {
                 Ok(a) => reply.attr(&ttl, &file_attr(&a)),

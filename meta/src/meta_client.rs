@@ -932,6 +932,27 @@ impl MetaClient {
         Self::attr(self.op(creds, op).await?)
     }
 
+    /// [`MetaClient::commit_write`], then `set` (no size change) with `creds`, in one
+    /// operation and one replicated commit.
+    pub async fn commit_write_setattr(
+        &self,
+        creds: &Creds,
+        ino: Ino,
+        policy: Layout,
+        size: u64,
+        stripes: Vec<StripeWrite>,
+        set: SetAttr,
+    ) -> Result<Attr, Errno> {
+        let op = NsOp::CommitWriteSetAttr {
+            ino,
+            policy,
+            size,
+            stripes,
+            set,
+        };
+        Self::attr(self.op(creds, op).await?)
+    }
+
     /// Reserves `count` stripe versions of file `ino` for this writer; returns the first.
     pub async fn reserve_versions(&self, creds: &Creds, ino: Ino, policy: Layout, count: u32) -> Result<u64, Errno> {
         match self.op(creds, NsOp::ReserveVersions { ino, policy, count }).await? {

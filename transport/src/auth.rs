@@ -38,8 +38,9 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// create can hand its creator stripe versions (`NsOp::Mknod` gained `reserve`); 5: a
 /// primary fences the holders a map dropped before it acknowledges (`Fence`). See
 /// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is);
-/// 7: a lock request may read the locked inodes once held (`Lock::fetch`, `Locked`).
-pub const PROTOCOL_VERSION: u8 = 7;
+/// 7: a lock request may read the locked inodes once held (`Lock::fetch`, `Locked`); 8:
+/// a commit of written stripes and a setattr in one operation (`NsOp::CommitWriteSetAttr`).
+pub const PROTOCOL_VERSION: u8 = 8;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a handshake MAC.

@@ -143,6 +143,23 @@ pub enum Need {
 /// partition, through an intent otherwise).
 pub type Plan = (PartitionId, Vec<(PartitionId, Mutation)>);
 
+/// Consecutive plans whose steps all fall in one and the same partition become one
+/// plan: one atomic batch instead of several in a row (an operation made of two
+/// changes of one inode, [`crate::service::wire::NsOp::CommitWriteSetAttr`], costs
+/// one replicated commit). Applying them together is what applying them one after the
+/// other would give, without the moment between.
+pub fn merge_single_partition_plans(plans: Vec<Plan>) -> Vec<Plan> {
+    let single = |(coord, steps): &Plan| steps.iter().all(|(p, _)| p == coord);
+    let mut out: Vec<Plan> = Vec::with_capacity(plans.len());
+    for plan in plans {
+        match out.last_mut() {
+            Some(last) if single(last) && single(&plan) && last.0 == plan.0 => last.1.extend(plan.1),
+            _ => out.push(plan),
+        }
+    }
+    out
+}
+
 /// What a sparse view holds and what it found missing.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct Sparse {
@@ -313,10 +330,12 @@ impl Namespace {
 
     /// Sparse view: the mutations of the operations run so far.
     pub fn take_plans(&mut self) -> Vec<Plan> {
-        self.sparse
+        let plans = self
+            .sparse
             .as_mut()
             .map(|s| std::mem::take(&mut s.plans))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        merge_single_partition_plans(plans)
     }
 
     fn need(&self, n: Need) {

@@ -434,6 +434,7 @@ fn base_locks(op: &NsOp, partitions: u32) -> Vec<u64> {
         | NsOp::RemoveXattr { ino, .. }
         | NsOp::SetLayout { ino, .. }
         | NsOp::CommitWrite { ino, .. }
+        | NsOp::CommitWriteSetAttr { ino, .. }
         | NsOp::ReserveVersions { ino, .. }
         | NsOp::HoldPurge { ino, .. }
         | NsOp::Purged { ino }
@@ -484,7 +485,9 @@ fn extra_locks(op: &NsOp, cache: &Cache) -> Vec<u64> {
 /// for it.
 fn client_checks(ns: &Namespace, creds: &Creds, op: &NsOp) -> Result<(), Errno> {
     match op {
-        NsOp::ReserveVersions { ino, .. } | NsOp::CommitWrite { ino, .. } => ns.may_write_data(creds, *ino),
+        NsOp::ReserveVersions { ino, .. } | NsOp::CommitWrite { ino, .. } | NsOp::CommitWriteSetAttr { ino, .. } => {
+            ns.may_write_data(creds, *ino)
+        }
         _ => Ok(()),
     }
 }
@@ -585,6 +588,20 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             size,
             stripes,
         } => OpReply::Attr(ns.commit_write(*ino, policy, *size, stripes, now)?),
+        NsOp::CommitWriteSetAttr {
+            ino,
+            policy,
+            size,
+            stripes,
+            set,
+        } => {
+            if set.size.is_some() {
+                return Err(Errno::EINVAL);
+            }
+            // Refused as a whole when the setattr would be: nothing is committed.
+            ns.commit_write(*ino, policy, *size, stripes, now)?;
+            OpReply::Attr(ns.setattr(creds, *ino, set, now)?)
+        }
         NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
         NsOp::HoldPurge { ino, secs } => {
             if creds.uid != 0 {
@@ -618,6 +635,7 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::namespace::SetAttr;
 
     fn root() -> Creds {
         Creds {
@@ -824,6 +842,61 @@ mod tests {
         };
         let mut c = Coordination::new(op, user(1000), 0, 7, 8).for_client();
         assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Versions(_))));
+    }
+
+    /// A commit of written data and a setattr of the same file are one batch, applied
+    /// in that order (the setattr's times win over the commit's); a setattr the caller
+    /// may not make refuses the whole, and nothing is committed.
+    #[test]
+    fn a_commit_and_a_setattr_are_one_batch_or_nothing() {
+        let mut whole = Namespace::format(8, 1);
+        let f = whole
+            .mknod(&root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
+            .expect("root's file");
+        let policy = crate::namespace::Layout {
+            k: 4,
+            m: 2,
+            unit: 1 << 20,
+            ..Default::default()
+        };
+        let when: crate::namespace::TimeNs = 1_600_000_000_000_000_000;
+        let op = |set: SetAttr| NsOp::CommitWriteSetAttr {
+            ino: f.ino,
+            policy: policy.clone(),
+            size: 10,
+            stripes: Vec::new(),
+            set,
+        };
+        let times = SetAttr {
+            mtime: Some(when),
+            ..Default::default()
+        };
+        let mut c = Coordination::new(op(times), root(), 0, 2, 8);
+        let (trace, r) = drive(&mut c, &mut whole);
+        let Ok(OpReply::Attr(a)) = r else { panic!("{r:?}") };
+        assert_eq!((a.size, a.mtime), (10, when), "committed, then the times set");
+        assert_eq!(trace.last().map(String::as_str), Some("commit 1"), "{trace:?}");
+        let user = Creds {
+            uid: 1000,
+            gid: 1000,
+            groups: Vec::new(),
+        };
+        let chmod = SetAttr {
+            perm: Some(0o600),
+            ..Default::default()
+        };
+        let mut c = Coordination::new(op(chmod), user, 0, 3, 8);
+        assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::EPERM), "not the owner");
+        let truncate = SetAttr {
+            size: Some(0),
+            ..Default::default()
+        };
+        let mut c = Coordination::new(op(truncate), root(), 0, 4, 8);
+        assert_eq!(
+            drive(&mut c, &mut whole).1,
+            Err(Errno::EINVAL),
+            "a size change has its own path"
+        );
     }
 
     #[test]

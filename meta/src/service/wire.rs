@@ -407,6 +407,22 @@ pub enum NsOp {
         /// (shard index, node id).
         moves: Vec<(u32, u64)>,
     },
+    /// [`NsOp::CommitWrite`], then [`NsOp::SetAttr`] of the same file, in one batch: a
+    /// setattr through a handle with uncommitted writes (cp -a sets times and owner
+    /// before it closes) orders after them at the cost of one replicated commit.
+    CommitWriteSetAttr {
+        /// File.
+        ino: Ino,
+        /// The policy the stripes were written with.
+        policy: Layout,
+        /// New size (grows only).
+        size: u64,
+        /// Stripes written.
+        stripes: Vec<StripeWrite>,
+        /// The changes applied after the commit (no size: a size change has its own
+        /// path through the file's content).
+        set: SetAttr,
+    },
 }
 
 impl NsOp {
@@ -438,6 +454,7 @@ impl NsOp {
             | NsOp::RemoveXattr { ino, .. }
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
+            | NsOp::CommitWriteSetAttr { ino, .. }
             | NsOp::ReserveVersions { ino, .. }
             | NsOp::HoldPurge { ino, .. }
             | NsOp::Purged { ino }
@@ -462,6 +479,7 @@ impl NsOp {
             NsOp::HoldPurge { .. } => "hold_purge",
             NsOp::Purged { .. } => "purged",
             NsOp::RelocateShards { .. } => "relocate_shards",
+            NsOp::CommitWriteSetAttr { .. } => "commit_write_setattr",
         }
     }
 
@@ -478,6 +496,7 @@ impl NsOp {
             | NsOp::RemoveXattr { ino, .. }
             | NsOp::SetLayout { ino, .. }
             | NsOp::CommitWrite { ino, .. }
+            | NsOp::CommitWriteSetAttr { ino, .. }
             | NsOp::ReserveVersions { ino, .. }
             | NsOp::HoldPurge { ino, .. }
             | NsOp::Purged { ino }
