@@ -116,6 +116,10 @@ pub struct Metrics {
     pub gc_moved_bytes: Counter,
     /// Zones garbage collection reset since the store opened.
     pub gc_zones_reset: Counter,
+    /// Checkpoints of the chunk index (durable index commits) since the store opened.
+    pub chunk_index_checkpoints: Counter,
+    /// Records replayed into the chunk index from the zones when the store opened.
+    pub chunk_index_replayed: Gauge,
     /// This meta node's repair scan: shards to rebuild in the current pass.
     pub repair_shards_todo: Gauge,
     /// Shards rebuilt in the current pass.
@@ -198,6 +202,8 @@ impl Metrics {
             chunks: Gauge::default(),
             store_user_written_bytes: Counter::default(),
             gc_moved_bytes: Counter::default(),
+            chunk_index_checkpoints: Counter::default(),
+            chunk_index_replayed: Gauge::default(),
             gc_zones_reset: Counter::default(),
             repair_shards_todo: Gauge::default(),
             repair_shards_done: Gauge::default(),
@@ -350,6 +356,16 @@ impl Metrics {
             "gc_zones_reset",
             "Zones garbage collection reset since open",
             self.gc_zones_reset.clone(),
+        );
+        r.register(
+            "chunk_index_checkpoints",
+            "Durable commits of the chunk index since open (puts wait for none)",
+            self.chunk_index_checkpoints.clone(),
+        );
+        r.register(
+            "chunk_index_replayed",
+            "Records replayed into the chunk index from the zones at open (after a crash)",
+            self.chunk_index_replayed.clone(),
         );
     }
 

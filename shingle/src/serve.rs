@@ -78,6 +78,8 @@ fn scrape_hooks(
             set(&m.chunks, st.chunks);
             counter_to(&m.store_user_written_bytes, st.user_bytes_written);
             counter_to(&m.gc_moved_bytes, st.gc_bytes_moved);
+            counter_to(&m.chunk_index_checkpoints, st.checkpoints);
+            set(&m.chunk_index_replayed, st.replayed);
             counter_to(&m.gc_zones_reset, st.gc_zones_reset);
         }
         if let Some(n) = &meta {
