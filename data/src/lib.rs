@@ -6,8 +6,9 @@
 //!   file emulation (default), real zoned block devices, and fault injection.
 //! - [`chunk`]: the self-describing chunk record (key, version, crc32c), verified right
 //!   before it is written and right after it is read.
-//! - [`store`]: chunks appended to zones, a redb index (rebuildable by scanning zones),
-//!   group commit, GC by garbage ratio, scrub.
+//! - [`store`]: chunks appended to zones, a redb index (rebuildable by scanning zones;
+//!   checkpointed, with the records after its checkpoint replayed from the zones at
+//!   open), group commit (one zone sync per batch of puts), GC by garbage ratio, scrub.
 //! - [`ec`]: Reed-Solomon stripes (k data + m parity shards, reed-solomon-simd).
 //! - [`wire`]: the chunk service's messages and RPC kinds.
 //! - [`service`]: the chunk service on the transport (the server): write, stage +
