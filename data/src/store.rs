@@ -97,9 +97,9 @@ fn write_checkpoint(m: &mut redb::Table<&str, u64>, end: BatchEnd) -> StoreResul
 }
 
 /// Calls `f` with every whole, checksummed record of zone `zone` from `from` to
-/// `write_pointer`, and its offset. A damaged or torn header is skipped a block at a
-/// time (the next record starts on a block boundary); a record whose payload does not
-/// match its checksum is skipped whole and reported.
+/// `write_pointer`, and its offset. A damaged or torn record (header or payload) is
+/// reported and skipped a block at a time: records start on block boundaries, and one
+/// written after a torn append starts inside the length the torn header claims.
 fn scan_zone<D: ZonedDevice>(
     device: &D,
     zone: ZoneId,
@@ -159,6 +159,22 @@ fn take_newest(map: &mut BTreeMap<VKey, IndexEntry>, zone: ZoneId, off: u64, h: 
     }
 }
 
+/// The sequence number of the first record in `zone` whose header checks (the first
+/// block's, unless it is damaged or torn).
+fn first_seq<D: ZonedDevice>(device: &D, zone: ZoneId, write_pointer: u64) -> StoreResult<Option<u64>> {
+    let bs = u64::from(device.geometry().block_size);
+    let mut header = [0u8; CHUNK_HEADER_LEN];
+    let mut off = 0;
+    while off + CHUNK_HEADER_LEN as u64 <= write_pointer {
+        device.read(zone, off, &mut header)?;
+        if let Ok(h) = ChunkHeader::decode(&header) {
+            return Ok(Some(h.seq));
+        }
+        off += bs;
+    }
+    Ok(None)
+}
+
 /// Replays into `map` the records appended after the checkpoint (`ckpt_seq`, `tail`):
 /// the tail zone's past its offset, and every zone without index entries whose first
 /// record is numbered `ckpt_seq` or later (it was opened, or reset and reused, after the
@@ -182,10 +198,8 @@ fn replay<D: ZonedDevice>(
         if indexed.contains(&info.id.0) && tail_here.is_none() {
             continue;
         }
-        let mut first = [0u8; CHUNK_HEADER_LEN];
-        device.read(info.id, 0, &mut first)?;
-        let from = match ChunkHeader::decode(&first) {
-            Ok(h) if h.seq >= ckpt_seq => 0,
+        let from = match first_seq(device, info.id, info.write_pointer)? {
+            Some(seq) if seq >= ckpt_seq => 0,
             _ => match tail_here {
                 Some(o) => o,
                 None => continue,
