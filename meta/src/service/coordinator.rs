@@ -920,5 +920,22 @@ mod tests {
         assert_eq!(others.keys().copied().collect::<Vec<_>>(), vec![PartitionId(5)]);
         let (again, _) = intent_ops(p, &intent, false);
         assert_eq!(again.len(), 1, "a redo does not record the intent again");
+        // Consecutive plans of one partition are one batch; a plan of another
+        // partition, or an intent, keeps its place.
+        use crate::namespace::engine::merge_single_partition_plans as merge;
+        let q = PartitionId(4);
+        let other: Plan = (q, vec![(q, m.clone())]);
+        let merged = merge(vec![
+            one.clone(),
+            one.clone(),
+            other.clone(),
+            two.clone(),
+            one.clone(),
+            one.clone(),
+        ]);
+        let shape: Vec<(PartitionId, usize)> = merged.iter().map(|(c, s)| (*c, s.len())).collect();
+        assert_eq!(shape, vec![(p, 2), (q, 1), (p, 2), (p, 2)]);
+        assert_eq!(plan_run(&merged[0]), PlanRun::Batch { p, relative: false });
+        assert_eq!(plan_run(&merged[2]), PlanRun::Intent { coord: p });
     }
 }
