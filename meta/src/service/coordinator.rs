@@ -790,8 +790,8 @@ mod tests {
         assert_eq!(drive(&mut c, &mut whole).1, Err(Errno::ENOENT));
     }
 
-    #[test]
-    fn a_client_key_reserves_versions_only_of_files_it_owns_or_may_write() {
+    /// A namespace with one file of root's, `/f`, and a 4+2 policy to write it with.
+    fn root_file() -> (Namespace, Attr, crate::namespace::Layout) {
         let mut whole = Namespace::format(8, 1);
         let f = whole
             .mknod(&root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
@@ -802,6 +802,12 @@ mod tests {
             unit: 1 << 20,
             ..Default::default()
         };
+        (whole, f, policy)
+    }
+
+    #[test]
+    fn a_client_key_reserves_versions_only_of_files_it_owns_or_may_write() {
+        let (mut whole, f, policy) = root_file();
         let user = |uid| Creds {
             uid,
             gid: uid,
@@ -849,16 +855,7 @@ mod tests {
     /// may not make refuses the whole, and nothing is committed.
     #[test]
     fn a_commit_and_a_setattr_are_one_batch_or_nothing() {
-        let mut whole = Namespace::format(8, 1);
-        let f = whole
-            .mknod(&root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
-            .expect("root's file");
-        let policy = crate::namespace::Layout {
-            k: 4,
-            m: 2,
-            unit: 1 << 20,
-            ..Default::default()
-        };
+        let (mut whole, f, policy) = root_file();
         let when: crate::namespace::TimeNs = 1_600_000_000_000_000_000;
         let op = |set: SetAttr| NsOp::CommitWriteSetAttr {
             ino: f.ino,
