@@ -1008,23 +1008,16 @@ impl Client {
         let Some(plan): Option<CommitPlan> = st.content.begin_commit() else {
             return Ok(None);
         };
+        // With a setattr, the operation runs with its caller's credentials.
+        let who = then.map_or(creds, |(caller, _)| caller);
         let mut r = Err(Errno::EIO);
         for _ in 0..2 {
-            let (policy, writes) = (st.policy.clone(), plan.writes.clone());
-            r = match then {
-                None => {
-                    self.inner
-                        .meta
-                        .commit_write(creds, ino, policy, plan.size, writes)
-                        .await
-                }
-                Some((caller, set)) => {
-                    self.inner
-                        .meta
-                        .commit_write_setattr(caller, ino, policy, plan.size, writes, set.clone())
-                        .await
-                }
-            };
+            let (policy, writes, set) = (st.policy.clone(), plan.writes.clone(), then.map(|(_, s)| s.clone()));
+            r = self
+                .inner
+                .meta
+                .commit_write_then(who, ino, policy, plan.size, writes, set)
+                .await;
             if r != Err(Errno::ENOENT) || self.removed(ino).await {
                 break;
             }
@@ -1418,12 +1411,10 @@ impl OpenFile {
         let st = self.shared.state.lock().await;
         let (mut st, stored) = c.store_all(&self.creds, &self.shared, st).await;
         stored?;
+        // The commit records the new attributes in the shared state.
         let r = c.commit_then(&self.creds, self.ino, &mut st, Some((creds, set))).await;
         c.collect_garbage(self.ino, &mut st);
         self.shared.publish(&st);
-        if let Ok(Some(a)) = &r {
-            *self.shared.attr.lock() = a.clone();
-        }
         r
     }
 

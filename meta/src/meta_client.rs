@@ -923,32 +923,34 @@ impl MetaClient {
         size: u64,
         stripes: Vec<StripeWrite>,
     ) -> Result<Attr, Errno> {
-        let op = NsOp::CommitWrite {
-            ino,
-            policy,
-            size,
-            stripes,
-        };
-        Self::attr(self.op(creds, op).await?)
+        self.commit_write_then(creds, ino, policy, size, stripes, None).await
     }
 
-    /// [`MetaClient::commit_write`], then `set` (no size change) with `creds`, in one
-    /// operation and one replicated commit.
-    pub async fn commit_write_setattr(
+    /// [`MetaClient::commit_write`], then `then` (a setattr with no size change, made
+    /// with `creds`) in the same operation and replicated commit.
+    pub async fn commit_write_then(
         &self,
         creds: &Creds,
         ino: Ino,
         policy: Layout,
         size: u64,
         stripes: Vec<StripeWrite>,
-        set: SetAttr,
+        then: Option<SetAttr>,
     ) -> Result<Attr, Errno> {
-        let op = NsOp::CommitWriteSetAttr {
-            ino,
-            policy,
-            size,
-            stripes,
-            set,
+        let op = match then {
+            None => NsOp::CommitWrite {
+                ino,
+                policy,
+                size,
+                stripes,
+            },
+            Some(set) => NsOp::CommitWriteSetAttr {
+                ino,
+                policy,
+                size,
+                stripes,
+                set,
+            },
         };
         Self::attr(self.op(creds, op).await?)
     }
