@@ -24,6 +24,14 @@ leave_out() { # what why
   left_out+=("$1 ($2)")
 }
 
+# A fresh clone gains nothing from incremental compilation, and its caches would double
+# the size of target/ (the cluster's nodes keep their data on the same disk).
+[ -z "${CI:-}" ] || export CARGO_INCREMENTAL=0
+# The disk is shared: say up front how much room the run has (it needs about 15 GiB for
+# target/ and the clusters' data), so that a later "no space left" is read for what it is.
+step "free space: target/ and \$TMPDIR"
+df -h . "${TMPDIR:-/tmp}"
+
 step "setup (scripts/setup.sh: packages and cargo tools the checks need)"
 bash scripts/setup.sh
 export PATH="$PATH:${CARGO_HOME:-$HOME/.cargo}/bin"

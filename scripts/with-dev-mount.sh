@@ -72,6 +72,10 @@ cleanup() {
   if [ "$rc" != 0 ] && [ -f "$LOG" ]; then
     echo "with-dev-mount: last lines of the shingle dev output ($LOG), without backtraces:" >&2
     awk '/[Bb]acktrace:$/ { skip = 1; next } /^[^ ]/ { skip = 0 } !skip' "$LOG" | tail -n 20 | sed 's/^/    /' >&2
+    # A node answering "no space left" may mean the machine's disk, not the cluster's
+    # accounting: say which.
+    echo "with-dev-mount: free space where the nodes keep their data ($DATA):" >&2
+    df -h "$DATA" 2>&1 | sed 's/^/    /' >&2
   fi
   if mounted; then
     echo "with-dev-mount: $MNT could not be unmounted; leaving $TMP in place" >&2
