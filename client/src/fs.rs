@@ -301,7 +301,7 @@ impl Client {
     }
 
     /// A file open here with writes not yet committed has the size this client sees.
-    fn local_view(&self, a: &mut Attr) {
+    pub(crate) fn local_view(&self, a: &mut Attr) {
         if let Some(sh) = self.shared(a.ino)
             && sh.local.load(Ordering::Acquire)
         {

@@ -16,9 +16,9 @@
 use crate::absent::AbsentXattrs;
 use crate::fs::{Client, OpenFile};
 use fuser::{
-    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner, OpenFlags,
-    RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
-    ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
+    FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
+    OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
+    ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
 use parking_lot::Mutex;
 use shingle_meta::ids::Ino;
@@ -29,7 +29,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::runtime::Handle;
 use tracing::{Instrument, Span};
 
@@ -105,7 +105,83 @@ struct DirHandle {
     dir: Ino,
     parent: Option<Ino>,
     entries: Vec<DirEntry>,
+    /// When each entry's attributes were read (parallel to `entries`).
+    read_at: Vec<Instant>,
     done: bool,
+}
+
+/// Entries a READDIRPLUS reply gets attributes for at a time (a reply of one page
+/// holds about 25).
+const PLUS_AHEAD: usize = 32;
+
+/// Entries the mount asks the metadata service for at a time.
+const DIR_PAGE: u32 = 1024;
+
+impl DirHandle {
+    /// The directory's parent (its ".."), read when the listing starts.
+    async fn start(&mut self, c: &Client, root: Ino) -> Result<Ino, Errno> {
+        if self.parent.is_none() {
+            let rec = c.meta().get_inode(self.dir).await?;
+            if rec.attr.kind != FileKind::Dir {
+                return Err(Errno::ENOTDIR);
+            }
+            // The mount's root is its own "..", as a filesystem's root is.
+            self.parent = Some(if self.dir == root {
+                root
+            } else {
+                rec.parent.unwrap_or(Ino::ROOT)
+            });
+        }
+        Ok(self.parent.unwrap_or(Ino::ROOT))
+    }
+
+    /// Reads pages until `want` entries are here or the listing is complete. Pages
+    /// carry the attributes of the inodes that live with their names.
+    async fn fill(&mut self, c: &Client, cr: &Creds, want: usize) -> Result<(), Errno> {
+        while self.entries.len() < want && !self.done {
+            let after = self.entries.last().map(|e| e.name.clone());
+            let page = c
+                .meta()
+                .readdir_plus_as(cr, self.dir, after.as_deref(), DIR_PAGE)
+                .await?;
+            // A short page is the last one.
+            self.done = page.len() < DIR_PAGE as usize;
+            let now = Instant::now();
+            self.read_at.extend(page.iter().map(|_| now));
+            self.entries.extend(page);
+        }
+        Ok(())
+    }
+
+    /// Makes the attributes of the entries in `range` at most `ttl` old: those the
+    /// pages did not carry, or carried too long ago, are read again (at most 32 at
+    /// once); an entry whose inode is gone has none.
+    async fn fresh_attrs(&mut self, c: &Client, range: std::ops::Range<usize>, ttl: Duration) -> Result<(), Errno> {
+        use futures_util::StreamExt;
+        let now = Instant::now();
+        let end = range.end.min(self.entries.len());
+        let stale: Vec<usize> = (range.start.min(end)..end)
+            .filter(|&i| self.entries[i].attr.is_none() || now.duration_since(self.read_at[i]) > ttl)
+            .collect();
+        let inos: Vec<Ino> = stale.iter().map(|&i| self.entries[i].ino).collect();
+        let read: Vec<Result<Attr, Errno>> = futures_util::stream::iter(inos)
+            .map(|ino| {
+                let c = c.clone();
+                async move { c.getattr(ino).await }
+            })
+            .buffered(32)
+            .collect()
+            .await;
+        for (i, a) in stale.into_iter().zip(read) {
+            self.entries[i].attr = match a {
+                Ok(a) => Some(a),
+                Err(Errno::ENOENT) => None,
+                Err(e) => return Err(e),
+            };
+            self.read_at[i] = now;
+        }
+        Ok(())
+    }
 }
 
 /// The filesystem served to the kernel.
@@ -174,6 +250,16 @@ pub fn file_attr(a: &Attr) -> FileAttr {
         rdev: a.rdev as u32,
         blksize: 1 << 20,
         flags: 0,
+    }
+}
+
+/// A directory's "." or ".." in a READDIRPLUS reply: its number and kind; the kernel
+/// keeps no entry for these names, so the rest is unused.
+fn dir_only(ino: Ino) -> FileAttr {
+    FileAttr {
+        ino: INodeNo(ino.0),
+        kind: FileType::Directory,
+        ..negative_entry()
     }
 }
 
@@ -331,6 +417,9 @@ impl Filesystem for ShingleFs {
         let _ = config.set_max_write(1 << 20);
         let _ = config.set_max_readahead(4 << 20);
         let _ = config.set_max_background(64);
+        // READDIRPLUS when the kernel sees a listing followed by lookups (and for a
+        // listing's first page): `ls -l`, `find`, `rm -rf` make no lookup per name.
+        let _ = config.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         Ok(())
     }
 
@@ -736,6 +825,7 @@ impl Filesystem for ShingleFs {
             dir: ino,
             parent: None,
             entries: Vec::new(),
+            read_at: Vec::new(),
             done: false,
         };
         self.dirs.lock().insert(fh, Arc::new(tokio::sync::Mutex::new(h)));
@@ -753,16 +843,10 @@ impl Filesystem for ShingleFs {
         let (c, cr, root) = (self.client.clone(), creds(req), self.root);
         self.run(op_span!("fs.readdir", "readdir", _ino.0, offset), async move {
             let mut h = h.lock().await;
-            if h.parent.is_none() {
-                match c.meta().get_inode(h.dir).await {
-                    Ok(rec) if rec.attr.kind != FileKind::Dir => return reply.error(fuser::Errno::ENOTDIR),
-                    // The mount's root is its own "..", as a filesystem's root is.
-                    Ok(_) if h.dir == root => h.parent = Some(root),
-                    Ok(rec) => h.parent = Some(rec.parent.unwrap_or(Ino::ROOT)),
-                    Err(e) => return reply.error(errno(e)),
-                }
-            }
-            let parent = h.parent.unwrap_or(Ino::ROOT);
+            let parent = match h.start(&c, root).await {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(e)),
+            };
             // Offsets: 1 is ".", 2 is "..", 2 + i + 1 is entry i.
             let mut off = offset;
             if off == 0 {
@@ -779,16 +863,8 @@ impl Filesystem for ShingleFs {
             }
             let mut i = (off - 2) as usize;
             loop {
-                while i >= h.entries.len() && !h.done {
-                    let after = h.entries.last().map(|e| e.name.clone());
-                    match c.meta().readdir_as(&cr, h.dir, after.as_deref(), 1024).await {
-                        Ok(page) => {
-                            // A short page is the last one.
-                            h.done = page.len() < 1024;
-                            h.entries.extend(page);
-                        }
-                        Err(e) => return reply.error(errno(e)),
-                    }
+                if let Err(e) = h.fill(&c, &cr, i + 1).await {
+                    return reply.error(errno(e));
                 }
                 let Some(e) = h.entries.get(i) else { break };
                 if reply.add(
@@ -800,6 +876,92 @@ impl Filesystem for ShingleFs {
                     break;
                 }
                 i += 1;
+            }
+            reply.ok();
+        });
+    }
+
+    /// A listing with each entry's attributes and a kernel entry for it (READDIRPLUS,
+    /// which the kernel asks for when a listing is followed by lookups: `ls -l`,
+    /// `find`, `rm -rf`, a DataLoader's scan): no lookup per name afterwards.
+    /// Attributes come with the listing's own pages where the inode lives with its
+    /// name, are read apart otherwise, and are never older than the attribute TTL when
+    /// handed over; a file open here with writes not yet committed has this client's
+    /// size, as in `getattr`.
+    fn readdirplus(&self, req: &Request, _ino: INodeNo, fh: FileHandle, offset: u64, mut reply: ReplyDirectoryPlus) {
+        let Some(h) = self.dirs.lock().get(&fh.0).cloned() else {
+            reply.error(fuser::Errno::EBADF);
+            return;
+        };
+        let (c, cr, root, ttl) = (self.client.clone(), creds(req), self.root, self.ttl);
+        self.run(op_span!("fs.readdirplus", "readdirplus", _ino.0, offset), async move {
+            let mut h = h.lock().await;
+            let parent = match h.start(&c, root).await {
+                Ok(p) => p,
+                Err(e) => return reply.error(errno(e)),
+            };
+            // "." and "..": the kernel makes no entry for them (it checks the names),
+            // so they carry their inode number and kind only.
+            let mut off = offset;
+            if off == 0 {
+                if reply.add(
+                    INodeNo(h.dir.0),
+                    1,
+                    ".",
+                    &Duration::ZERO,
+                    &dir_only(h.dir),
+                    Generation(0),
+                ) {
+                    return reply.ok();
+                }
+                off = 1;
+            }
+            if off == 1 {
+                if reply.add(
+                    INodeNo(parent.0),
+                    2,
+                    "..",
+                    &Duration::ZERO,
+                    &dir_only(parent),
+                    Generation(0),
+                ) {
+                    return reply.ok();
+                }
+                off = 2;
+            }
+            let mut i = (off - 2) as usize;
+            loop {
+                // Attributes for the entries one reply may hold (a reply is a page of
+                // about 25 entries).
+                if let Err(e) = h.fill(&c, &cr, i + PLUS_AHEAD).await {
+                    return reply.error(errno(e));
+                }
+                if let Err(e) = h.fresh_attrs(&c, i..i + PLUS_AHEAD, ttl).await {
+                    return reply.error(errno(e));
+                }
+                let end = (i + PLUS_AHEAD).min(h.entries.len());
+                if i >= end {
+                    break;
+                }
+                while i < end {
+                    let e = &h.entries[i];
+                    i += 1;
+                    // Removed since it was listed: left out, as a listing taken a
+                    // moment later would.
+                    let Some(a) = &e.attr else { continue };
+                    let mut a = a.clone();
+                    c.local_view(&mut a);
+                    if reply.add(
+                        INodeNo(e.ino.0),
+                        (i + 2) as u64,
+                        OsStr::from_bytes(&e.name),
+                        &ttl,
+                        &file_attr(&a),
+                        Generation(0),
+                    ) {
+                        return reply.ok();
+                    }
+                }
             }
             reply.ok();
         });

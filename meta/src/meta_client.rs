@@ -616,7 +616,7 @@ impl MetaClient {
     /// from every partition (in parallel, one request per node).
     /// Nodes refuse it to a client key, which uses [`MetaClient::readdir_as`].
     pub async fn readdir(&self, dir: Ino, after: Option<&[u8]>, limit: u32) -> Result<Vec<DirEntry>, Errno> {
-        self.readdir_for(None, dir, after, limit).await
+        self.readdir_for(None, dir, after, limit, false).await
     }
 
     /// [`MetaClient::readdir`] for `creds`: with a client key, each node checks that
@@ -630,7 +630,29 @@ impl MetaClient {
         limit: u32,
     ) -> Result<Vec<DirEntry>, Errno> {
         let creds = self.client.identity().is_some().then_some(creds);
-        self.readdir_for(creds, dir, after, limit).await
+        self.readdir_for(creds, dir, after, limit, false).await
+    }
+
+    /// [`MetaClient::readdir_as`] with attributes (READDIRPLUS): [`DirEntry::attr`] is
+    /// `Some` where the listing's own replies carried it, read with the entry — the
+    /// inode lives with its name, and is not a directory this client changed a moment
+    /// ago (whose counts [`MetaClient::getattr`] waits for). The caller reads the
+    /// others (a file renamed or linked elsewhere) with `getattr`.
+    pub async fn readdir_plus_as(
+        &self,
+        creds: &Creds,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let creds = self.client.identity().is_some().then_some(creds);
+        let mut page = self.readdir_for(creds, dir, after, limit, true).await?;
+        for e in &mut page {
+            if e.attr.is_some() && self.settling(e.ino) {
+                e.attr = None;
+            }
+        }
+        Ok(page)
     }
 
     async fn readdir_for(
@@ -639,6 +661,7 @@ impl MetaClient {
         dir: Ino,
         after: Option<&[u8]>,
         limit: u32,
+        plus: bool,
     ) -> Result<Vec<DirEntry>, Errno> {
         let span = info_span!(
             "ns.readdir",
@@ -650,7 +673,7 @@ impl MetaClient {
             errno = Empty,
             otel.status_code = Empty,
         );
-        self.readdir_inner(creds, dir, after, limit)
+        self.readdir_inner(creds, dir, after, limit, plus)
             .instrument(span.clone())
             .await
             .inspect_err(|e| record_errno(&span, *e))
@@ -662,6 +685,7 @@ impl MetaClient {
         dir: Ino,
         after: Option<&[u8]>,
         limit: u32,
+        plus: bool,
     ) -> Result<Vec<DirEntry>, Errno> {
         let deadline = Instant::now() + self.timeout;
         let v = self.view();
@@ -689,12 +713,14 @@ impl MetaClient {
                             after,
                             limit,
                             partitions,
+                            plus,
                         },
                         None => ReadOp::ReadDir {
                             dir,
                             after,
                             limit,
                             partitions,
+                            plus,
                         },
                     };
                     let req = Read { epoch: v.map.epoch, op };

@@ -403,3 +403,103 @@ fn removexattr(p: &Path, name: &str) {
     let r = unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) };
     assert_eq!(r, 0, "removexattr: {}", std::io::Error::last_os_error());
 }
+
+/// `shingle_fs_op_seconds_count` of `op` from a mount's `/metrics` at `addr`.
+fn fs_ops(addr: std::net::SocketAddr, op: &str) -> f64 {
+    use std::net::TcpStream;
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to /metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("ask");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read /metrics");
+    let needle = format!("shingle_fs_op_seconds_count{{op=\"{op}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&needle))
+        .map_or(0.0, |v| v.trim().parse().expect("a count"))
+}
+
+/// A listing carries its entries' attributes (READDIRPLUS): `ls -l` and `rm -rf`
+/// after it make no lookup per name, and what they see is right — a file renamed or
+/// linked elsewhere (its inode lives apart from its name), a directory, and a file
+/// open here with writes not yet committed (this mount's size).
+#[test]
+fn listings_carry_attributes_and_stats_after_them_ask_nothing() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
+    let _dev = start_dev(&data, &mnt);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let m = SecondMount::with_args(&data, &tmp.path().join("mnt2"), &["--metrics-listen", &listen]);
+    let metrics: std::net::SocketAddr = listen.parse().expect("addr");
+    let dir = m.mount.join("listed");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let mut want = std::collections::BTreeMap::new();
+    for i in 0..60u32 {
+        let name = format!("f{i:02}");
+        std::fs::write(dir.join(&name), vec![7u8; 100 + i as usize]).expect("create");
+        std::fs::set_permissions(dir.join(&name), std::fs::Permissions::from_mode(0o600 + i % 8)).expect("chmod");
+        want.insert(name, (100 + u64::from(i), 0o600 + i % 8, 1u64));
+    }
+    for i in 0..5u32 {
+        let (from, to) = (format!("f{i:02}"), format!("moved{i}"));
+        std::fs::rename(dir.join(&from), dir.join(&to)).expect("rename");
+        let v = want.remove(&from).expect("known");
+        want.insert(to, v);
+    }
+    std::fs::hard_link(dir.join("f10"), dir.join("link10")).expect("link");
+    want.get_mut("f10").expect("f10").2 = 2;
+    want.insert("link10".into(), (110, 0o600 + 10 % 8, 2));
+    std::fs::create_dir(dir.join("sub")).expect("mkdir sub");
+    let mut open = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .write(true)
+        .open(dir.join("open"))
+        .expect("create open");
+    open.write_all(&[1u8; 5000]).expect("write, not committed");
+    want.insert("open".into(), (5000, 0o644 & !0o022, 1));
+    // Past the entry and attribute TTLs (1 s): the kernel keeps nothing it saw above.
+    std::thread::sleep(Duration::from_millis(1500));
+
+    let (lookups, plus) = (fs_ops(metrics, "lookup"), fs_ops(metrics, "readdirplus"));
+    let mut seen = std::collections::BTreeMap::new();
+    for e in std::fs::read_dir(&dir).expect("list") {
+        let e = e.expect("entry");
+        let md = std::fs::symlink_metadata(e.path()).expect("stat after the listing");
+        let name = e.file_name().into_string().expect("utf-8");
+        if name == "sub" {
+            assert!(md.is_dir(), "sub is a directory");
+            continue;
+        }
+        seen.insert(name, (md.len(), md.mode() & 0o7777, md.nlink()));
+    }
+    let asked = fs_ops(metrics, "lookup") - lookups;
+    assert!(
+        fs_ops(metrics, "readdirplus") > plus,
+        "the listing was not a READDIRPLUS"
+    );
+    assert!(asked < 5.0, "{asked} lookups for {} names listed", want.len() + 1);
+    // The kernel's mode may be masked by the umask for "open".
+    let got_open = seen.get("open").copied();
+    assert_eq!(
+        got_open.map(|o| o.0),
+        Some(5000),
+        "this mount's size of a file it writes"
+    );
+    seen.remove("open");
+    want.remove("open");
+    assert_eq!(seen, want, "what stat says after the listing");
+    drop(open);
+
+    // rm -rf of the listed tree: one unlink per name, no lookup.
+    let lookups = fs_ops(metrics, "lookup");
+    let rm = Command::new("rm").arg("-rf").arg(&dir).status().expect("rm");
+    assert!(rm.success());
+    let asked = fs_ops(metrics, "lookup") - lookups;
+    assert!(asked < 5.0, "rm -rf made {asked} lookups");
+    assert!(!dir.exists());
+    drop(m);
+}

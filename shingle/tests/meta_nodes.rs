@@ -71,6 +71,15 @@ async fn namespace_operations_across_processes_and_partitions() {
         seen.extend(page.into_iter().map(|e| String::from_utf8(e.name).expect("utf8")));
     }
     assert_eq!(seen, inos.keys().cloned().collect::<Vec<_>>());
+    // With attributes: each inode made with its name lives in the name's partition, and
+    // the listing reads it with the entry.
+    let plus = c.readdir_plus_as(&r, d.ino, None, 1000).await.expect("readdir plus");
+    assert_eq!(plus.len(), inos.len());
+    for e in &plus {
+        let a = e.attr.as_ref().expect("the attributes of an inode made with its name");
+        assert_eq!(*a, c.getattr(e.ino).await.expect("getattr"), "{:?}", e.name);
+    }
+    assert!(c.readdir(d.ino, None, 1000).await.expect("readdir").iter().all(|e| e.attr.is_none()));
     // Cross-directory rename, hard link, unlink, rmdir, symlink, setattr, xattrs.
     let e = c
         .mknod(&r, Ino::ROOT, b"other", FileKind::Dir, 0o755, 0, None)

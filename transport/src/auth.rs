@@ -39,8 +39,9 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// primary fences the holders a map dropped before it acknowledges (`Fence`). See
 /// docs/operations.md "Versions"; 6: client keys (the client's proof names who it is);
 /// 7: a lock request may read the locked inodes once held (`Lock::fetch`, `Locked`); 8:
-/// a commit of written stripes and a setattr in one operation (`NsOp::CommitWriteSetAttr`).
-pub const PROTOCOL_VERSION: u8 = 8;
+/// a commit of written stripes and a setattr in one operation (`NsOp::CommitWriteSetAttr`);
+/// 9: a listing may carry its entries' attributes (`ReadOp::ReadDir::plus`, `DirEntry::attr`).
+pub const PROTOCOL_VERSION: u8 = 9;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a handshake MAC.

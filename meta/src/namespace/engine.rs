@@ -1040,6 +1040,7 @@ impl Namespace {
                 name,
                 ino: v.ino,
                 kind: v.kind,
+                attr: None,
             })
             .collect();
         all.sort_by(|a, b| a.name.cmp(&b.name));

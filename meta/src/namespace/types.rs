@@ -390,6 +390,10 @@ pub struct DirEntry {
     pub ino: Ino,
     /// Kind.
     pub kind: FileKind,
+    /// The inode's attributes, when the listing was asked with them and the inode's
+    /// record lives in the entry's partition (a file with its first name); `None`
+    /// otherwise (the caller asks for them apart).
+    pub attr: Option<Attr>,
 }
 
 #[cfg(test)]

@@ -1437,14 +1437,16 @@ impl MetaNode {
                 after,
                 limit,
                 partitions,
+                plus,
             }
             | ReadOp::ReadDirAs {
                 dir,
                 after,
                 limit,
                 partitions,
+                plus,
                 ..
-            } => Ok(self.read_dir(*dir, after.as_deref(), *limit, partitions)),
+            } => Ok(self.read_dir(*dir, after.as_deref(), *limit, partitions, *plus)),
         }
     }
 
@@ -1530,7 +1532,16 @@ impl MetaNode {
 
     /// Entries of `dir` after `after` from each of `partitions` served here, merged in
     /// name order (at most `limit`), and the partitions not served here.
-    fn read_dir(&self, dir: Ino, after: Option<&[u8]>, limit: u32, partitions: &[PartitionId]) -> ReadReply {
+    /// With `plus`, each entry carries its inode's attributes when the inode's record
+    /// is in the entry's partition (read under the same lock as the entry).
+    fn read_dir(
+        &self,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+        partitions: &[PartitionId],
+        plus: bool,
+    ) -> ReadReply {
         let parts = self.view().map.partitions;
         let limit = limit.clamp(1, 4096) as usize;
         // Each partition once, and only partitions that exist: the reply holds at most
@@ -1542,17 +1553,19 @@ impl MetaNode {
         let mut missing = Vec::new();
         for p in &wanted {
             match self.serving(*p) {
-                Ok(s) => all.extend(
-                    s.read()
-                        .part
-                        .entries_after(dir, after, limit)
-                        .into_iter()
-                        .map(|(name, v)| DirEntry {
+                Ok(s) => {
+                    let st = s.read();
+                    all.extend(st.part.entries_after(dir, after, limit).into_iter().map(|(name, v)| {
+                        DirEntry {
+                            attr: plus
+                                .then(|| st.part.inodes.get(&v.ino).map(|r| r.attr.clone()))
+                                .flatten(),
                             name,
                             ino: v.ino,
                             kind: v.kind,
-                        }),
-                ),
+                        }
+                    }));
+                }
                 Err(_) => missing.push(*p),
             }
             if all.len() > limit {

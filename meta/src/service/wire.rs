@@ -127,6 +127,9 @@ pub enum ReadOp {
         limit: u32,
         /// Partitions to list.
         partitions: Vec<PartitionId>,
+        /// Each entry with its inode's attributes where the inode lives in the
+        /// entry's partition ([`DirEntry::attr`]; READDIRPLUS).
+        plus: bool,
     },
     /// [`ReadOp::GetInode`] for a caller with a client key, who also needs a shard
     /// capability to read the file's shards: the reply carries one when `creds` own
@@ -162,6 +165,9 @@ pub enum ReadOp {
         limit: u32,
         /// Partitions to list.
         partitions: Vec<PartitionId>,
+        /// Each entry with its inode's attributes where the inode lives in the
+        /// entry's partition ([`DirEntry::attr`]; READDIRPLUS).
+        plus: bool,
     },
     /// [`ReadOp::GetAttr`] from the inode's primary, with the counts and times that
     /// answered operations will still add to it ([`Expect`]): a directory's follow a
