@@ -629,8 +629,7 @@ impl MetaClient {
         after: Option<&[u8]>,
         limit: u32,
     ) -> Result<Vec<DirEntry>, Errno> {
-        let creds = self.client.identity().is_some().then_some(creds);
-        self.readdir_for(creds, dir, after, limit, false).await
+        self.readdir_with(creds, dir, after, limit, false).await
     }
 
     /// [`MetaClient::readdir_as`] with attributes (READDIRPLUS): [`DirEntry::attr`] is
@@ -645,14 +644,27 @@ impl MetaClient {
         after: Option<&[u8]>,
         limit: u32,
     ) -> Result<Vec<DirEntry>, Errno> {
-        let creds = self.client.identity().is_some().then_some(creds);
-        let mut page = self.readdir_for(creds, dir, after, limit, true).await?;
+        let mut page = self.readdir_with(creds, dir, after, limit, true).await?;
         for e in &mut page {
             if e.attr.is_some() && self.settling(e.ino) {
                 e.attr = None;
             }
         }
         Ok(page)
+    }
+
+    /// A listing with `creds` sent only by a client key (the cluster secret lists as
+    /// anyone).
+    async fn readdir_with(
+        &self,
+        creds: &Creds,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+        plus: bool,
+    ) -> Result<Vec<DirEntry>, Errno> {
+        let creds = self.client.identity().is_some().then_some(creds);
+        self.readdir_for(creds, dir, after, limit, plus).await
     }
 
     async fn readdir_for(

@@ -79,7 +79,13 @@ async fn namespace_operations_across_processes_and_partitions() {
         let a = e.attr.as_ref().expect("the attributes of an inode made with its name");
         assert_eq!(*a, c.getattr(e.ino).await.expect("getattr"), "{:?}", e.name);
     }
-    assert!(c.readdir(d.ino, None, 1000).await.expect("readdir").iter().all(|e| e.attr.is_none()));
+    assert!(
+        c.readdir(d.ino, None, 1000)
+            .await
+            .expect("readdir")
+            .iter()
+            .all(|e| e.attr.is_none())
+    );
     // Cross-directory rename, hard link, unlink, rmdir, symlink, setattr, xattrs.
     let e = c
         .mknod(&r, Ino::ROOT, b"other", FileKind::Dir, 0o755, 0, None)

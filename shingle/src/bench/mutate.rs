@@ -7,7 +7,9 @@
 //!   again (lookups that find nothing, as Python's import probes). p50 and p99 per
 //!   operation.
 //! - **tree**: a source tree of `tree` entries (files of 4 KiB in directories of 100)
-//!   on the local disk, copied in with `cp -a`, then removed with `rm -rf`. Seconds.
+//!   on the local disk, copied in with `cp -a`, listed with `ls -lR` once the kernel's
+//!   entries from the copy have expired (the mount's TTL), then removed with `rm -rf`.
+//!   Seconds.
 //! - **storm**: `threads` threads each create, then delete, `files` empty files in a
 //!   directory of their own (the mdtest shape). Creates/s and unlinks/s.
 //! - **where the time goes**: around each latency phase on the mount, the metrics every
@@ -68,6 +70,7 @@ struct Side {
     /// (p50, p99) µs per entry of [`OPS`].
     latency: Vec<(u64, u64)>,
     cp_s: f64,
+    ls_s: f64,
     rm_s: f64,
     creates_s: f64,
     unlinks_s: f64,
@@ -232,12 +235,22 @@ fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: After) -> Result
     let dst = root.join("tree");
     let cp_s = run_cmd(Command::new("cp").arg("-a").arg(src).arg(&dst))?;
     after("cp -a", a.tree);
+    // What a user listing the tree later sees: nothing of the copy left in the kernel.
+    std::thread::sleep(Duration::from_millis(1_200));
+    let ls_s = run_cmd(
+        Command::new("ls")
+            .arg("-lR")
+            .arg(&dst)
+            .stdout(std::process::Stdio::null()),
+    )?;
+    after("ls -lR", a.tree);
     let rm_s = run_cmd(Command::new("rm").arg("-rf").arg(&dst))?;
     after("rm -rf", a.tree);
     let (creates_s, unlinks_s) = storm(root, a.threads, a.files)?;
     Ok(Side {
         latency,
         cp_s,
+        ls_s,
         rm_s,
         creates_s,
         unlinks_s,
@@ -310,10 +323,11 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
         );
     }
     println!("cp -a s       {:17.2}     {:17.2}", local.cp_s, shingle.cp_s);
+    println!("ls -lR s      {:17.2}     {:17.2}", local.ls_s, shingle.ls_s);
     println!("rm -rf s      {:17.2}     {:17.2}", local.rm_s, shingle.rm_s);
     println!("creates/s     {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
     println!("unlinks/s     {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
-    println!("# where the time goes, per operation (cp -a, rm -rf: per entry) on the mount: count x mean ms");
+    println!("# where the time goes, per operation (cp -a, ls -lR, rm -rf: per entry) on the mount: count x mean ms");
     for l in &lines {
         println!("{l}");
     }
@@ -324,7 +338,7 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
             .map(|(op, (p50, p99))| (op.to_string(), serde_json::json!([p50, p99])))
             .collect();
         serde_json::json!({
-            "latency_us": lat, "cp_s": s.cp_s, "rm_s": s.rm_s,
+            "latency_us": lat, "cp_s": s.cp_s, "ls_s": s.ls_s, "rm_s": s.rm_s,
             "creates_s": s.creates_s, "unlinks_s": s.unlinks_s,
         })
     };
