@@ -292,6 +292,45 @@ impl Client {
         Ok(a)
     }
 
+    /// [`Client::getattr`] of each of `inos`, at most 32 in flight.
+    pub async fn attrs(&self, inos: Vec<Ino>) -> Vec<Result<Attr, Errno>> {
+        use futures_util::StreamExt;
+        futures_util::stream::iter(inos)
+            .map(|ino| {
+                let c = self.clone();
+                async move { c.getattr(ino).await }
+            })
+            .buffered(32)
+            .collect()
+            .await
+    }
+
+    /// One page of `dir` for `creds` with every entry's attributes (sizes local like
+    /// [`Client::getattr`]): those the listing carried (an inode made with its name),
+    /// the others read apart. An entry whose inode is gone meanwhile has none.
+    pub async fn readdir_plus(
+        &self,
+        creds: &Creds,
+        dir: Ino,
+        after: Option<&[u8]>,
+        limit: u32,
+    ) -> Result<Vec<shingle_meta::namespace::DirEntry>, Errno> {
+        let mut page = self.inner.meta.readdir_plus_as(creds, dir, after, limit).await?;
+        let apart: Vec<usize> = (0..page.len()).filter(|&i| page[i].attr.is_none()).collect();
+        let read = self.attrs(apart.iter().map(|&i| page[i].ino).collect()).await;
+        for (i, a) in apart.into_iter().zip(read) {
+            page[i].attr = match a {
+                Ok(a) => Some(a),
+                Err(Errno::ENOENT) => None,
+                Err(e) => return Err(e),
+            };
+        }
+        for a in page.iter_mut().filter_map(|e| e.attr.as_mut()) {
+            self.local_view(a);
+        }
+        Ok(page)
+    }
+
     /// Looks up a name for `creds` (with a client key, the nodes check their search
     /// permission on `parent`), with local sizes like [`Client::getattr`].
     pub async fn lookup(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<Attr, Errno> {

@@ -157,21 +157,12 @@ impl DirHandle {
     /// pages did not carry, or carried too long ago, are read again (at most 32 at
     /// once); an entry whose inode is gone has none.
     async fn fresh_attrs(&mut self, c: &Client, range: std::ops::Range<usize>, ttl: Duration) -> Result<(), Errno> {
-        use futures_util::StreamExt;
         let now = Instant::now();
         let end = range.end.min(self.entries.len());
         let stale: Vec<usize> = (range.start.min(end)..end)
             .filter(|&i| self.entries[i].attr.is_none() || now.duration_since(self.read_at[i]) > ttl)
             .collect();
-        let inos: Vec<Ino> = stale.iter().map(|&i| self.entries[i].ino).collect();
-        let read: Vec<Result<Attr, Errno>> = futures_util::stream::iter(inos)
-            .map(|ino| {
-                let c = c.clone();
-                async move { c.getattr(ino).await }
-            })
-            .buffered(32)
-            .collect()
-            .await;
+        let read = c.attrs(stale.iter().map(|&i| self.entries[i].ino).collect()).await;
         for (i, a) in stale.into_iter().zip(read) {
             self.entries[i].attr = match a {
                 Ok(a) => Some(a),

@@ -83,7 +83,7 @@ class ShingleFileSystem(AbstractFileSystem):
             full = f"{base}/{e.name}"
             if detail:
                 try:
-                    out.append(self._info_of(full, self.client.stat(full, follow_symlinks=False)))
+                    out.append(self._info_of(full, e.stat(follow_symlinks=False)))
                 except FileNotFoundError:
                     continue
             else:

@@ -526,8 +526,15 @@ impl Session {
         self.call(py, &p, async |c| c.resolve(&p, follow).await.map(|a| stat_tuple(&a)))
     }
 
-    /// The entries of a directory: (name, kind, inode), in name order.
-    fn scandir(&self, py: Python<'_>, path: PathBuf) -> PyResult<Vec<(Py<PyBytes>, &'static str, u64)>> {
+    /// The entries of a directory: (name, kind, inode, attributes), in name order; the
+    /// attributes (symbolic links not followed) come with the listing, `None` for an
+    /// entry removed meanwhile.
+    #[allow(clippy::type_complexity)]
+    fn scandir(
+        &self,
+        py: Python<'_>,
+        path: PathBuf,
+    ) -> PyResult<Vec<(Py<PyBytes>, &'static str, u64, Option<StatTuple>)>> {
         let p = bytes_of(&path);
         let entries = self.call(py, &p, async |c| {
             let d = c.resolve(&p, true).await?;
@@ -538,11 +545,7 @@ impl Session {
             let mut out = Vec::new();
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let page = c
-                    .client
-                    .meta()
-                    .readdir_as(&c.creds, d.ino, after.as_deref(), 1000)
-                    .await?;
+                let page = c.client.readdir_plus(&c.creds, d.ino, after.as_deref(), 1000).await?;
                 let Some(last) = page.last() else { break };
                 after = Some(last.name.clone());
                 out.extend(page);
@@ -551,7 +554,14 @@ impl Session {
         })?;
         Ok(entries
             .into_iter()
-            .map(|e| (PyBytes::new(py, &e.name).unbind(), kind_name(e.kind), e.ino.0))
+            .map(|e| {
+                (
+                    PyBytes::new(py, &e.name).unbind(),
+                    kind_name(e.kind),
+                    e.ino.0,
+                    e.attr.as_ref().map(stat_tuple),
+                )
+            })
             .collect())
     }
 

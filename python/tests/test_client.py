@@ -123,6 +123,21 @@ def test_names_and_attributes_match_the_mount(client, cluster, tmpdir_fs):
     for field in ("st_mode", "st_ino", "st_size", "st_uid", "st_gid", "st_nlink", "st_mtime_ns"):
         assert getattr(ours, field) == getattr(theirs, field), field
     assert ours.st_mtime_ns == 2_000_000_000 and stat.S_IMODE(ours.st_mode) == 0o600
+    # scandir's entries carry their attributes (symbolic links not followed), as the
+    # mount's lstat sees them; following a link reads its target.
+    client.rename(f"{tmpdir_fs}/a/b/f2", f"{tmpdir_fs}/a/moved")  # its inode lives apart now
+    for e in client.scandir(f"{tmpdir_fs}/a"):
+        st, want = e.stat(follow_symlinks=False), os.lstat(mnt + f"{tmpdir_fs}/a/{e.name}")
+        # A directory's counts and times follow its changes by a moment: another
+        # client (the mount) may not see them yet.
+        fields = ("st_mode", "st_ino") if e.is_dir() else ("st_mode", "st_ino", "st_size", "st_nlink", "st_mtime_ns")
+        for field in fields:
+            assert getattr(st, field) == getattr(want, field), (e.name, field)
+        assert os.fspath(e) == f"{tmpdir_fs}/a/{e.name}"
+    link = next(e for e in client.scandir(f"{tmpdir_fs}/a") if e.name == "link")
+    assert stat.S_ISLNK(link.stat(follow_symlinks=False).st_mode)
+    assert stat.S_ISREG(link.stat().st_mode)
+    client.rename(f"{tmpdir_fs}/a/moved", f"{tmpdir_fs}/a/b/f2")
     client.rename(f"{tmpdir_fs}/a/f1", f"{tmpdir_fs}/a/b/f2")  # replaces
     assert client.read_bytes(f"{tmpdir_fs}/a/b/f2") == b"1"
     assert not client.exists(f"{tmpdir_fs}/a/f1")
