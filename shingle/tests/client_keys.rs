@@ -213,6 +213,32 @@ async fn lookups_and_listings_are_checked_for_the_key(cluster: &Cluster, admin: 
     assert_eq!(tenant.readdir(shared, None, 100).await.err(), Some(Errno::EACCES));
     let listed = tenant.readdir_as(&c, shared, None, 100).await.expect("list /shared");
     assert!(listed.iter().any(|e| e.name == b"hr"), "{listed:?}");
+    // Attributes come with a listing only where the key may also search the directory
+    // (as `ls -l` of a directory one may read but not search shows none).
+    let plus = tenant
+        .readdir_plus_as(&c, shared, None, 100)
+        .await
+        .expect("list /shared");
+    assert!(plus.iter().any(|e| e.name == b"hr" && e.attr.is_some()), "{plus:?}");
+    let readable = admin
+        .mknod(&c, shared, b"readable", FileKind::Dir, 0o744, 0, None)
+        .await
+        .expect("mkdir /shared/readable");
+    admin
+        .mknod(&c, readable.ino, b"inside", FileKind::File, 0o644, 0, None)
+        .await
+        .expect("a file in it");
+    let plus = tenant
+        .readdir_plus_as(&c, readable.ino, None, 100)
+        .await
+        .expect("0744: readable");
+    assert_eq!(plus.len(), 1);
+    assert!(plus[0].name == b"inside" && plus[0].attr.is_none(), "{plus:?}");
+    let own = admin
+        .readdir_plus_as(&c, readable.ino, None, 100)
+        .await
+        .expect("the secret lists");
+    assert!(own[0].attr.is_some(), "the cluster secret's listing carries attributes");
 }
 
 /// A key confined to /shared/proj (`--path`, root kept): its mount shows that

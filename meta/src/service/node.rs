@@ -2398,7 +2398,11 @@ impl MetaNode {
                     let names = super::subtree::read_names(&req.op).ok_or_else(|| errno_status(Errno::EACCES))?;
                     n.confine(root, &[names]).await?;
                 }
-                n.check_read(client, &req.op).await?;
+                if !n.check_read(client, &req.op).await?
+                    && let ReadOp::ReadDirAs { plus, .. } = &mut req.op
+                {
+                    *plus = false;
+                }
                 n.on_read(&req.op)
             }
             .instrument(span)
@@ -2620,8 +2624,10 @@ impl MetaNode {
 
     /// What a client's read needs checked that the kernel of a trusted mount checks:
     /// search permission on a lookup's directory, read permission on a listed one.
-    /// A client key must send the kinds that carry its credentials.
-    async fn check_read(&self, client: bool, op: &ReadOp) -> Result<(), Status> {
+    /// A client key must send the kinds that carry its credentials. `Ok(false)`: a
+    /// listing with attributes (`plus`) by credentials that may read the directory but
+    /// not search it, which gets names only (as `ls -l` shows no attributes there).
+    async fn check_read(&self, client: bool, op: &ReadOp) -> Result<bool, Status> {
         use crate::namespace::perm::{R, X};
         let (creds, dir, mask) = match op {
             ReadOp::Lookup { .. } | ReadOp::ReadDir { .. } if client => {
@@ -2632,13 +2638,17 @@ impl MetaNode {
             }
             ReadOp::LookupAs { creds, parent, .. } => (creds, *parent, X),
             ReadOp::ReadDirAs { creds, dir, .. } => (creds, *dir, R),
-            _ => return Ok(()),
+            _ => return Ok(true),
         };
         let facts = self.facts(dir).await?.ok_or_else(|| errno_status(Errno::ENOENT))?;
         if facts.attr.kind != crate::namespace::FileKind::Dir {
             return Err(errno_status(Errno::ENOTDIR));
         }
-        crate::namespace::perm::check(creds, &facts.attr, mask).map_err(errno_status)
+        crate::namespace::perm::check(creds, &facts.attr, mask).map_err(errno_status)?;
+        Ok(match op {
+            ReadOp::ReadDirAs { plus: true, .. } => crate::namespace::perm::check(creds, &facts.attr, X).is_ok(),
+            _ => true,
+        })
     }
 
     /// `ino`'s parent and attributes from a copy of its partition this node serves
