@@ -178,11 +178,6 @@ fn pct(v: &mut [u64], q: f64) -> u64 {
     v[((v.len() as f64 * q) as usize).min(v.len() - 1)]
 }
 
-fn drop_caches() {
-    let _ = std::process::Command::new("sync").status();
-    let _ = std::fs::write("/proc/sys/vm/drop_caches", "3");
-}
-
 #[derive(Debug, Serialize)]
 struct Side {
     /// Writing the dataset (one thread), filled in by the caller.
@@ -197,7 +192,7 @@ struct Side {
 }
 
 fn measure(root: &Path, a: &LoaderBenchArgs) -> Result<Side> {
-    drop_caches();
+    super::drop_kernel_caches();
     let (outs, wall) = run_workers("scan", root, a)?;
     let bytes: u64 = outs.iter().map(|o| o.bytes).sum();
     let mut files: Vec<u64> = outs.iter().flat_map(|o| o.file_us.iter().copied()).collect();

@@ -8,8 +8,10 @@
 //!   operation.
 //! - **tree**: a source tree of `tree` entries (files of 4 KiB in directories of 100)
 //!   on the local disk, copied in with `cp -a`, listed with `ls -lR` once the kernel's
-//!   entries from the copy have expired (the mount's TTL), then removed with `rm -rf`.
-//!   Seconds.
+//!   entries from the copy have expired (the mount's TTL), then removed with `rm -rf`
+//!   once the kernel's caches are dropped (a tree not listed a moment ago: right after
+//!   a listing the kernel serves its cached copy of it, which brings no entries, and
+//!   looks every name up). Seconds.
 //! - **storm**: `threads` threads each create, then delete, `files` empty files in a
 //!   directory of their own (the mdtest shape). Creates/s and unlinks/s.
 //! - **where the time goes**: around each latency phase on the mount, the metrics every
@@ -244,6 +246,7 @@ fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: After) -> Result
             .stdout(std::process::Stdio::null()),
     )?;
     after("ls -lR", a.tree);
+    super::drop_kernel_caches();
     let rm_s = run_cmd(Command::new("rm").arg("-rf").arg(&dst))?;
     after("rm -rf", a.tree);
     let (creates_s, unlinks_s) = storm(root, a.threads, a.files)?;
