@@ -542,10 +542,20 @@ impl Session {
                 return Err(Errno::ENOTDIR);
             }
             perm::check(&c.creds, &d, R)?;
+            // Attributes only where a stat of the entries would be allowed (search
+            // permission), as the kernel shows none in a directory one may only read.
+            let searchable = perm::check(&c.creds, &d, X).is_ok();
             let mut out = Vec::new();
             let mut after: Option<Vec<u8>> = None;
             loop {
-                let page = c.client.readdir_plus(&c.creds, d.ino, after.as_deref(), 1000).await?;
+                let page = if searchable {
+                    c.client.readdir_plus(&c.creds, d.ino, after.as_deref(), 1000).await?
+                } else {
+                    c.client
+                        .meta()
+                        .readdir_as(&c.creds, d.ino, after.as_deref(), 1000)
+                        .await?
+                };
                 let Some(last) = page.last() else { break };
                 after = Some(last.name.clone());
                 out.extend(page);

@@ -189,6 +189,14 @@ def test_errors_are_oserrors_with_the_right_errno(client, cluster, tmpdir_fs):
         with pytest.raises(PermissionError):
             user.remove(f"{tmpdir_fs}/secret")
         assert user.stat(f"{tmpdir_fs}/secret").st_size == 9
+        # A directory it may read but not search: names, and no attributes from them.
+        client.mkdir(f"{tmpdir_fs}/listonly", 0o744)
+        client.write_bytes(f"{tmpdir_fs}/listonly/f", b"x")
+        client.chmod(f"{tmpdir_fs}/listonly", 0o744)
+        (e,) = list(user.scandir(f"{tmpdir_fs}/listonly"))
+        assert e.name == "f"
+        with pytest.raises(PermissionError):
+            e.stat()
     with pytest.raises(ConnectionError):
         shingle.Client("/nonexistent/cluster.toml", cluster["secret_file"], timeout=1)
 
