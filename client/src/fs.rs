@@ -307,7 +307,9 @@ impl Client {
 
     /// One page of `dir` for `creds` with every entry's attributes (sizes local like
     /// [`Client::getattr`]): those the listing carried (an inode made with its name),
-    /// the others read apart. An entry whose inode is gone meanwhile has none.
+    /// the others read apart. An entry whose attributes could not be read apart (its
+    /// inode gone meanwhile, or any other error) has none: a stat of its path then
+    /// says why, and one entry never fails the listing.
     pub async fn readdir_plus(
         &self,
         creds: &Creds,
@@ -319,11 +321,7 @@ impl Client {
         let apart: Vec<usize> = (0..page.len()).filter(|&i| page[i].attr.is_none()).collect();
         let read = self.attrs(apart.iter().map(|&i| page[i].ino).collect()).await;
         for (i, a) in apart.into_iter().zip(read) {
-            page[i].attr = match a {
-                Ok(a) => Some(a),
-                Err(Errno::ENOENT) => None,
-                Err(e) => return Err(e),
-            };
+            page[i].attr = a.ok();
         }
         for a in page.iter_mut().filter_map(|e| e.attr.as_mut()) {
             self.local_view(a);
