@@ -170,6 +170,12 @@ struct Inner {
     repair: Mutex<RepairStats>,
     /// Operations whose at-most-once markers can be forgotten, by partition.
     forgets: Mutex<BTreeMap<PartitionId, Vec<u64>>>,
+    /// Answered intents whose every step is applied, by coordinating partition: the
+    /// batch that drops each record rides on that partition's next batch here (or on
+    /// the flush's, within [`FORGET_FLUSH`]).
+    finishing: Mutex<BTreeMap<PartitionId, Vec<Finishing>>>,
+    /// Wakes the flush of queued finishes and forgets at once.
+    flush_now: tokio::sync::Notify,
     /// Client operations (by id) being coordinated here: a second attempt of one (its
     /// client retried while the first still ran) waits for the first's answer instead
     /// of running beside it — a straggler that ran after its client moved on could
@@ -291,6 +297,8 @@ impl MetaNode {
             stopped: AtomicBool::new(false),
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
+            finishing: Mutex::new(BTreeMap::new()),
+            flush_now: tokio::sync::Notify::new(),
             running: Mutex::new(HashMap::new()),
             staging: Mutex::new(Staging::new(staging)),
             snapshots: Mutex::new(HashMap::new()),
@@ -308,7 +316,7 @@ impl MetaNode {
         let node = self.clone();
         tokio::spawn(async move { node.sweep_intents().await });
         let node = self.clone();
-        tokio::spawn(async move { node.flush_forgets().await });
+        tokio::spawn(async move { node.flush_riders().await });
         let node = self.clone();
         tokio::spawn(async move { node.finish_moves().await });
     }
@@ -890,6 +898,7 @@ impl MetaNode {
         self.fence_dropped_holders(p, &v).await?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
+        let mut finishing = self.take_finishing(p);
         let (write, req) = {
             let mut st = slot.write_state();
             if !st.serving {
@@ -897,8 +906,16 @@ impl MetaNode {
                 // wait for the write lock): the caller retries with the new primary.
                 drop(st);
                 self.queue_forgets(p, forgets);
+                self.abandon_finishing(finishing);
                 return Err(errno_status(Errno::EAGAIN));
             }
+            // Only intents led in this reign finish here: one from an earlier reign may
+            // have been redone and finished by another primary meanwhile.
+            let reign = st.meta.state_epoch;
+            let (ours, stale): (Vec<Finishing>, Vec<Finishing>) = finishing.drain(..).partition(|f| f.reign == reign);
+            self.abandon_finishing(stale);
+            finishing = ours;
+            ops.extend(finishing.iter().flat_map(|f| finish_ops(f.id)));
             let (keys, lsn) = st.lead(&ops);
             // Counts announced to settled reads are in the copy now: drop them in the
             // same moment (a read holds the copy's lock too), or one would count twice.
@@ -929,6 +946,7 @@ impl MetaNode {
             self.inner.catch_up_now.notify_one();
             warn!(partition = p.0, error = %e, "cannot persist a batch; partition stops serving here");
             self.queue_forgets(p, forgets);
+            self.abandon_finishing(finishing);
             return Err(store_failed(e));
         }
         let failed = remote.into_iter().find_map(Result::err);
@@ -943,9 +961,11 @@ impl MetaNode {
             slot.write_state().batch_missed_a_member(v.map.epoch, now);
             self.inner.catch_up_now.notify_one();
             self.queue_forgets(p, forgets);
+            self.abandon_finishing(finishing);
             return Err(e);
         }
         slot.write_state().acknowledged(&req.ops);
+        self.finished(finishing);
         Ok(())
     }
 
@@ -1038,12 +1058,66 @@ impl MetaNode {
         self.inner.forgets.lock().remove(&p).unwrap_or_default()
     }
 
-    /// Flushes queued forgets of partitions that had no batch to ride on.
-    async fn flush_forgets(&self) {
+    /// Queues the finish of an answered intent whose every step is applied, to ride on
+    /// its partition's next batch here. It stays "in flight" until then, so this node's
+    /// sweep leaves it alone.
+    fn queue_finishing(&self, p: PartitionId, f: Finishing) {
+        self.inner.finishing.lock().entry(p).or_default().push(f);
+    }
+
+    fn take_finishing(&self, p: PartitionId) -> Vec<Finishing> {
+        self.inner.finishing.lock().remove(&p).unwrap_or_default()
+    }
+
+    /// Finishes that will not be made here (the batch failed, or this node no longer
+    /// leads their partition in their reign): the sweep redoes each intent, whose
+    /// markers keep its steps from applying twice, and finishes it.
+    fn abandon_finishing(&self, fs: Vec<Finishing>) {
+        if fs.is_empty() {
+            return;
+        }
+        let mut inflight = self.inner.inflight.lock();
+        for f in &fs {
+            debug!(intent = f.id, "finishing an intent here failed; the sweep will");
+            inflight.remove(&f.id);
+        }
+        drop(inflight);
+        self.inner.sweep_now.notify_one();
+    }
+
+    /// Finishes made durable: the other partitions may now forget the intents'
+    /// markers (not before: a redo would need them).
+    fn finished(&self, fs: Vec<Finishing>) {
+        for f in fs {
+            for p in f.others {
+                self.queue_forgets(p, vec![f.id]);
+            }
+            self.inner.inflight.lock().remove(&f.id);
+        }
+    }
+
+    /// Flushes queued finishes and forgets of partitions that had no batch to ride on,
+    /// every [`FORGET_FLUSH`] or when woken.
+    async fn flush_riders(&self) {
         loop {
-            tokio::time::sleep(FORGET_FLUSH).await;
+            tokio::select! {
+                _ = tokio::time::sleep(FORGET_FLUSH) => {}
+                _ = self.inner.flush_now.notified() => {}
+            }
             if self.inner.stopped.load(Ordering::Relaxed) {
                 return;
+            }
+            let parts: Vec<PartitionId> = self.inner.finishing.lock().keys().copied().collect();
+            for p in parts {
+                if self.lead_reign(p).is_none() {
+                    let fs = self.take_finishing(p);
+                    self.abandon_finishing(fs);
+                    continue;
+                }
+                // An empty batch: the queued finishes (and forgets) ride on it.
+                if let Err(e) = self.primary_write(p, Vec::new(), self.me(), None).await {
+                    debug!(partition = p.0, error = %e, "finishing intents failed; the sweep will");
+                }
             }
             let parts: Vec<PartitionId> = self.inner.forgets.lock().keys().copied().collect();
             for p in parts {
@@ -1675,7 +1749,7 @@ impl MetaNode {
         for (n, keys) in held {
             self.unlock(n, keys, owner).await;
         }
-        self.finish_tails(applied).await;
+        self.finish_tails(applied);
     }
 
     /// Waits (at most a lock lease) until the intents `(partition, id)` a coordinator
@@ -1727,12 +1801,17 @@ impl MetaNode {
     /// (and then its markers); if that fails or this node dies first, the sweep redoes
     /// the intent, whose steps the markers keep from applying twice, and finishes it.
     /// Until then it stays "in flight" here so this node's own sweep leaves it alone.
-    async fn finish_tails(&self, tails: Vec<Tail>) {
+    ///
+    /// Nothing waits for a finish, so it costs no batch of its own: it rides on the
+    /// coordinating partition's next batch here, or the flush's ([`Inner::finishing`]).
+    fn finish_tails(&self, tails: Vec<Tail>) {
         for t in tails {
-            if let Err(e) = self.finish_intent(t.coord, t.id, t.others, t.reign).await {
-                debug!(intent = t.id, error = %e, "finishing an intent failed; the sweep will");
-            }
-            self.inner.inflight.lock().remove(&t.id);
+            let f = Finishing {
+                id: t.id,
+                reign: t.reign,
+                others: t.others,
+            };
+            self.queue_finishing(t.coord, f);
         }
     }
 
@@ -1768,7 +1847,7 @@ impl MetaNode {
                                 // Plans done before this one are durable: they are
                                 // completed, under the locks still held.
                                 let (applied, _) = self.apply_later(tails).await;
-                                self.finish_tails(applied).await;
+                                self.finish_tails(applied);
                                 return Err(Retry::Fail(e));
                             }
                         }
@@ -1892,6 +1971,8 @@ impl MetaNode {
                     // Recorded by an intent not finished yet: not done until it is (its
                     // redo is under way); answering now would show a half-applied change.
                     if st.part.done_pending(*op) {
+                        // Most likely its finish is queued here: make it now.
+                        self.inner.flush_now.notify_one();
                         return Err(Retry::Busy);
                     }
                     let rec = st.part.done.get(op).copied();
@@ -2732,6 +2813,15 @@ struct Tail {
     id: u64,
     reign: Epoch,
     later: Later,
+    others: Vec<PartitionId>,
+}
+
+/// An answered intent whose record is still to drop ([`MetaNode::finish_tails`]).
+struct Finishing {
+    id: u64,
+    /// The reign of its partition it was led in: finished only in that one.
+    reign: Epoch,
+    /// The other partitions it changed, which forget its markers once it is finished.
     others: Vec<PartitionId>,
 }
 

@@ -77,6 +77,9 @@ pub(super) struct NsNode {
     down_at: BTreeMap<NodeId, Ms>,
     /// Client operations being coordinated here, by id (`running` of node.rs).
     running: BTreeMap<u64, u64>,
+    /// Drives whose finish waits for the next tick (`finishing` of node.rs: it rides on
+    /// a later batch of its partition, or the flush's).
+    finishing: Vec<u64>,
 }
 
 pub(super) enum Work {
@@ -1197,11 +1200,11 @@ impl World {
                 w.stage = Stage::Finish;
                 w.waiting = 1;
                 w.deadline = deadline;
-                let (coord, id, parent) = (w.coord, w.intent.id, w.parent.take());
+                let parent = w.parent.take();
                 if let Some(parent) = parent {
                     self.coord_plan(n, parent);
                 }
-                self.send_exec(n, k, coord, finish_ops(id));
+                self.ns_node(n).finishing.push(k);
             }
             Stage::Finish => {
                 let id = w.intent.id;
@@ -1216,6 +1219,13 @@ impl World {
     /// node leads, drop locks whose partitions moved away, whose lease ran out or whose
     /// coordinator went Down a while ago.
     pub(super) fn ns_tick(&mut self, n: NodeId) {
+        for k in std::mem::take(&mut self.ns_node(n).finishing) {
+            let Some(Work::Drive(w)) = self.nodes[&n].ns.work.get(&k) else {
+                continue;
+            };
+            let (coord, id) = (w.coord, w.intent.id);
+            self.send_exec(n, k, coord, finish_ops(id));
+        }
         let v = self.nodes[&n].view.clone();
         let now = self.now;
         let ns = self.ns_node(n);
