@@ -495,15 +495,30 @@ impl Client {
         name: &[u8],
         perm: u32,
     ) -> Result<(Attr, Arc<OpenFile>), Errno> {
-        let a = self
+        let (a, made) = self
             .inner
             .meta
             .create_file(creds, parent, name, perm, self.default_policy(), RESERVE_MIN)
             .await?;
-        // The create's write capability (client keys), taken before the open brings a
+        // The create's write capability (client keys), taken before an open brings a
         // read one.
         let cap = self.inner.meta.take_cap(a.ino);
-        let f = self.open(creds, a.ino).await?;
+        let f = match made {
+            // A new file: the reply is what reading it back would give (no stripes,
+            // no data), so it is opened without a round trip.
+            Some(layout) => {
+                let rec = shingle_meta::namespace::InodeRec {
+                    attr: a.clone(),
+                    target: None,
+                    parent: Some(parent),
+                    xattrs: Default::default(),
+                    layout: Some(layout),
+                    created_by: 0,
+                };
+                self.open_rec(creds, rec).await.0
+            }
+            None => self.open(creds, a.ino).await?,
+        };
         {
             let mut st = f.shared.state.lock().await;
             // Versions 1..=RESERVE_MIN are this create's (a retried create that the
@@ -581,6 +596,12 @@ impl Client {
         if rec.attr.kind == FileKind::Dir {
             return Err(Errno::EISDIR);
         }
+        Ok(self.open_rec(creds, rec).await)
+    }
+
+    /// Opens the file whose record (attributes and first stripes) is `rec`.
+    async fn open_rec(&self, creds: &Creds, rec: shingle_meta::namespace::InodeRec) -> (Arc<OpenFile>, bool) {
+        let ino = rec.attr.ino;
         let unchanged = self.remember(ino, rec.attr.mtime, rec.attr.size);
         let shared = self.shared_for(ino, rec).await;
         let seen = {
@@ -597,7 +618,7 @@ impl Client {
             write_seen: Mutex::new(seen),
             next_expected: AtomicU64::new(0),
         });
-        Ok((f, unchanged))
+        (f, unchanged)
     }
 
     /// Changes attributes. A size change goes through the file's content (open here or

@@ -781,7 +781,7 @@ impl MetaClient {
 
     fn attr(r: OpReply) -> Result<Attr, Errno> {
         match r {
-            OpReply::Attr(a) => Ok(a),
+            OpReply::Attr(a) | OpReply::Made(a, _) => Ok(a),
             OpReply::Done | OpReply::Versions(_) | OpReply::WithCap(..) => Err(Errno::EIO),
         }
     }
@@ -798,39 +798,6 @@ impl MetaClient {
         rdev: u64,
         target: Option<&[u8]>,
     ) -> Result<Attr, Errno> {
-        self.mknod_reserving(creds, parent, name, kind, perm, rdev, target, None)
-            .await
-    }
-
-    /// Creates a regular file and takes stripe versions `1..=count` of it with the
-    /// create (`policy`: the file's when its directory sets none): the creator stores
-    /// its first stripes without asking for versions.
-    pub async fn create_file(
-        &self,
-        creds: &Creds,
-        parent: Ino,
-        name: &[u8],
-        perm: u32,
-        policy: Layout,
-        count: u32,
-    ) -> Result<Attr, Errno> {
-        let reserve = Some(crate::service::wire::CreateReserve { policy, count });
-        self.mknod_reserving(creds, parent, name, FileKind::File, perm, 0, None, reserve)
-            .await
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn mknod_reserving(
-        &self,
-        creds: &Creds,
-        parent: Ino,
-        name: &[u8],
-        kind: FileKind,
-        perm: u32,
-        rdev: u64,
-        target: Option<&[u8]>,
-        reserve: Option<crate::service::wire::CreateReserve>,
-    ) -> Result<Attr, Errno> {
         let op = NsOp::Mknod {
             parent,
             name: name.to_vec(),
@@ -839,9 +806,39 @@ impl MetaClient {
             rdev,
             target: target.map(<[u8]>::to_vec),
             token: random_id(),
-            reserve,
+            reserve: None,
         };
         Self::attr(self.op(creds, op).await?)
+    }
+
+    /// Creates a regular file and takes stripe versions `1..=count` of it with the
+    /// create (`policy`: the file's when its directory sets none): the creator stores
+    /// its first stripes without asking for versions. With the attributes comes the
+    /// file's layout policy (no stripes) when the file is new; `None` when a retry
+    /// found it made by an earlier attempt (it may have data: read it).
+    pub async fn create_file(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        perm: u32,
+        policy: Layout,
+        count: u32,
+    ) -> Result<(Attr, Option<Layout>), Errno> {
+        let op = NsOp::Mknod {
+            parent,
+            name: name.to_vec(),
+            kind: FileKind::File,
+            perm,
+            rdev: 0,
+            target: None,
+            token: random_id(),
+            reserve: Some(crate::service::wire::CreateReserve { policy, count }),
+        };
+        match self.op(creds, op).await? {
+            OpReply::Made(a, layout) if a.kind == FileKind::File && layout.stripes.is_empty() => Ok((a, Some(layout))),
+            r => Self::attr(r).map(|a| (a, None)),
+        }
     }
 
     /// Creates a hard link.

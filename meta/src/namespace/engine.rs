@@ -1135,6 +1135,12 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
     }
 
+    /// The layout policy and version counter of a file (or the policy of a directory),
+    /// without its stripes: what its record holds.
+    pub fn policy(&self, ino: Ino) -> NsResult<Option<Layout>> {
+        Ok(self.rec(ino)?.layout.clone())
+    }
+
     /// The data layout of a file with its committed stripes (or the policy of a
     /// directory). Not for sparse views (they hold only the stripes they fetched).
     pub fn layout(&self, ino: Ino) -> NsResult<Option<Layout>> {

@@ -527,18 +527,25 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             target,
             token,
             reserve,
-        } => OpReply::Attr(ns.mknod_once(
-            creds,
-            *parent,
-            name,
-            *kind,
-            *perm,
-            *rdev,
-            target.as_deref(),
-            now,
-            *token,
-            reserve.as_ref().map(|r| (&r.policy, r.count)),
-        )?),
+        } => {
+            let a = ns.mknod_once(
+                creds,
+                *parent,
+                name,
+                *kind,
+                *perm,
+                *rdev,
+                target.as_deref(),
+                now,
+                *token,
+                reserve.as_ref().map(|r| (&r.policy, r.count)),
+            )?;
+            // A new file with versions reserved: its creator opens it from the reply.
+            match ns.policy(a.ino)? {
+                Some(layout) if reserve.is_some() => OpReply::Made(a, layout),
+                _ => OpReply::Attr(a),
+            }
+        }
         NsOp::Link {
             ino,
             newparent,
@@ -714,6 +721,57 @@ mod tests {
         assert!(matches!(r, Ok(OpReply::Attr(_))), "{r:?}");
         assert_eq!(trace.last().map(String::as_str), Some("commit 1"));
         assert_eq!(c.held().collect::<Vec<_>>(), keys);
+    }
+
+    #[test]
+    fn a_create_with_versions_answers_the_layout_its_file_takes() {
+        let (mut whole, _, policy) = root_file();
+        let create = |parent, name: &str| NsOp::Mknod {
+            parent,
+            name: name.as_bytes().to_vec(),
+            kind: FileKind::File,
+            perm: 0o644,
+            rdev: 0,
+            target: None,
+            token: 0,
+            reserve: Some(super::super::wire::CreateReserve {
+                policy: policy.clone(),
+                count: 8,
+            }),
+        };
+        // No policy on the directory: the file takes the creator's, versions 1..=8 its.
+        let mut c = Coordination::new(create(Ino::ROOT, "a"), root(), 0, 1, 8);
+        let Ok(OpReply::Made(a, layout)) = drive(&mut c, &mut whole).1 else {
+            panic!("a create with versions answers its layout")
+        };
+        assert_eq!(a.kind, FileKind::File);
+        assert_eq!(
+            (layout.k, layout.m, layout.unit, layout.next_version),
+            (4, 2, 1 << 20, 9)
+        );
+        assert!(layout.stripes.is_empty());
+        // A directory's policy wins, and is what the creator is told.
+        let d = whole
+            .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
+            .expect("mkdir");
+        let narrow = crate::namespace::Layout {
+            k: 2,
+            m: 1,
+            unit: 1 << 16,
+            ..Default::default()
+        };
+        whole.set_layout(&root(), d.ino, &narrow, 2).expect("directory policy");
+        let mut c = Coordination::new(create(d.ino, "b"), root(), 0, 3, 8);
+        let Ok(OpReply::Made(_, layout)) = drive(&mut c, &mut whole).1 else {
+            panic!("a create with versions answers its layout")
+        };
+        assert_eq!(
+            (layout.k, layout.m, layout.unit, layout.next_version),
+            (2, 1, 1 << 16, 9)
+        );
+        // Without versions, attributes only (the creator reads what it needs).
+        let mut c = Coordination::new(mknod(d.ino, "c", FileKind::File), root(), 0, 4, 8);
+        assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Attr(_))));
     }
 
     #[test]

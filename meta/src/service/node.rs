@@ -2635,7 +2635,7 @@ impl MetaNode {
         };
         let ino = match (of, &reply) {
             (CapFor::File(ino), OpReply::Versions(_)) => ino,
-            (CapFor::Created, OpReply::Attr(a)) => a.ino,
+            (CapFor::Created, OpReply::Attr(a) | OpReply::Made(a, _)) => a.ino,
             _ => return reply,
         };
         let cap = key

@@ -439,7 +439,7 @@ impl World {
                 me.dirs[*i] = Some(a.ino);
                 Ok(())
             }
-            (Expect::Create(d, nm, kind), Ok(OpReply::Attr(a))) if a.kind == *kind => {
+            (Expect::Create(d, nm, kind), Ok(OpReply::Attr(a) | OpReply::Made(a, _))) if a.kind == *kind => {
                 self.ns_fresh_ino(a.ino)?;
                 let m = &mut self.ns_clients[c].model;
                 m.dirs[*d].insert(nm.clone(), (a.ino, *kind));
