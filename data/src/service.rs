@@ -288,10 +288,22 @@ where
     }
 
     async fn delete_file(&self, req: DeleteFileRequest) -> Result<DeleteFileResponse, Status> {
-        let span = tracing::info_span!("data.delete_file", ino = req.ino, deleted = Empty);
+        let span = tracing::info_span!(
+            "data.delete_file",
+            ino = req.ino,
+            files = 1 + req.more.len(),
+            deleted = Empty
+        );
         async move {
-            let ino = req.ino;
-            let gone = self.blocking(move |s| s.delete_ino(ino)).await?;
+            if 1 + req.more.len() > crate::wire::MAX_DELETE_FILES {
+                return Err(Status::new(
+                    shingle_transport::Code::InvalidRequest,
+                    format!("a delete names at most {} files", crate::wire::MAX_DELETE_FILES),
+                ));
+            }
+            let mut inos = req.more;
+            inos.push(req.ino);
+            let gone = self.blocking(move |s| s.delete_inos(&inos)).await?;
             let mut stage = self.stage();
             for (key, version) in &gone {
                 stage.invalidate(&self.regions, key, Some(*version));

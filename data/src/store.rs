@@ -1180,10 +1180,11 @@ impl<D: ZonedDevice> ChunkStore<D> {
         out
     }
 
-    /// Deletes durably every version of every chunk of inode `ino` stored when this is
-    /// called (the file was removed and its purge came). Returns what was deleted.
-    pub fn delete_ino(&self, ino: u64) -> StoreResult<Vec<VKey>> {
-        let gone = self.versions_of_ino(ino);
+    /// Deletes durably every version of every chunk of inodes `inos` stored when this
+    /// is called (the files were removed and their purge came), all in one index
+    /// commit. Returns what was deleted.
+    pub fn delete_inos(&self, inos: &[u64]) -> StoreResult<Vec<VKey>> {
+        let gone: Vec<VKey> = inos.iter().flat_map(|i| self.versions_of_ino(*i)).collect();
         if gone.is_empty() {
             return Ok(gone);
         }

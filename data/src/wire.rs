@@ -168,7 +168,14 @@ pub struct DeleteFileRequest {
     /// The removed file's inode.
     #[prost(uint64, tag = "1")]
     pub ino: u64,
+    /// More removed files purged in the same call (at most [`MAX_DELETE_FILES`] in
+    /// all): one durable index commit for all of them.
+    #[prost(uint64, repeated, tag = "2")]
+    pub more: Vec<u64>,
 }
+
+/// Most files one [`DeleteFileRequest`] names.
+pub const MAX_DELETE_FILES: usize = 1024;
 
 /// What was deleted.
 #[derive(Clone, PartialEq, prost::Message)]

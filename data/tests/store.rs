@@ -488,6 +488,40 @@ fn puts_wait_for_no_checkpoint_and_deletes_are_one() {
     }
 }
 
+/// A purge of many removed files is one durable index commit, deletes every version of
+/// every chunk of those files, and nothing of the others; it stays done after a reopen.
+#[test]
+fn files_purged_together_are_one_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // key(i) belongs to inode 100 + i / 6: inodes 100..=103, six chunks each.
+    {
+        let s = open(dir.path(), 8);
+        for i in 0..24 {
+            put(&s, key(i), 1, &data(i, 1, 3_000)).expect("put");
+        }
+        put(&s, key(1), 2, &data(1, 2, 3_000)).expect("a second version");
+        let before = s.stats().checkpoints;
+        let gone = s.delete_inos(&[100, 102, 999]).expect("purge");
+        assert_eq!(
+            gone.len(),
+            13,
+            "six chunks of each file, one with two versions: {gone:?}"
+        );
+        assert_eq!(s.stats().checkpoints, before + 1, "one checkpoint for the whole purge");
+        assert!(s.versions_of_ino(100).is_empty() && s.versions_of_ino(102).is_empty());
+        assert_eq!(s.versions_of_ino(101).len(), 6);
+        assert!(
+            s.delete_inos(&[100]).expect("again").is_empty(),
+            "a second purge finds nothing"
+        );
+    }
+    let s = open(dir.path(), 8);
+    for i in 0..24 {
+        let purged = matches!(100 + i / 6, 100 | 102);
+        assert_eq!(s.get(&key(i)).is_ok(), !purged, "key {i} after reopen");
+    }
+}
+
 /// An index written by a newer release (a format this build does not know) is refused
 /// with a message that names both formats, and the index is left as it was.
 #[test]

@@ -11,7 +11,8 @@
 //!   entries from the copy have expired (the mount's TTL), then removed with `rm -rf`
 //!   once the kernel's caches are dropped (a tree not listed a moment ago: right after
 //!   a listing the kernel serves its cached copy of it, which brings no entries, and
-//!   looks every name up). Seconds.
+//!   looks every name up). Seconds; on the mount also the seconds from the start of
+//!   `rm -rf` until `df` shows the tree's space free again (the purges of its files).
 //! - **storm**: `threads` threads each create, then delete, `files` empty files in a
 //!   directory of their own (the mdtest shape). Creates/s and unlinks/s.
 //! - **where the time goes**: around each latency phase on the mount, the metrics every
@@ -74,6 +75,9 @@ struct Side {
     cp_s: f64,
     ls_s: f64,
     rm_s: f64,
+    /// From the start of `rm -rf` until `statfs` shows the tree's space free again
+    /// (the mount only: a local file system frees it at once).
+    space_s: Option<f64>,
     creates_s: f64,
     unlinks_s: f64,
 }
@@ -232,8 +236,36 @@ fn storm(root: &Path, threads: usize, files: usize) -> Result<(f64, f64)> {
     Ok((creates, unlinks))
 }
 
-fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: After) -> Result<Side> {
+/// Bytes in use on the file system of `p`, as `df` shows them.
+fn used_bytes(p: &Path) -> Result<u64> {
+    let out = Command::new("stat").args(["-f", "-c", "%b %f %S"]).arg(p).output()?;
+    if !out.status.success() {
+        bail!("stat -f {}: {}", p.display(), String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let n: Vec<u64> = text.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    let [blocks, free, size] = n[..] else {
+        bail!("stat -f {}: unexpected output {text:?}", p.display());
+    };
+    Ok(blocks.saturating_sub(free) * size)
+}
+
+/// Seconds until the space in use on `root` is back to `base` (within 1 MiB), at
+/// most a minute.
+fn space_back(root: &Path, base: u64) -> Result<f64> {
+    let t = Instant::now();
+    while used_bytes(root)? > base + (1 << 20) {
+        if t.elapsed() > Duration::from_secs(60) {
+            bail!("the removed tree's space was not back within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(t.elapsed().as_secs_f64())
+}
+
+fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, space: bool, after: After) -> Result<Side> {
     let latency = latency(root, a.ops, after)?;
+    let base = if space { Some(used_bytes(root)?) } else { None };
     let dst = root.join("tree");
     let cp_s = run_cmd(Command::new("cp").arg("-a").arg(src).arg(&dst))?;
     after("cp -a", a.tree);
@@ -249,12 +281,17 @@ fn measure(root: &Path, src: &Path, a: &MutateBenchArgs, after: After) -> Result
     super::drop_kernel_caches();
     let rm_s = run_cmd(Command::new("rm").arg("-rf").arg(&dst))?;
     after("rm -rf", a.tree);
+    let space_s = match base {
+        Some(b) => Some(rm_s + space_back(root, b)?),
+        None => None,
+    };
     let (creates_s, unlinks_s) = storm(root, a.threads, a.files)?;
     Ok(Side {
         latency,
         cp_s,
         ls_s,
         rm_s,
+        space_s,
         creates_s,
         unlinks_s,
     })
@@ -290,10 +327,10 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     let (l2, m3, s2) = (local.clone(), mnt.clone(), src.clone());
     let nodes: Vec<u16> = (1..=spec.nodes as u16 + 1).map(|i| metrics_base + i).collect();
     let result = tokio::task::spawn_blocking(move || -> Result<(Side, Side, Vec<String>)> {
-        let local = measure(&l2, &s2, &a2, &mut |_, _| {})?;
+        let local = measure(&l2, &s2, &a2, false, &mut |_, _| {})?;
         let mut last = snapshot(&nodes);
         let mut lines = Vec::new();
-        let shingle = measure(&m3, &s2, &a2, &mut |op, n| {
+        let shingle = measure(&m3, &s2, &a2, true, &mut |op, n| {
             let now = snapshot(&nodes);
             lines.push(breakdown(op, &last, &now, n as f64));
             last = now;
@@ -328,6 +365,11 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     println!("cp -a s       {:17.2}     {:17.2}", local.cp_s, shingle.cp_s);
     println!("ls -lR s      {:17.2}     {:17.2}", local.ls_s, shingle.ls_s);
     println!("rm -rf s      {:17.2}     {:17.2}", local.rm_s, shingle.rm_s);
+    println!(
+        "space back s  {:>17}     {:17.2}",
+        "-",
+        shingle.space_s.unwrap_or(f64::NAN)
+    );
     println!("creates/s     {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
     println!("unlinks/s     {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
     println!("# where the time goes, per operation (cp -a, ls -lR, rm -rf: per entry) on the mount: count x mean ms");
@@ -341,7 +383,7 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
             .map(|(op, (p50, p99))| (op.to_string(), serde_json::json!([p50, p99])))
             .collect();
         serde_json::json!({
-            "latency_us": lat, "cp_s": s.cp_s, "ls_s": s.ls_s, "rm_s": s.rm_s,
+            "latency_us": lat, "cp_s": s.cp_s, "ls_s": s.ls_s, "rm_s": s.rm_s, "space_s": s.space_s,
             "creates_s": s.creates_s, "unlinks_s": s.unlinks_s,
         })
     };

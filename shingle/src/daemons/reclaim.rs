@@ -10,7 +10,9 @@
 //! - [`purge_loop`] (every meta node, for the partitions it is primary of): a removed
 //!   file whose hold has passed gets `DeleteFile` on every data node that is up (every
 //!   stripe, shard and version of the inode, also those on spares or left by failed
-//!   writes); when all of them answered, `Purged` forgets the record. A client that has
+//!   writes); when all of them answered, `Purged` forgets the record. A pass takes up
+//!   to 256 files: one `DeleteFile` per data node names them all (one durable index
+//!   commit there), and their `Purged` records are written 16 at a time. A client that has
 //!   the file open keeps moving the hold forward while it does (see `fs`); when that
 //!   client dies, the hold runs out and the data goes.
 //! - [`sweep_loop`] (every data node): every inode with shards here is asked `Alive`
@@ -23,7 +25,8 @@
 //!
 //! Zone GC then reclaims the space; `df` reports live bytes (the data nodes' index).
 
-use shingle_data::wire::{DeleteFile, DeleteFileRequest};
+use futures_util::future::join_all;
+use shingle_data::wire::{DeleteFile, DeleteFileRequest, MAX_DELETE_FILES};
 use shingle_meta::ids::Ino;
 use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::types::now_ns;
@@ -59,42 +62,93 @@ impl Default for ReclaimConfig {
     }
 }
 
+/// Removed files one purge pass takes, at most.
+const PURGE_BATCH: usize = 256;
+
+/// `Purged` records written at once by a pass (different partitions' batches share
+/// the store's syncs; one partition's follow one another).
+const PURGED_IN_FLIGHT: usize = 16;
+
 /// Purges removed files whose data no client holds any more, in the partitions `node`
 /// is primary of. Runs until aborted.
 pub async fn purge_loop(node: MetaNode, meta: MetaClient, tcp: PeerClient, cfg: ReclaimConfig) {
+    let mut more = false;
     loop {
-        tokio::time::sleep(cfg.purge_interval).await;
-        for ino in node.primary_purges(now_ns(), 256) {
-            match purge(&meta, &tcp, ino).await {
-                Ok(n) => debug!(ino = ino.0, shards = n, "removed file purged"),
-                Err(e) => {
-                    debug!(ino = ino.0, error = %e, "purge not finished; the next pass retries");
-                    // One unreachable node stalls the rest of this pass, not the loop.
-                    break;
-                }
+        // After a full pass that worked, the next starts at once (a tree of 100,000
+        // files removed is purged at the pace of the nodes, not 256 a second).
+        if !more {
+            tokio::time::sleep(cfg.purge_interval).await;
+        }
+        let inos = node.primary_purges(now_ns(), PURGE_BATCH);
+        if inos.is_empty() {
+            more = false;
+            continue;
+        }
+        match purge(&meta, &tcp, &inos).await {
+            Ok(n) => {
+                debug!(files = inos.len(), shards = n, "removed files purged");
+                more = inos.len() == PURGE_BATCH;
+            }
+            // An unreachable node stalls this pass; the next one retries.
+            Err(e) => {
+                debug!(files = inos.len(), error = %e, "purge not finished; the next pass retries");
+                more = false;
             }
         }
     }
 }
 
-/// Deletes every shard of removed file `ino` on every data node that is up, then
-/// forgets its purge. Returns the shard versions deleted.
-pub async fn purge(meta: &MetaClient, tcp: &PeerClient, ino: Ino) -> Result<u64, String> {
+/// Deletes every shard of removed files `inos` on every data node that is up (one
+/// call per node, all nodes at once), then forgets their purges. Returns the shard
+/// versions deleted. Deleting again what is gone is harmless: a failed pass is
+/// simply repeated.
+pub async fn purge(meta: &MetaClient, tcp: &PeerClient, inos: &[Ino]) -> Result<u64, String> {
     let v = meta.view();
+    let nodes: Vec<(u64, SocketAddr)> = v
+        .map
+        .nodes
+        .values()
+        .filter(|n| n.roles.data && v.map.is_up(n.id))
+        .map(|n| (n.id.0, n.addr))
+        .collect();
     let mut deleted = 0;
-    for n in v.map.nodes.values().filter(|n| n.roles.data && v.map.is_up(n.id)) {
-        let r = tcp
-            .call::<DeleteFile>(
-                n.addr,
-                &DeleteFileRequest { ino: ino.0 },
-                CallOptions::timeout(Duration::from_secs(10)),
-            )
-            .await
-            .map_err(|e| format!("delete on {}: {e}", n.id.0))?;
-        deleted += r.deleted;
+    for chunk in inos.chunks(MAX_DELETE_FILES) {
+        let (first, more) = chunk.split_first().ok_or("no file to purge")?;
+        let req = DeleteFileRequest {
+            ino: first.0,
+            more: more.iter().map(|i| i.0).collect(),
+        };
+        let calls: Vec<_> = nodes
+            .iter()
+            .map(|(id, addr)| delete_files(tcp, *id, *addr, req.clone()))
+            .collect();
+        for r in join_all(calls).await {
+            deleted += r?;
+        }
     }
-    meta.purged(ino).await.map_err(|e| format!("record the purge: {e}"))?;
+    for chunk in inos.chunks(PURGED_IN_FLIGHT) {
+        let records: Vec<_> = chunk.iter().map(|ino| record_purged(meta, *ino)).collect();
+        join_all(records)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<()>, String>>()?;
+    }
     Ok(deleted)
+}
+
+/// One data node's `DeleteFile` of a purge pass; the shard versions it deleted.
+async fn delete_files(tcp: &PeerClient, node: u64, addr: SocketAddr, req: DeleteFileRequest) -> Result<u64, String> {
+    tcp.call::<DeleteFile>(addr, &req, CallOptions::timeout(Duration::from_secs(10)))
+        .await
+        .map(|r| r.deleted)
+        .map_err(|e| format!("delete on {node}: {e}"))
+}
+
+/// Forgets the purge of `ino` (its data is gone).
+async fn record_purged(meta: &MetaClient, ino: Ino) -> Result<(), String> {
+    meta.purged(ino)
+        .await
+        .map_err(|e| format!("record the purge of {}: {e}", ino.0))
 }
 
 /// What the sweep knows between passes: when each inode was first found dead.
@@ -173,7 +227,7 @@ pub async fn sweep_loop(
             match tcp
                 .call::<DeleteFile>(
                     addr,
-                    &DeleteFileRequest { ino },
+                    &DeleteFileRequest { ino, more: Vec::new() },
                     CallOptions::timeout(Duration::from_secs(10)),
                 )
                 .await
