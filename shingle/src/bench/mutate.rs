@@ -231,7 +231,20 @@ fn storm(root: &Path, threads: usize, files: usize) -> Result<(f64, f64)> {
     let creates = phase(true)?;
     let unlinks = phase(false)?;
     for d in &dirs {
-        fs::remove_dir(d)?;
+        if let Err(e) = fs::remove_dir(d) {
+            // Every name was removed: say what the directory still shows.
+            let left: Vec<String> = fs::read_dir(d)
+                .map(|r| {
+                    r.filter_map(|e| e.ok())
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
+            bail!(
+                "rmdir {} after removing every name in it: {e}; it lists {left:?}",
+                d.display()
+            );
+        }
     }
     Ok((creates, unlinks))
 }
@@ -340,6 +353,13 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     .await?;
     let _ = tokio::task::spawn_blocking(move || session.umount_and_join()).await?;
     cluster.stop();
+    if let Err(e) = &result {
+        // The nodes' logs and stores, for whoever looks into the failure.
+        eprintln!(
+            "bench mutate failed ({e}); its cluster is kept in {}",
+            tmp.keep().display()
+        );
+    }
     let (local, shingle, lines) = result?;
     println!(
         "# metadata mutations ({}), 6-node dev cluster, R = 3, through FUSE",

@@ -531,6 +531,14 @@ impl World {
                         rec.attr.nlink
                     ));
                 }
+                // Its size counts its entries: an rmdir goes by it.
+                if rec.attr.size != found.len() as u64 {
+                    return Err(format!(
+                        "namespace client {c}: directory {i} has size {} with {} entries",
+                        rec.attr.size,
+                        found.len()
+                    ));
+                }
                 for (ino, _) in found.values() {
                     *refs.entry(*ino).or_default() += 1;
                 }
