@@ -540,10 +540,17 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
                 *token,
                 reserve.as_ref().map(|r| (&r.policy, r.count)),
             )?;
-            // A new file with versions reserved: its creator opens it from the reply.
-            match ns.policy(a.ino)? {
-                Some(layout) if reserve.is_some() => OpReply::Made(a, layout),
-                _ => OpReply::Attr(a),
+            // A file made with versions reserved, still empty (no stripes: its record
+            // holds all an open reads), is opened from the reply. One a retry found
+            // made before (its token) may have data by now: the creator reads it.
+            let policy = if reserve.is_some() && a.size == 0 {
+                ns.policy(a.ino)?
+            } else {
+                None
+            };
+            match policy {
+                Some(layout) => OpReply::Made(a, layout),
+                None => OpReply::Attr(a),
             }
         }
         NsOp::Link {
@@ -754,13 +761,9 @@ mod tests {
         let d = whole
             .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
             .expect("mkdir");
-        let narrow = crate::namespace::Layout {
-            k: 2,
-            m: 1,
-            unit: 1 << 16,
-            ..Default::default()
-        };
-        whole.set_layout(&root(), d.ino, &narrow, 2).expect("directory policy");
+        whole
+            .set_layout(&root(), d.ino, &policy_of(2, 1, 1 << 16), 2)
+            .expect("directory policy");
         let mut c = Coordination::new(create(d.ino, "b"), root(), 0, 3, 8);
         let Ok(OpReply::Made(_, layout)) = drive(&mut c, &mut whole).1 else {
             panic!("a create with versions answers its layout")
@@ -772,6 +775,59 @@ mod tests {
         // Without versions, attributes only (the creator reads what it needs).
         let mut c = Coordination::new(mknod(d.ino, "c", FileKind::File), root(), 0, 4, 8);
         assert!(matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Attr(_))));
+        // A retry whose token finds the file made, and written meanwhile: attributes
+        // only, so the creator reads its stripes.
+        let retried = || match create(Ino::ROOT, "t") {
+            NsOp::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+                target,
+                reserve,
+                ..
+            } => NsOp::Mknod {
+                parent,
+                name,
+                kind,
+                perm,
+                rdev,
+                target,
+                token: 77,
+                reserve,
+            },
+            _ => unreachable!("a create"),
+        };
+        let t = whole
+            .mknod_once(
+                &root(),
+                Ino::ROOT,
+                b"t",
+                FileKind::File,
+                0o644,
+                0,
+                None,
+                5,
+                77,
+                Some((&policy, 8)),
+            )
+            .expect("the first attempt");
+        let mut c = Coordination::new(retried(), root(), 0, 6, 8);
+        assert!(
+            matches!(drive(&mut c, &mut whole).1, Ok(OpReply::Made(..))),
+            "still empty"
+        );
+        let grow = crate::namespace::SetAttr {
+            size: Some(4096),
+            ..Default::default()
+        };
+        whole.setattr(&root(), t.ino, &grow, 7).expect("written meanwhile");
+        let mut c = Coordination::new(retried(), root(), 0, 8, 8);
+        let Ok(OpReply::Attr(a)) = drive(&mut c, &mut whole).1 else {
+            panic!("a retry that finds data answers attributes only")
+        };
+        assert_eq!((a.ino, a.size), (t.ino, 4096));
     }
 
     #[test]
@@ -854,13 +910,17 @@ mod tests {
         let f = whole
             .mknod(&root(), Ino::ROOT, b"f", FileKind::File, 0o644, 0, None, 1)
             .expect("root's file");
-        let policy = crate::namespace::Layout {
-            k: 4,
-            m: 2,
-            unit: 1 << 20,
+        (whole, f, policy_of(4, 2, 1 << 20))
+    }
+
+    /// An erasure-coding policy (no stripes).
+    fn policy_of(k: u8, m: u8, unit: u32) -> crate::namespace::Layout {
+        crate::namespace::Layout {
+            k,
+            m,
+            unit,
             ..Default::default()
-        };
-        (whole, f, policy)
+        }
     }
 
     #[test]

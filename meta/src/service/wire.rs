@@ -549,10 +549,10 @@ pub enum OpReply {
     /// The reply, with a shard capability for its file (to a caller with a client
     /// key that created the file or reserved versions of it; `shingle_transport::cap`).
     WithCap(Box<OpReply>, Vec<u8>),
-    /// Done; a file made with stripe versions reserved ([`CreateReserve`]): its
-    /// attributes and its layout policy (it has no stripes yet), so its creator opens
-    /// it without reading it back. A retried create answered as done gets
-    /// [`OpReply::Attr`] (the file may have data by then) and reads it.
+    /// Done; a file made with stripe versions reserved ([`CreateReserve`]), still
+    /// empty: its attributes and its layout policy (no stripes), so its creator opens
+    /// it without reading it back. A retried create answered as done, or one that
+    /// finds its file written meanwhile, gets [`OpReply::Attr`] and reads it.
     Made(Attr, Layout),
 }
 meta_rpc!(Op, 0x0401, OpReply);
