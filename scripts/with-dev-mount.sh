@@ -72,6 +72,13 @@ cleanup() {
   if [ "$rc" != 0 ] && [ -f "$LOG" ]; then
     echo "with-dev-mount: last lines of the shingle dev output ($LOG), without backtraces:" >&2
     awk '/[Bb]acktrace:$/ { skip = 1; next } /^[^ ]/ { skip = 0 } !skip' "$LOG" | tail -n 20 | sed 's/^/    /' >&2
+    # Each node's last warnings and errors: a node that stopped answering says why (or
+    # goes quiet, which tells a hung process from a dead one).
+    for f in "$DATA"/node*.log; do
+      [ -s "$f" ] || continue
+      echo "with-dev-mount: last warnings and errors of $(basename "$f") ($(wc -l <"$f") lines, last at $(tail -n 1 "$f" | cut -c1-27)):" >&2
+      grep -E ' (WARN|ERROR) ' "$f" | tail -n 8 | cut -c1-400 | sed 's/^/    /' >&2
+    done
     # A node answering "no space left" may mean the machine's disk, not the cluster's
     # accounting: say which.
     echo "with-dev-mount: free space where the nodes keep their data ($DATA):" >&2

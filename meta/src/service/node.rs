@@ -154,6 +154,9 @@ struct Inner {
     view: RwLock<Arc<MapView>>,
     slots: RwLock<BTreeMap<PartitionId, Arc<Slot>>>,
     locks: LockTable,
+    /// Intents this node drives now (the sweep leaves them alone). Lock order: this
+    /// before a copy's state ([`MetaNode::settled_here`]); never taken while a copy's
+    /// state is locked (two threads taking them in opposite orders hang the node).
     inflight: Mutex<BTreeSet<u64>>,
     /// Healthy contact with the managers (cleared when heartbeats fail for too long).
     in_touch: AtomicBool,
@@ -899,6 +902,7 @@ impl MetaNode {
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
         let mut finishing = self.take_finishing(p);
+        let stale: Vec<Finishing>;
         let (write, req) = {
             let mut st = slot.write_state();
             if !st.serving {
@@ -910,10 +914,12 @@ impl MetaNode {
                 return Err(errno_status(Errno::EAGAIN));
             }
             // Only intents led in this reign finish here: one from an earlier reign may
-            // have been redone and finished by another primary meanwhile.
+            // have been redone and finished by another primary meanwhile. Those are
+            // abandoned once the copy's lock is released: `inflight` is taken before a
+            // copy's lock elsewhere ([`MetaNode::settled_here`]), never after.
             let reign = st.meta.state_epoch;
-            let (ours, stale): (Vec<Finishing>, Vec<Finishing>) = finishing.drain(..).partition(|f| f.reign == reign);
-            self.abandon_finishing(stale);
+            let ours;
+            (ours, stale) = finishing.drain(..).partition(|f| f.reign == reign);
             finishing = ours;
             ops.extend(finishing.iter().flat_map(|f| finish_ops(f.id)));
             let (keys, lsn) = st.lead(&ops);
@@ -929,6 +935,7 @@ impl MetaNode {
             };
             (Write::batch(p, &st, &keys), req)
         };
+        self.abandon_finishing(stale);
         let others: Vec<SocketAddr> = v
             .members(p)
             .into_iter()
