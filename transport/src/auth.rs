@@ -41,8 +41,9 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// 7: a lock request may read the locked inodes once held (`Lock::fetch`, `Locked`); 8:
 /// a commit of written stripes and a setattr in one operation (`NsOp::CommitWriteSetAttr`);
 /// 9: a listing may carry its entries' attributes (`ReadOp::ReadDir::plus`, `DirEntry::attr`);
-/// 10: a create that reserves versions answers the file's layout (`OpReply::Made`).
-pub const PROTOCOL_VERSION: u8 = 10;
+/// 10: a create that reserves versions answers the file's layout (`OpReply::Made`); 11:
+/// an rmdir or a rename asks every node whether counts are still owed (`Quiet`).
+pub const PROTOCOL_VERSION: u8 = 11;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a handshake MAC.

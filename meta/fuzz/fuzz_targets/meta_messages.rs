@@ -36,6 +36,9 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode::<Pull>(data);
     let _ = decode::<PullPiece>(data);
     let _ = decode::<Settled>(data);
+    let _ = decode::<Quiet>(data);
+    let _ = decode::<QuietReply>(data);
+    let _ = decode::<Expect>(data);
     let _ = decode::<PulledPiece>(data);
     let _ = decode::<Fence>(data);
     if let Ok(pos) = decode::<Pulled>(data) {

@@ -280,6 +280,35 @@ pub fn answer_before(
     })
 }
 
+/// The directories an operation must find *quiet* once it holds its locks: no
+/// operation answered before its directory counts were applied may still have counts
+/// to apply to them. An rmdir reads its victim's entry count, a rename the count of a
+/// directory it replaces; both hold those directories exclusively, which normally
+/// waits for every count to land — but a lock host that took its partition over (or
+/// restarted) starts from an empty table, and the holders it never saw may still be
+/// applying counts. [`Quiet`] asks every node (decision 0029). Empty for operations
+/// that read no count.
+///
+/// [`Quiet`]: crate::service::wire::Quiet
+pub fn quiet_dirs(op: &NsOp, keys: &[u64]) -> Vec<Ino> {
+    if !matches!(op, NsOp::Rmdir { .. } | NsOp::Rename { .. }) {
+        return Vec::new();
+    }
+    keys.iter()
+        .filter(|k| !locks::split(**k).1)
+        .filter_map(|k| locks::key_inode(*k))
+        .collect()
+}
+
+/// Whether `intent` adjusts any of `dirs` (an `AdjustDir` step): while it is pending
+/// and its steps are not known to be applied, those directories' counts may be behind.
+pub fn adjusts_any(intent: &Intent, dirs: &[Ino]) -> bool {
+    intent
+        .steps
+        .iter()
+        .any(|(_, m)| matches!(m, Mutation::AdjustDir { dir, .. } if dirs.contains(dir)))
+}
+
 /// What the batches that follow an answer will add to directories, one [`Expect`] per
 /// `AdjustDir` step (epoch 0: the sender sets it), by the partition whose primary keeps
 /// it (the directory's).
@@ -324,8 +353,8 @@ pub fn expected_counts(later: &BTreeMap<PartitionId, Vec<PartOp>>) -> Vec<(Parti
 /// latest of all).
 pub fn with_expected<'a>(mut attr: Attr, expected: impl IntoIterator<Item = &'a wire::Expect>) -> Attr {
     for e in expected {
-        attr.size = attr.size.saturating_add_signed(e.entries);
-        attr.nlink = crate::namespace::partition::add_links(attr.nlink, e.subdirs);
+        attr.size = crate::namespace::partition::add_entries(attr.size, e.entries);
+        attr.nlink = crate::namespace::partition::add_subdirs(attr.nlink, e.subdirs);
         attr.mtime = attr.mtime.max(e.time);
         attr.ctime = attr.ctime.max(e.time);
     }
@@ -890,6 +919,43 @@ mod tests {
         assert_eq!(after.size, before.size + 2);
         assert_eq!(after.nlink, before.nlink);
         assert_eq!(after.mtime, 5.max(before.mtime));
+    }
+
+    #[test]
+    fn an_rmdir_asks_for_quiet_on_the_directory_it_removes_only() {
+        let mut whole = Namespace::format(8, 1);
+        let d = whole
+            .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
+            .expect("d");
+        let op = NsOp::Rmdir {
+            parent: Ino::ROOT,
+            name: b"d".to_vec(),
+        };
+        let mut c = Coordination::new(op.clone(), root(), 7, 2, 8);
+        assert!(drive(&mut c, &mut whole).1.is_ok());
+        let held: Vec<u64> = c.held().collect();
+        // Its parent is held shared: only counts of the removed directory are read.
+        assert_eq!(quiet_dirs(&op, &held), vec![d.ino]);
+        let unlink = NsOp::Unlink {
+            parent: Ino::ROOT,
+            name: b"d".to_vec(),
+            keep_secs: 0,
+        };
+        assert!(quiet_dirs(&unlink, &held).is_empty());
+        let intent = Intent {
+            id: 3,
+            steps: vec![(
+                PartitionId(1),
+                Mutation::AdjustDir {
+                    dir: d.ino,
+                    entries: 1,
+                    subdirs: 0,
+                    time: 1,
+                },
+            )],
+        };
+        assert!(adjusts_any(&intent, &[d.ino]));
+        assert!(!adjusts_any(&intent, &[Ino::ROOT]));
     }
 
     #[test]

@@ -26,7 +26,8 @@
 //! span, so a client operation's trace shows the coordinator and every replica.
 
 use super::coordinator::{
-    Coordination, Next, PlanRun, answer_before, batch_ops, expected_counts, finish_ops, intent_ops, plan_run,
+    Coordination, Next, PlanRun, adjusts_any, answer_before, batch_ops, expected_counts, finish_ops, intent_ops,
+    plan_run, quiet_dirs,
 };
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
@@ -177,6 +178,10 @@ struct Inner {
     /// batch that drops each record rides on that partition's next batch here (or on
     /// the flush's, within [`FORGET_FLUSH`]).
     finishing: Mutex<BTreeMap<PartitionId, Vec<Finishing>>>,
+    /// Intents of those (by id) from the moment every step is applied until the finish
+    /// is durable or given up: a [`Quiet`] question counts them as applied. Lock
+    /// order: never taken while a copy's state is locked.
+    counted: Mutex<BTreeSet<u64>>,
     /// Wakes the flush of queued finishes and forgets at once.
     flush_now: tokio::sync::Notify,
     /// Client operations (by id) being coordinated here: a second attempt of one (its
@@ -301,6 +306,7 @@ impl MetaNode {
             repair: Mutex::new(RepairStats::default()),
             forgets: Mutex::new(BTreeMap::new()),
             finishing: Mutex::new(BTreeMap::new()),
+            counted: Mutex::new(BTreeSet::new()),
             flush_now: tokio::sync::Notify::new(),
             running: Mutex::new(HashMap::new()),
             staging: Mutex::new(Staging::new(staging)),
@@ -1089,6 +1095,11 @@ impl MetaNode {
             inflight.remove(&f.id);
         }
         drop(inflight);
+        let mut counted = self.inner.counted.lock();
+        for f in &fs {
+            counted.remove(&f.id);
+        }
+        drop(counted);
         self.inner.sweep_now.notify_one();
     }
 
@@ -1100,6 +1111,7 @@ impl MetaNode {
                 self.queue_forgets(p, vec![f.id]);
             }
             self.inner.inflight.lock().remove(&f.id);
+            self.inner.counted.lock().remove(&f.id);
         }
     }
 
@@ -1748,15 +1760,18 @@ impl MetaNode {
     /// the partition's primary: the directory's counts are not applied yet, and an
     /// operation that read them before could remove a directory that is not empty.
     async fn finish_op(&self, tails: Vec<Tail>, held: Vec<(NodeId, Vec<u64>)>, owner: u64) {
-        let unfinished: Vec<(PartitionId, u64)> = tails.iter().map(|t| (t.coord, t.id)).collect();
         let (applied, failed) = self.apply_later(tails).await;
-        if failed {
-            self.await_redone(&unfinished).await;
+        if !failed.is_empty() {
+            // Only the failed ones: an applied intent stays pending until its finish,
+            // which comes after the locks go.
+            self.await_redone(&failed).await;
         }
+        // Counted as applied before the locks go: an rmdir that takes its directory
+        // next finds it quiet (`on_quiet`).
+        self.finish_tails(applied);
         for (n, keys) in held {
             self.unlock(n, keys, owner).await;
         }
-        self.finish_tails(applied);
     }
 
     /// Waits (at most a lock lease) until the intents `(partition, id)` a coordinator
@@ -1786,18 +1801,19 @@ impl MetaNode {
         }
     }
 
-    /// Applies what follows the answer of each tail; returns those applied, and
-    /// whether any failed (its intent is left to the sweep).
-    async fn apply_later(&self, tails: Vec<Tail>) -> (Vec<Tail>, bool) {
+    /// Applies what follows the answer of each tail; returns those applied, and the
+    /// intents `(partition, id)` of those that failed (left to the sweep).
+    async fn apply_later(&self, tails: Vec<Tail>) -> (Vec<Tail>, Vec<(PartitionId, u64)>) {
         let mut applied = Vec::with_capacity(tails.len());
-        let mut failed = false;
+        let mut failed = Vec::new();
         for mut t in tails {
             match self.execute_all(std::mem::take(&mut t.later), t.coord, t.reign).await {
                 Ok(()) => applied.push(t),
                 Err(e) => {
                     warn!(intent = t.id, error = %e, "applying a directory's counts after the answer failed; the sweep will");
                     self.inner.inflight.lock().remove(&t.id);
-                    failed = true;
+                    self.inner.sweep_now.notify_one();
+                    failed.push((t.coord, t.id));
                 }
             }
         }
@@ -1812,6 +1828,7 @@ impl MetaNode {
     /// Nothing waits for a finish, so it costs no batch of its own: it rides on the
     /// coordinating partition's next batch here, or the flush's ([`Inner::finishing`]).
     fn finish_tails(&self, tails: Vec<Tail>) {
+        self.inner.counted.lock().extend(tails.iter().map(|t| t.id));
         for t in tails {
             let f = Finishing {
                 id: t.id,
@@ -1839,6 +1856,10 @@ impl MetaNode {
             match c.step() {
                 Next::Lock(keys) => {
                     let read = self.lock(&v, keys.clone(), owner, anchor, held).await?;
+                    let dirs = quiet_dirs(&req.op, &keys);
+                    if !dirs.is_empty() && !self.quiet(&v, dirs).await {
+                        return Err(Retry::Busy);
+                    }
                     c.locked(&keys);
                     for (ino, rec) in read {
                         c.provide_inode(ino, rec);
@@ -2326,6 +2347,64 @@ impl MetaNode {
         Ok(())
     }
 
+    /// Whether no operation may still have counts to apply to `dirs`, by every node's
+    /// answer for the partitions it leads in `v` (all of them covered), see
+    /// [`quiet_dirs`].
+    async fn quiet(&self, v: &MapView, dirs: Vec<Ino>) -> bool {
+        let req = Quiet {
+            epoch: v.map.epoch,
+            dirs,
+        };
+        let asks = v
+            .map
+            .nodes
+            .values()
+            .filter(|n| n.roles.meta && v.map.is_up(n.id))
+            .map(|n| {
+                let req = &req;
+                async move {
+                    if n.id == self.me() {
+                        (self.view().map.epoch == req.epoch).then(|| self.on_quiet(req))
+                    } else {
+                        self.call_peer(n.addr, req, Duration::from_millis(500)).await.ok()
+                    }
+                }
+            });
+        let mut covered = BTreeSet::new();
+        for answer in futures_util::future::join_all(asks).await {
+            match answer {
+                Some(a) if a.quiet => covered.extend(a.partitions),
+                _ => return false,
+            }
+        }
+        covered.len() == v.map.partitions as usize
+    }
+
+    /// [`MetaNode::quiet`] for the partitions this node serves as primary.
+    fn on_quiet(&self, req: &Quiet) -> QuietReply {
+        let counted = self.inner.counted.lock().clone();
+        let mut out = QuietReply {
+            partitions: Vec::new(),
+            quiet: true,
+        };
+        for (p, slot) in self.primary_slots(&self.view()) {
+            let st = slot.read();
+            if !st.serving {
+                continue;
+            }
+            out.partitions.push(p);
+            if st
+                .part
+                .intents
+                .values()
+                .any(|i| !counted.contains(&i.id) && adjusts_any(i, &req.dirs))
+            {
+                out.quiet = false;
+            }
+        }
+        out
+    }
+
     /// Whether partition `p` has nothing left unfinished by an earlier primary: this
     /// node is its primary, serves it, and drives every intent pending in it itself.
     fn settled_here(&self, p: PartitionId) -> bool {
@@ -2605,6 +2684,10 @@ impl MetaNode {
         r = self.route::<Settled, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;
             Ok(n.settled_here(req.partition))
+        });
+        r = self.route::<Quiet, _, _>(r, |n, _, req| async move {
+            n.check_epoch_exact(req.epoch).await?;
+            Ok(n.on_quiet(&req))
         });
         r = self.route::<Expect, _, _>(r, |n, _, req| async move {
             n.check_epoch(req.epoch).await?;

@@ -17,6 +17,7 @@
 //! | `0x040D` | [`Settled`] | lock host → primary           | "nothing left unfinished by an earlier primary?" |
 //! | `0x040E` | [`Fence`]   | primary → dropped holder      | "have you adopted this epoch?" (its copy stopped) |
 //! | `0x040F` | [`Expect`]  | coordinator → directory's primary | counts a directory will get after an answer |
+//! | `0x0410` | [`Quiet`]   | coordinator → every node      | "counts still to apply to these directories?" |
 //!
 //! Payloads are [postcard](https://docs.rs/postcard) encodings of the serde types below
 //! (decision 0007): the namespace types are already serde, and a compact, schema-checked
@@ -753,6 +754,27 @@ pub struct Expect {
     pub time: crate::namespace::types::TimeNs,
 }
 meta_rpc!(Expect, 0x040F, ());
+
+/// Asks a node whether, in the partitions it leads, an operation may still have
+/// counts to apply to any of `dirs`: a pending intent that adjusts one of them and is
+/// not known here to be applied (`coordinator::quiet_dirs`, decision 0029).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quiet {
+    /// The caller's map epoch: the answer is for the partitions this node leads in it.
+    pub epoch: Epoch,
+    /// The directories.
+    pub dirs: Vec<Ino>,
+}
+meta_rpc!(Quiet, 0x0410, QuietReply);
+
+/// Reply to [`Quiet`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QuietReply {
+    /// The partitions this node serves as primary: the answer covers them.
+    pub partitions: Vec<PartitionId>,
+    /// False when one of them holds a pending intent that may still adjust `dirs`.
+    pub quiet: bool,
+}
 
 /// How long a directory's primary counts an [`Expect`] whose step has not applied.
 pub const EXPECT_TTL: std::time::Duration = std::time::Duration::from_secs(5);

@@ -75,6 +75,13 @@ pub enum Bug {
     /// (no [`crate::service::read_fence::ReadFence`]): the dropped copy serves reads
     /// until its node adopts that map too, and misses what was acknowledged since.
     AckPastDroppedHolder,
+    /// An rmdir or a rename trusts the counts of the directories it holds exclusively
+    /// without asking whether an operation still owes them (no [`Quiet`] question):
+    /// after a lock host took its partition over, or a coordinator's counts failed and
+    /// its locks went after their lease, it removes a directory that still has an entry.
+    ///
+    /// [`Quiet`]: crate::service::wire::Quiet
+    SkipQuiet,
 }
 
 impl Bug {
@@ -89,6 +96,7 @@ impl Bug {
             Bug::DriveAcrossReigns => "drive-across-reigns",
             Bug::MoveWithoutHolders => "move-without-holders",
             Bug::AckPastDroppedHolder => "ack-past-dropped-holder",
+            Bug::SkipQuiet => "skip-quiet",
         }
     }
 
@@ -103,6 +111,7 @@ impl Bug {
             Bug::DriveAcrossReigns,
             Bug::MoveWithoutHolders,
             Bug::AckPastDroppedHolder,
+            Bug::SkipQuiet,
         ]
         .into_iter()
         .find(|b| b.name() == s)

@@ -119,6 +119,12 @@ enum Msg {
         epoch: Epoch,
         p: PartitionId,
     },
+    /// Whether the partitions a node leads may still owe counts to `dirs`
+    /// (`wire::Quiet`).
+    Quiet {
+        epoch: Epoch,
+        dirs: Vec<Ino>,
+    },
     Unlock {
         keys: Vec<u64>,
         owner: u64,
@@ -142,6 +148,7 @@ impl Msg {
             Msg::Lock { .. } => "lock",
             Msg::Unlock { .. } => "unlock",
             Msg::Settled { .. } => "settled",
+            Msg::Quiet { .. } => "quiet",
             Msg::Fetch { .. } => "fetch",
             Msg::Read { .. } => "read",
             Msg::Fence { .. } => "fence",
@@ -163,6 +170,9 @@ enum Body {
     Fetched(Vec<ns::Rec>),
     /// The names a read's copy lacks.
     Missing(Vec<Vec<u8>>),
+    /// The partitions a node leads, and whether none of them owes counts
+    /// (`wire::QuietReply`).
+    Quiet(Vec<PartitionId>, bool),
     /// The epoch a fenced node adopted.
     Adopted(Epoch),
 }
@@ -1271,7 +1281,12 @@ impl World {
     fn request_inner(&mut self, n: NodeId, to: ReplyTo, msg: Msg) -> Result<(), Fail> {
         if matches!(
             msg,
-            Msg::Ns { .. } | Msg::Lock { .. } | Msg::Unlock { .. } | Msg::Fetch { .. } | Msg::Settled { .. }
+            Msg::Ns { .. }
+                | Msg::Lock { .. }
+                | Msg::Unlock { .. }
+                | Msg::Fetch { .. }
+                | Msg::Settled { .. }
+                | Msg::Quiet { .. }
         ) {
             return self.ns_request(n, to, msg);
         }
@@ -1314,6 +1329,7 @@ impl World {
             | Msg::Unlock { .. }
             | Msg::Fetch { .. }
             | Msg::Settled { .. }
+            | Msg::Quiet { .. }
             | Msg::Read { .. }
             | Msg::Fence { .. } => {
                 unreachable!("handled above")
@@ -1382,6 +1398,7 @@ impl World {
             | Msg::Unlock { .. }
             | Msg::Fetch { .. }
             | Msg::Settled { .. }
+            | Msg::Quiet { .. }
             | Msg::Read { .. }
             | Msg::Fence { .. } => {
                 unreachable!("handled above")

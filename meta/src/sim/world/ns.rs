@@ -1,6 +1,7 @@
 //! Namespace operations in the simulated world.
 //!
-//! Clients create, link, rename and remove names in two directories of their own, one
+//! Clients create, link, rename and remove names in two directories of their own, and
+//! remove (and make again) those directories once empty, one
 //! operation at a time, each with an operation id kept over its retries, and check
 //! every answer against a model of their directories: a retry after a lost reply or a
 //! dead coordinator must return the first result (not `EEXIST` or `ENOENT`). The nodes
@@ -9,8 +10,10 @@
 //! (waiting up to 200 ms, with leases, refused to coordinators that are not Up, freed
 //! once the partition of a dead coordinator's operation has settled); reads from the
 //! primaries; one batch or an intent per plan, an intent driven only within the reign
-//! it began in; the fence in front of stale coordinators; and the sweep that redoes
-//! intents a coordinator left.
+//! it began in; the answer before the directories' counts (`answer_before`), the locks
+//! kept until the counts are applied or, if that failed, redone (at most a lease); the
+//! fence in front of stale coordinators; and the sweep that redoes intents a
+//! coordinator left.
 //!
 //! Once the world healed, each model must equal its directories (names, inodes, link
 //! counts), no intent is left, and no inode number was handed out twice.
@@ -18,7 +21,10 @@
 use super::{Addr, Body, Ev, Fail, Ms, Msg, Op, Pending, ReplyTo, World};
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::namespace::{Creds, DentryVal, Errno, FileKind, InodeRec, Intent, Need, Plan, StripeRec};
-use crate::service::coordinator::{Coordination, Next, PlanRun, batch_ops, fence, finish_ops, intent_ops, plan_run};
+use crate::service::coordinator::{
+    Coordination, Next, PlanRun, adjusts_any, answer_before, batch_ops, fence, finish_ops, intent_ops, plan_run,
+    quiet_dirs,
+};
 use crate::service::locks::{Hold, Holds, key_inode, owner_id, owner_node};
 use crate::service::wire::{NsOp, OpReply, PartOp};
 use crate::sim::Bug;
@@ -73,6 +79,13 @@ pub(super) struct NsNode {
     locks: Holds<Ms>,
     /// Intents driven here (the sweep leaves them alone).
     inflight: BTreeSet<u64>,
+    /// Those of them the sweep redoes: a partition is not settled while one is
+    /// pending (`settled_here` of node.rs counts only intents a live coordination
+    /// drives; the service's sweep does not mark its redos in flight).
+    redoing: BTreeSet<u64>,
+    /// Intents whose every step is applied, until their drive ends (`counted` of
+    /// node.rs): a quiet question counts them as applied.
+    counted: BTreeSet<u64>,
     /// When each node was last seen going Down.
     down_at: BTreeMap<NodeId, Ms>,
     /// Client operations being coordinated here, by id (`running` of node.rs).
@@ -85,6 +98,21 @@ pub(super) struct NsNode {
 pub(super) enum Work {
     Coord(Box<CoordWork>),
     Drive(Box<DriveWork>),
+    Tails(Box<TailsWork>),
+}
+
+/// An answered coordination whose intents' directory counts are still to apply
+/// (`finish_op` of node.rs): its locks stay until they are, or, for those that failed,
+/// until the sweep redid their intents (`await_redone`), at most a lock lease.
+pub(super) struct TailsWork {
+    held: Vec<(NodeId, Vec<u64>)>,
+    owner: u64,
+    /// Drives still applying their counts.
+    left: usize,
+    /// Intents `(partition, id)` whose counts failed: waiting for their redo.
+    awaiting: Vec<(PartitionId, u64)>,
+    /// When the wait for redos gives up.
+    until: Ms,
 }
 
 pub(super) struct CoordWork {
@@ -104,6 +132,11 @@ pub(super) struct CoordWork {
     read: Vec<(Ino, Option<InodeRec>)>,
     plans: VecDeque<Plan>,
     reply: Option<OpReply>,
+    /// Drives (work ids) of applied intents whose directory counts follow the answer.
+    tails: Vec<u64>,
+    /// Answers to the quiet question of the last keys taken: the partitions covered,
+    /// and whether all were quiet.
+    quiet: (BTreeSet<PartitionId>, bool),
     /// The plan waiting for its id: one partition's batch, or an intent.
     pending: Option<Plan>,
     pause: Ms,
@@ -121,14 +154,23 @@ pub(super) struct DriveWork {
     stage: Stage,
     waiting: usize,
     deadline: Ms,
-    /// The coordination that waits for the steps to be applied.
+    /// The coordination that waits for the steps to be applied (then, once it
+    /// answered, its [`TailsWork`], which waits for the counts).
     parent: Option<u64>,
+    /// The batches that may follow the answer (`answer_before`): directories' counts.
+    later: BTreeMap<PartitionId, Vec<PartOp>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Stage {
+    /// The intent's record and its coordinating partition's steps.
     First,
+    /// The other partitions' steps its client waits for.
     Others,
+    /// Applied up to the answer: waits for its coordination to answer.
+    Answered,
+    /// The directories' counts, after the answer.
+    Later,
     Finish,
 }
 
@@ -140,6 +182,8 @@ pub(super) enum Wait {
     Counter(PartitionId),
     Id(PartitionId),
     Exec(PartitionId, Vec<PartOp>),
+    /// Answers to a quiet question.
+    Quiet,
     /// A timer: start the coordination again.
     Restart,
 }
@@ -172,6 +216,8 @@ enum Expect {
     Err(Errno),
     Unlink(usize, Vec<u8>),
     Rmdir(usize, Vec<u8>),
+    /// One of the client's two directories (then made again).
+    RmdirOwn(usize),
     Rename(usize, Vec<u8>, usize, Vec<u8>),
     Link(Ino, usize, Vec<u8>),
 }
@@ -246,6 +292,20 @@ impl World {
                     Expect::Err(Errno::EEXIST)
                 } else {
                     Expect::Create(d, nm, kind)
+                };
+                (op, e)
+            }
+            // Its own directory, once (nearly) empty: the unlinks before it answered
+            // before their counts applied, and the rmdir must wait for them.
+            3 | 4 if m.dirs[d].len() <= 1 && there.is_none() && self.rng.chance(500) => {
+                let op = NsOp::Rmdir {
+                    parent: Ino::ROOT,
+                    name: format!("c{c}-{d}").into_bytes(),
+                };
+                let e = if m.dirs[d].is_empty() {
+                    Expect::RmdirOwn(d)
+                } else {
+                    Expect::Err(Errno::ENOTEMPTY)
                 };
                 (op, e)
             }
@@ -455,6 +515,10 @@ impl World {
                 }
                 Ok(())
             }
+            (Expect::RmdirOwn(d), Ok(OpReply::Done)) => {
+                self.ns_clients[c].dirs[*d] = None;
+                Ok(())
+            }
             (Expect::Rename(d, nm, nd, nn), Ok(OpReply::Done)) => {
                 let m = &mut self.ns_clients[c].model;
                 let moved = m.dirs[*d].remove(nm).expect("the model chose an existing name");
@@ -620,6 +684,8 @@ impl World {
                     read: Vec::new(),
                     plans: VecDeque::new(),
                     reply: None,
+                    tails: Vec::new(),
+                    quiet: (BTreeSet::new(), true),
                     pending: None,
                     pause: 2,
                     attempt: 0,
@@ -673,9 +739,36 @@ impl World {
                         .part
                         .intents
                         .keys()
-                        .all(|id| inflight.contains(id))
+                        .all(|id| inflight.contains(id) && !self.nodes[&n].ns.redoing.contains(id))
                 };
                 self.respond(n, to, Ok(Body::Locked(settled)));
+                Ok(())
+            }
+            Msg::Quiet { epoch, dirs } => {
+                self.check_epoch(n, epoch)?;
+                if self.nodes[&n].view.map.epoch != epoch {
+                    return Err(Fail::Again);
+                }
+                let v = self.nodes[&n].view.clone();
+                let ns = &self.nodes[&n].ns;
+                let mut parts = Vec::new();
+                let mut quiet = true;
+                for (p, slot) in &self.nodes[&n].slots {
+                    if v.primary(*p) != Some(n) || !slot.r.serving {
+                        continue;
+                    }
+                    parts.push(*p);
+                    if slot
+                        .r
+                        .part
+                        .intents
+                        .values()
+                        .any(|i| !ns.counted.contains(&i.id) && adjusts_any(i, &dirs))
+                    {
+                        quiet = false;
+                    }
+                }
+                self.respond(n, to, Ok(Body::Quiet(parts, quiet)));
                 Ok(())
             }
             _ => unreachable!("only namespace messages come here"),
@@ -943,18 +1036,81 @@ impl World {
         }
     }
 
-    /// Coordination `k` ends: its locks go and its client is answered.
+    /// Coordination `k` ends: its client is answered, and its locks go — once the
+    /// directory counts of its applied intents follow, if it has any (`finish_op`).
     fn coord_end(&mut self, n: NodeId, k: u64, res: Result<Body, Fail>) {
         let Some(Work::Coord(w)) = self.ns_node(n).work.remove(&k) else {
             return;
         };
         self.note(format!("node {} work {k} ends: {res:?}", n.0));
         self.ns_node(n).running.remove(&w.id);
-        self.unlock_all(n, w.held, w.owner);
         for to in w.also {
             self.respond(n, to, res.clone());
         }
         self.respond(n, w.client, res);
+        self.release_after_tails(n, k, w.held, w.owner, w.tails);
+    }
+
+    /// The locks of coordination `k` go now, or once the counts of its `tails` drives
+    /// are applied: work `k` becomes their [`TailsWork`].
+    fn release_after_tails(&mut self, n: NodeId, k: u64, held: Vec<(NodeId, Vec<u64>)>, owner: u64, tails: Vec<u64>) {
+        let tails: Vec<u64> = tails.into_iter().filter(|d| self.drive(n, *d).is_some()).collect();
+        if tails.is_empty() {
+            return self.unlock_all(n, held, owner);
+        }
+        let w = TailsWork {
+            held,
+            owner,
+            left: tails.len(),
+            awaiting: Vec::new(),
+            until: 0,
+        };
+        self.ns_node(n).work.insert(k, Work::Tails(Box::new(w)));
+        self.note(format!(
+            "node {} work {k} answered; its drives {tails:?} apply the counts",
+            n.0
+        ));
+        for d in tails {
+            let Some(w) = self.drive(n, d) else { continue };
+            w.stage = Stage::Later;
+            let later = std::mem::take(&mut w.later);
+            w.waiting = later.len();
+            for (p, ops) in later {
+                self.send_exec(n, d, p, ops);
+            }
+        }
+    }
+
+    /// A tail of work `k` applied its counts (`failed`: it could not; the sweep will
+    /// redo its intent).
+    fn tail_done(&mut self, n: NodeId, k: u64, failed: Option<(PartitionId, u64)>) {
+        let now = self.now;
+        let Some(Work::Tails(w)) = self.ns_node(n).work.get_mut(&k) else {
+            return;
+        };
+        w.left -= 1;
+        if let Some(f) = failed {
+            w.awaiting.push(f);
+            w.until = now + LOCK_LEASE;
+        }
+        self.tails_check(n, k);
+    }
+
+    /// Releases the locks of tails work `k` once every count is applied or redone (or
+    /// the wait for the redos is over).
+    fn tails_check(&mut self, n: NodeId, k: u64) {
+        let now = self.now;
+        let Some(Work::Tails(w)) = self.ns_node(n).work.get(&k) else {
+            return;
+        };
+        if w.left > 0 || (!w.awaiting.is_empty() && now < w.until) {
+            return;
+        }
+        let Some(Work::Tails(w)) = self.ns_node(n).work.remove(&k) else {
+            return;
+        };
+        self.note(format!("node {} work {k}: counts applied, locks go", n.0));
+        self.unlock_all(n, w.held, w.owner);
     }
 
     fn send_alloc(&mut self, n: NodeId, k: u64, p: PartitionId, wait: Wait) {
@@ -999,7 +1155,7 @@ impl World {
         let deadline = match self.ns_node(n).work.get(&k) {
             Some(Work::Coord(w)) => w.deadline,
             Some(Work::Drive(w)) => w.deadline,
-            None => return,
+            Some(Work::Tails(_)) | None => return,
         };
         if self.now >= deadline {
             return self.work_failed(n, k);
@@ -1018,7 +1174,7 @@ impl World {
             Wait::Restart => self.coord_next(n, k),
             Wait::Counter(p) | Wait::Id(p) => self.send_alloc(n, k, p, wait),
             Wait::Exec(p, ops) => self.send_exec(n, k, p, ops),
-            Wait::Lock(..) | Wait::Fetch(_) => {}
+            Wait::Lock(..) | Wait::Fetch(_) | Wait::Quiet => {}
         }
     }
 
@@ -1029,18 +1185,25 @@ impl World {
         match self.ns_node(n).work.remove(&k) {
             Some(Work::Coord(w)) => {
                 self.ns_node(n).running.remove(&w.id);
-                self.unlock_all(n, w.held, w.owner);
                 for to in w.also {
                     self.respond(n, to, Err(Fail::Again));
                 }
                 self.respond(n, w.client, Err(Fail::Again));
+                // Intents applied by earlier plans are completed under the locks.
+                self.release_after_tails(n, k, w.held, w.owner, w.tails);
             }
             Some(Work::Drive(w)) => {
-                self.ns_node(n).inflight.remove(&w.intent.id);
-                if let Some(parent) = w.parent {
-                    self.work_failed(n, parent);
+                let ns = self.ns_node(n);
+                ns.inflight.remove(&w.intent.id);
+                ns.redoing.remove(&w.intent.id);
+                ns.counted.remove(&w.intent.id);
+                match (w.parent, w.stage) {
+                    (Some(parent), Stage::Later) => self.tail_done(n, parent, Some((w.coord, w.intent.id))),
+                    (Some(parent), _) => self.work_failed(n, parent),
+                    (None, _) => {}
                 }
             }
+            Some(Work::Tails(w)) => self.unlock_all(n, w.held, w.owner),
             None => {}
         }
     }
@@ -1055,6 +1218,16 @@ impl World {
         let down_at = ns.down_at.clone();
         ns.locks
             .retain(|_, h| h.anchor != p.0 || down_at.get(&NodeId(owner_node(h.owner))).is_none_or(|t| h.taken > *t));
+        let mut waiting = Vec::new();
+        for (k, w) in &mut ns.work {
+            if let Work::Tails(t) = w {
+                t.awaiting.retain(|(q, _)| *q != p);
+                waiting.push(*k);
+            }
+        }
+        for k in waiting {
+            self.tails_check(n, k);
+        }
     }
 
     /// One read of coordination `k` came back: once all have, its next step.
@@ -1093,7 +1266,49 @@ impl World {
                 for (ino, rec) in std::mem::take(&mut w.read) {
                     w.c.provide_inode(ino, rec);
                 }
-                self.coord_next(n, k);
+                let dirs = quiet_dirs(&w.op, &asked);
+                if dirs.is_empty() || self.cfg.bug == Some(Bug::SkipQuiet) {
+                    return self.coord_next(n, k);
+                }
+                // Ask every Up node whether counts are still owed to them.
+                let v = self.nodes[&n].view.clone();
+                let up: Vec<NodeId> = v
+                    .map
+                    .nodes
+                    .values()
+                    .filter(|x| x.roles.meta && v.map.is_up(x.id))
+                    .map(|x| x.id)
+                    .collect();
+                let w = self.coord(n, k).expect("exists");
+                w.quiet = (BTreeSet::new(), true);
+                w.waiting = up.len();
+                for to in up {
+                    let msg = Msg::Quiet {
+                        epoch: v.map.epoch,
+                        dirs: dirs.clone(),
+                    };
+                    self.work_call(n, to, msg, k, Wait::Quiet);
+                }
+            }
+            (Wait::Quiet, res) => {
+                let parts = self.cfg.partitions as usize;
+                let Some(w) = self.coord(n, k) else { return };
+                w.waiting = w.waiting.saturating_sub(1);
+                match res {
+                    Ok(Body::Quiet(covered, quiet)) => {
+                        w.quiet.0.extend(covered);
+                        w.quiet.1 &= quiet;
+                    }
+                    _ => w.quiet.1 = false,
+                }
+                if w.waiting > 0 {
+                    return;
+                }
+                if w.quiet.1 && w.quiet.0.len() == parts {
+                    self.coord_next(n, k);
+                } else {
+                    self.coord_busy(n, k);
+                }
             }
             (Wait::Fetch(needs), Ok(Body::Fetched(recs))) if recs.len() == needs.len() => {
                 let Some(w) = self.coord(n, k) else { return };
@@ -1141,7 +1356,7 @@ impl World {
             (Wait::Exec(..), Ok(Body::Exec(_))) => match self.ns_node(n).work.get(&k) {
                 Some(Work::Coord(_)) => self.coord_plan(n, k),
                 Some(Work::Drive(_)) => self.drive_applied(n, k),
-                None => {}
+                Some(Work::Tails(_)) | None => {}
             },
             (wait @ (Wait::Id(_) | Wait::Exec(..)), _) => self.work_retry(n, k, wait),
             (Wait::Restart, _) => {}
@@ -1168,6 +1383,9 @@ impl World {
         let reign = self.nodes[&n].slots[&coord].r.meta.state_epoch;
         let ns = self.ns_node(n);
         ns.inflight.insert(id);
+        if parent.is_none() {
+            ns.redoing.insert(id);
+        }
         let w = DriveWork {
             coord,
             reign,
@@ -1176,6 +1394,7 @@ impl World {
             waiting: 1,
             deadline,
             parent,
+            later: BTreeMap::new(),
         };
         ns.work.insert(k, Work::Drive(Box::new(w)));
         self.send_exec(n, k, coord, first);
@@ -1192,33 +1411,69 @@ impl World {
         match w.stage {
             Stage::First => {
                 let (_, others) = intent_ops(w.coord, &w.intent, false);
+                let (now, later) = answer_before(others);
+                w.later = later;
                 w.stage = Stage::Others;
-                w.waiting = others.len();
-                if others.is_empty() {
+                w.waiting = now.len();
+                if now.is_empty() {
                     w.waiting = 1;
                     return self.drive_applied(n, k);
                 }
-                for (p, ops) in others {
+                for (p, ops) in now {
                     self.send_exec(n, k, p, ops);
                 }
             }
-            Stage::Others => {
-                // Every step is durable: the operation is done and its client is answered
-                // now; finishing only drops the intent's record.
+            Stage::Others if !w.later.is_empty() => {
+                // Durable, and every name and inode in place: a new operation is
+                // answered now and its coordination sends the counts once it has no
+                // plan left (its locks stay until they are applied); a redo goes on.
+                w.deadline = deadline;
+                match w.parent {
+                    Some(parent) => {
+                        w.stage = Stage::Answered;
+                        w.waiting = 0;
+                        if let Some(c) = self.coord(n, parent) {
+                            c.tails.push(k);
+                        }
+                        self.coord_plan(n, parent);
+                    }
+                    None => {
+                        w.stage = Stage::Later;
+                        let later = std::mem::take(&mut w.later);
+                        w.waiting = later.len();
+                        for (p, ops) in later {
+                            self.send_exec(n, k, p, ops);
+                        }
+                    }
+                }
+            }
+            Stage::Others | Stage::Later => {
+                // Every step is durable: the operation is done and its client was
+                // answered; finishing only drops the intent's record.
+                let tails = w.stage == Stage::Later;
                 w.stage = Stage::Finish;
                 w.waiting = 1;
                 w.deadline = deadline;
                 let parent = w.parent.take();
-                if let Some(parent) = parent {
-                    self.coord_plan(n, parent);
+                let id = w.intent.id;
+                self.note(format!("node {} work {k}: intent {id:#x} applied", n.0));
+                // Counted as applied before the locks go (`finish_op` of node.rs).
+                self.ns_node(n).counted.insert(id);
+                match parent {
+                    Some(parent) if tails => self.tail_done(n, parent, None),
+                    Some(parent) => self.coord_plan(n, parent),
+                    None => {}
                 }
                 self.ns_node(n).finishing.push(k);
             }
+            Stage::Answered => {}
             Stage::Finish => {
                 let id = w.intent.id;
                 let ns = self.ns_node(n);
                 ns.work.remove(&k);
                 ns.inflight.remove(&id);
+                ns.redoing.remove(&id);
+                ns.counted.remove(&id);
             }
         }
     }
@@ -1267,7 +1522,33 @@ impl World {
             .filter(|(_, h)| dead(h).is_some())
             .map(|(_, h)| PartitionId(h.anchor))
             .collect();
-        for p in anchors {
+        // Answered coordinations whose counts failed wait for their intents' redo:
+        // gone from this node's serving copy, or the partition settled at its primary.
+        let mut asked = anchors;
+        let waiting: Vec<u64> = ns
+            .work
+            .iter()
+            .filter_map(|(k, w)| match w {
+                Work::Tails(t) if t.left == 0 && !t.awaiting.is_empty() => Some(*k),
+                _ => None,
+            })
+            .collect();
+        for k in waiting {
+            let node = self.nodes.get_mut(&n).expect("exists");
+            let slots = &node.slots;
+            let Some(Work::Tails(t)) = node.ns.work.get_mut(&k) else {
+                continue;
+            };
+            t.awaiting.retain(|(p, id)| {
+                if v.primary(*p) == Some(n) && slots.get(p).is_some_and(|s| s.r.serving) {
+                    return slots[p].r.part.intents.contains_key(id);
+                }
+                asked.insert(*p);
+                true
+            });
+            self.tails_check(n, k);
+        }
+        for p in asked {
             if let Some(primary) = v.primary(p) {
                 let msg = Msg::Settled { epoch: v.map.epoch, p };
                 self.call(n, primary, msg, Pending::Settled(p), 500);
