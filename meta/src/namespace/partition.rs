@@ -525,36 +525,18 @@ mod tests {
     /// once it answered before the counts: seed 673 of its namespace world).
     #[test]
     fn directory_counts_applied_out_of_order_converge() {
-        let dir = Ino(1);
-        let rec = InodeRec {
-            attr: Attr {
-                ino: dir,
-                kind: FileKind::Dir,
-                perm: 0o755,
-                uid: 0,
-                gid: 0,
-                nlink: 2,
-                size: 0,
-                rdev: 0,
-                atime: 1,
-                mtime: 1,
-                ctime: 1,
-                crtime: 1,
-            },
-            target: None,
-            parent: None,
-            xattrs: BTreeMap::new(),
-            layout: None,
-            created_by: 0,
-        };
+        // The root directory of a fresh namespace: entry count 0, link count 2.
+        let dir = Ino::ROOT;
+        let mut a = crate::namespace::Namespace::format(1, 1)
+            .partition(PartitionId(0))
+            .expect("partition 0")
+            .clone();
         let adjust = |entries, subdirs| Mutation::AdjustDir {
             dir,
             entries,
             subdirs,
             time: 2,
         };
-        let mut a = Partition::new(PartitionId(0));
-        a.apply(0, 0, &Mutation::PutInode(Box::new(rec)));
         let mut b = a.clone();
         // An rmdir of a subdirectory, then the mkdir it removed; and the reverse.
         a.apply(7, 2, &adjust(-1, -1));

@@ -869,12 +869,35 @@ mod tests {
             parent: Ino::ROOT,
             name: b"d".to_vec(),
         };
-        let mut c = Coordination::new(op, root(), 7, 2, 8);
+        let mut c = Coordination::new(op.clone(), root(), 7, 2, 8);
         let (trace, r) = drive(&mut c, &mut whole);
         assert!(r.is_ok(), "{r:?}");
         assert!(trace.contains(&format!("lock {:?}", vec![d.ino.0])), "{trace:?}");
         let held: Vec<u64> = c.held().collect();
         assert!(held.contains(&d.ino.0) && held.contains(&locks::shared(Ino::ROOT)));
+        // It asks for quiet on the directory it removes only: its parent is held
+        // shared, and an unlink reads no count.
+        assert_eq!(quiet_dirs(&op, &held), vec![d.ino]);
+        let unlink = NsOp::Unlink {
+            parent: Ino::ROOT,
+            name: b"d".to_vec(),
+            keep_secs: 0,
+        };
+        assert!(quiet_dirs(&unlink, &held).is_empty());
+        let intent = Intent {
+            id: 3,
+            steps: vec![(
+                PartitionId(1),
+                Mutation::AdjustDir {
+                    dir: d.ino,
+                    entries: 1,
+                    subdirs: 0,
+                    time: 1,
+                },
+            )],
+        };
+        assert!(adjusts_any(&intent, &[d.ino]));
+        assert!(!adjusts_any(&intent, &[Ino::ROOT]));
     }
 
     #[test]
@@ -919,43 +942,6 @@ mod tests {
         assert_eq!(after.size, before.size + 2);
         assert_eq!(after.nlink, before.nlink);
         assert_eq!(after.mtime, 5.max(before.mtime));
-    }
-
-    #[test]
-    fn an_rmdir_asks_for_quiet_on_the_directory_it_removes_only() {
-        let mut whole = Namespace::format(8, 1);
-        let d = whole
-            .mknod(&root(), Ino::ROOT, b"d", FileKind::Dir, 0o755, 0, None, 1)
-            .expect("d");
-        let op = NsOp::Rmdir {
-            parent: Ino::ROOT,
-            name: b"d".to_vec(),
-        };
-        let mut c = Coordination::new(op.clone(), root(), 7, 2, 8);
-        assert!(drive(&mut c, &mut whole).1.is_ok());
-        let held: Vec<u64> = c.held().collect();
-        // Its parent is held shared: only counts of the removed directory are read.
-        assert_eq!(quiet_dirs(&op, &held), vec![d.ino]);
-        let unlink = NsOp::Unlink {
-            parent: Ino::ROOT,
-            name: b"d".to_vec(),
-            keep_secs: 0,
-        };
-        assert!(quiet_dirs(&unlink, &held).is_empty());
-        let intent = Intent {
-            id: 3,
-            steps: vec![(
-                PartitionId(1),
-                Mutation::AdjustDir {
-                    dir: d.ino,
-                    entries: 1,
-                    subdirs: 0,
-                    time: 1,
-                },
-            )],
-        };
-        assert!(adjusts_any(&intent, &[d.ino]));
-        assert!(!adjusts_any(&intent, &[Ino::ROOT]));
     }
 
     #[test]
