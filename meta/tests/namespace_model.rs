@@ -817,3 +817,110 @@ fn readdir_pages_are_stable_and_complete() {
     sorted.dedup();
     assert_eq!(sorted, seen, "pages are in order without duplicates");
 }
+
+#[test]
+fn an_acl_the_mode_expresses_sets_the_mode_and_others_are_refused() {
+    use shingle_meta::namespace::XattrMode::Any;
+    use shingle_meta::namespace::acl::{ACCESS, DEFAULT, of_mode};
+    let mut ns = Namespace::format(4, 1);
+    let root = Creds::root();
+    let u = Creds {
+        uid: 1000,
+        gid: 1000,
+        groups: vec![],
+    };
+    let d = ns
+        .mknod(&root, Ino::ROOT, b"d", FileKind::Dir, 0o777, 0, None, 1)
+        .expect("mkdir");
+    let f = ns
+        .mknod(&u, d.ino, b"f", FileKind::File, 0o600, 0, None, 2)
+        .expect("create");
+    // What `cp -a` does after creating with the umask applied: the source's mode, as an ACL.
+    ns.setxattr(&u, f.ino, ACCESS, &of_mode(0o664), Any, 3)
+        .expect("set acl");
+    let a = ns.getattr(f.ino).expect("attr");
+    assert_eq!((a.perm & 0o7777, a.ctime), (0o664, 3));
+    // Nothing is stored: Linux reads no ACL where the mode says it all.
+    assert_eq!(ns.getxattr(&u, f.ino, ACCESS), Err(Errno::ENODATA));
+    assert!(ns.listxattr(&u, f.ino).expect("list").is_empty());
+    // The mode it has already: no change at all (not even ctime).
+    ns.setxattr(&u, f.ino, ACCESS, &of_mode(0o664), Any, 4).expect("same");
+    assert_eq!(ns.getattr(f.ino).expect("attr").ctime, 3);
+    // Only the owner sets one; anyone may read (there is none).
+    let other = Creds {
+        uid: 1001,
+        gid: 1001,
+        groups: vec![],
+    };
+    assert_eq!(
+        ns.setxattr(&other, f.ino, ACCESS, &of_mode(0o777), Any, 5),
+        Err(Errno::EPERM)
+    );
+    assert_eq!(ns.removexattr(&other, f.ino, ACCESS, 5), Err(Errno::EPERM));
+    assert_eq!(ns.getxattr(&other, f.ino, ACCESS), Err(Errno::ENODATA));
+    // Named users are not enforced, so not accepted; nor are malformed values.
+    let named: Vec<u8> = [
+        (0x01u16, 6u16, u32::MAX),
+        (0x02, 6, 1001),
+        (0x04, 4, u32::MAX),
+        (0x10, 6, u32::MAX),
+        (0x20, 0, u32::MAX),
+    ]
+    .iter()
+    .fold(2u32.to_le_bytes().to_vec(), |mut v, (tag, perm, id)| {
+        v.extend(
+            tag.to_le_bytes()
+                .into_iter()
+                .chain(perm.to_le_bytes())
+                .chain(id.to_le_bytes()),
+        );
+        v
+    });
+    assert_eq!(ns.setxattr(&u, f.ino, ACCESS, &named, Any, 6), Err(Errno::EOPNOTSUPP));
+    assert_eq!(ns.setxattr(&u, f.ino, ACCESS, &named[..13], Any, 6), Err(Errno::EINVAL));
+    assert_eq!(
+        ns.getattr(f.ino).expect("attr").perm & 0o7777,
+        0o664,
+        "refusals change nothing"
+    );
+    // Removal succeeds (there is none to remove); default ACLs: not on files, not supported.
+    ns.removexattr(&u, f.ino, ACCESS, 7).expect("remove");
+    ns.removexattr(&root, d.ino, DEFAULT, 7).expect("remove default");
+    assert_eq!(
+        ns.setxattr(&u, f.ino, DEFAULT, &of_mode(0o644), Any, 7),
+        Err(Errno::EACCES)
+    );
+    assert_eq!(
+        ns.setxattr(&root, d.ino, DEFAULT, &of_mode(0o755), Any, 7),
+        Err(Errno::EOPNOTSUPP)
+    );
+    // Set-group-id survives only for a member of the file's group, as with chmod.
+    let g = ns
+        .mknod(&root, d.ino, b"g", FileKind::File, 0o2745, 0, None, 8)
+        .expect("create");
+    let to_u = SetAttr {
+        uid: Some(1000),
+        ..SetAttr::default()
+    };
+    ns.setattr(&root, g.ino, &to_u, 8).expect("chown");
+    assert_eq!(ns.getattr(g.ino).expect("attr").perm & 0o7777, 0o2745);
+    ns.setxattr(&u, g.ino, ACCESS, &of_mode(0o740), Any, 9)
+        .expect("set acl");
+    assert_eq!(ns.getattr(g.ino).expect("attr").perm & 0o7777, 0o740, "not in group 0");
+    let back = SetAttr {
+        perm: Some(0o2745),
+        ..SetAttr::default()
+    };
+    ns.setattr(&root, g.ino, &back, 9).expect("chmod");
+    ns.setxattr(&root, g.ino, ACCESS, &of_mode(0o755), Any, 9)
+        .expect("set acl");
+    assert_eq!(ns.getattr(g.ino).expect("attr").perm & 0o7777, 0o2755, "root keeps it");
+    // Symbolic links carry no ACL.
+    let s = ns
+        .mknod(&u, d.ino, b"s", FileKind::Symlink, 0o777, 0, Some(b"f"), 10)
+        .expect("symlink");
+    assert_eq!(
+        ns.setxattr(&u, s.ino, ACCESS, &of_mode(0o700), Any, 11),
+        Err(Errno::EOPNOTSUPP)
+    );
+}

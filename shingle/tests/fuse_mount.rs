@@ -368,6 +368,70 @@ fn missing_names_and_xattrs_are_remembered_for_their_ttl_only() {
     setxattr(&f, "user.k", b"v2");
     assert_eq!(getxattr(&f, "user.k"), Ok(b"v2".to_vec()));
     drop((remembering, asking));
+    acls_the_mode_expresses_are_the_mode(&dev, tmp.path());
+}
+
+/// An access ACL with only owner, group and other entries is the mode (decision 0030):
+/// a reader it lets in gets in at once (the kernel drops the attributes it cached
+/// after a setxattr); `cp -a` keeps the modes the umask took off at create; none is
+/// stored; ACLs naming users are refused, not ignored.
+fn acls_the_mode_expresses_are_the_mode(dev: &DevMount, tmp: &Path) {
+    use shingle_meta::namespace::acl::{ACCESS, of_mode};
+    let access = std::str::from_utf8(ACCESS).expect("ascii");
+    // The test's directory is 0700; nobody has to reach the mount.
+    std::fs::set_permissions(tmp, std::fs::Permissions::from_mode(0o755)).expect("chmod tmp");
+    std::fs::create_dir(dev.path("acl")).expect("mkdir");
+    let secret = dev.path("acl/secret");
+    std::fs::write(&secret, b"s").expect("create");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let nobody_reads = || {
+        Command::new("setpriv")
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+            .arg(&secret)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("setpriv")
+            .success()
+    };
+    assert!(!nobody_reads(), "0600 keeps nobody out (and the kernel caches 0600)");
+    setxattr(&secret, access, &of_mode(0o644));
+    assert!(nobody_reads(), "the ACL's mode lets nobody in at once");
+    let md = std::fs::metadata(&secret).expect("stat");
+    assert_eq!(md.mode() & 0o7777, 0o644);
+    assert_eq!(getxattr(&secret, access), Err(libc::ENODATA), "nothing stored");
+    // A named user (1001: rw) with its mask: not enforced, so refused.
+    let mut named = of_mode(0o640);
+    named.splice(12..12, [2, 0, 6, 0, 0xe9, 3, 0, 0]);
+    named.splice(
+        28..,
+        [
+            0x10, 0, 6, 0, 0xff, 0xff, 0xff, 0xff, 0x20, 0, 0, 0, 0xff, 0xff, 0xff, 0xff,
+        ],
+    );
+    assert_eq!(try_setxattr(&secret, access, &named), Err(libc::EOPNOTSUPP));
+    assert_eq!(std::fs::metadata(&secret).expect("stat").mode() & 0o7777, 0o644);
+
+    // cp -a of a directory and a file whose modes the umask (022) would cut.
+    let src = tmp.join("acl-src");
+    std::fs::create_dir_all(src.join("open")).expect("mkdir src");
+    std::fs::write(src.join("open/shared"), b"x").expect("write src");
+    std::fs::set_permissions(src.join("open/shared"), std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    std::fs::set_permissions(src.join("open"), std::fs::Permissions::from_mode(0o777)).expect("chmod");
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(&src)
+        .arg(dev.path("acl/copy"))
+        .status()
+        .expect("cp");
+    assert!(st.success(), "cp -a: {st}");
+    for (p, want) in [("acl/copy/open", 0o777), ("acl/copy/open/shared", 0o666)] {
+        assert_eq!(
+            std::fs::metadata(dev.path(p)).expect("stat").mode() & 0o7777,
+            want,
+            "{p}"
+        );
+    }
 }
 
 fn c_path(p: &Path) -> std::ffi::CString {
@@ -389,11 +453,21 @@ fn getxattr(p: &Path, name: &str) -> Result<Vec<u8>, i32> {
 }
 
 fn setxattr(p: &Path, name: &str, value: &[u8]) {
+    if let Err(e) = try_setxattr(p, name, value) {
+        panic!("setxattr {name}: {}", std::io::Error::from_raw_os_error(e));
+    }
+}
+
+fn try_setxattr(p: &Path, name: &str, value: &[u8]) -> Result<(), i32> {
     let (path, name) = (c_path(p), std::ffi::CString::new(name).expect("name"));
     // SAFETY: both strings are NUL-terminated and live; the value is readable for its length.
     #[allow(unsafe_code)]
     let r = unsafe { libc::setxattr(path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
-    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
 }
 
 fn removexattr(p: &Path, name: &str) {

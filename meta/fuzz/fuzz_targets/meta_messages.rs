@@ -1,7 +1,8 @@
 //! Fuzzes the decoders of every namespace-service message a node accepts from peers and
-//! clients, the persisted-record key parser, the store's log reader, the anchor/lock derivation of decoded
-//! operations (which must never panic on any decoded value), and what an agent does
-//! with a manager's map reply (maps parsed, recorded in a history, chained).
+//! clients, the ACL attribute parser, the persisted-record key parser, the store's log
+//! reader, the anchor/lock derivation of decoded operations (which must never panic on
+//! any decoded value), and what an agent does with a manager's map reply (maps parsed,
+//! recorded in a history, chained).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -17,6 +18,10 @@ fuzz_target!(|data: &[u8]| {
     // panic, whatever the bytes.
     let _ = shingle_meta::service::wal::scan(data, 0);
     let _ = shingle_meta::service::wal::scan(data, 7);
+    // An ACL attribute's value, as any client may send it.
+    if let Ok(entries) = shingle_meta::namespace::acl::parse(data) {
+        let _ = shingle_meta::namespace::acl::equivalent_mode(&entries);
+    }
     if let Ok(op) = decode::<Op>(data) {
         let _ = op.op.anchor(64);
         let _ = op.op.anchor(1);

@@ -17,6 +17,7 @@
 //! them; it must run the operations that touch a key one at a time (per-key locks in a
 //! fixed order), which this single-threaded core takes for granted.
 
+use super::acl;
 use super::partition::{DentryVal, DoneOp, InodeRec, Intent, Mutation, Partition};
 use super::perm::{self, R, W, X};
 use super::types::*;
@@ -1058,6 +1059,17 @@ impl Namespace {
             }
             return perm::check(creds, &rec.attr, if write { W } else { R });
         }
+        if acl::is_acl(name) {
+            // Anyone may read an ACL; only the owner (or root) sets one. Linux keeps
+            // none on symbolic links.
+            if rec.attr.kind == FileKind::Symlink {
+                return Err(Errno::EOPNOTSUPP);
+            }
+            if write && creds.uid != 0 && creds.uid != rec.attr.uid {
+                return Err(Errno::EPERM);
+            }
+            return Ok(());
+        }
         if name.starts_with(b"trusted.") || name.starts_with(b"security.") {
             if name.starts_with(b"trusted.") && creds.uid != 0 {
                 return Err(if write { Errno::EPERM } else { Errno::ENODATA });
@@ -1089,6 +1101,9 @@ impl Namespace {
     ) -> NsResult<()> {
         let rec = self.rec(ino)?.clone();
         self.xattr_access(creds, &rec, name, true)?;
+        if acl::is_acl(name) {
+            return self.set_acl(creds, rec, name, value, now);
+        }
         if value.len() > XATTR_SIZE_MAX {
             return Err(Errno::E2BIG);
         }
@@ -1110,6 +1125,40 @@ impl Namespace {
         self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
     }
 
+    /// Sets an ACL (module [`acl`]): one the permission bits express is the mode,
+    /// nothing is stored, and setting the mode the file has is no change at all (no
+    /// batch, no ctime: ext4 does the same); others are not supported. Removing one is
+    /// done: none is ever stored.
+    fn set_acl(&mut self, creds: &Creds, rec: InodeRec, name: &[u8], value: &[u8], now: TimeNs) -> NsResult<()> {
+        let entries = acl::parse(value)?;
+        if entries.is_empty() {
+            return Ok(());
+        }
+        if name == acl::DEFAULT {
+            // Linux: a default ACL is for directories.
+            return Err(if rec.attr.kind == FileKind::Dir {
+                Errno::EOPNOTSUPP
+            } else {
+                Errno::EACCES
+            });
+        }
+        let bits = acl::equivalent_mode(&entries).ok_or(Errno::EOPNOTSUPP)?;
+        let mut perm = (rec.attr.perm & !0o777) | bits;
+        // As chmod (Linux's `posix_acl_update_mode`): set-group-id stays only for a
+        // member of the file's group, or root.
+        if creds.uid != 0 && !creds.in_group(rec.attr.gid) {
+            perm &= !S_ISGID;
+        }
+        if perm == rec.attr.perm {
+            return Ok(());
+        }
+        let mut new = rec;
+        new.attr.perm = perm;
+        new.attr.ctime = now;
+        let p = new.attr.ino.partition();
+        self.execute(p, vec![(p, Mutation::PutInode(Box::new(new)))])
+    }
+
     /// Lists extended attribute names the caller may see.
     pub fn listxattr(&self, creds: &Creds, ino: Ino) -> NsResult<Vec<Vec<u8>>> {
         let rec = self.rec(ino)?;
@@ -1125,6 +1174,10 @@ impl Namespace {
     pub fn removexattr(&mut self, creds: &Creds, ino: Ino, name: &[u8], now: TimeNs) -> NsResult<()> {
         let rec = self.rec(ino)?.clone();
         self.xattr_access(creds, &rec, name, true)?;
+        if acl::is_acl(name) {
+            // Nothing stored: removed (Linux answers success here too).
+            return Ok(());
+        }
         if !rec.xattrs.contains_key(name) {
             return Err(Errno::ENODATA);
         }

@@ -2,11 +2,13 @@
 //! the partition that allocated them, multi-partition operations made atomic by intents.
 //!
 //! - [`types`]: attributes, credentials, errno, name rules.
+//! - [`acl`]: POSIX ACL attributes: their format, and the mode one stands for.
 //! - [`perm`]: permission rules (owner/group/other, sticky, setgid, chmod/chown).
 //! - [`partition`]: one partition's state and its mutations.
 //! - [`engine`]: the operations (lookup, getattr, setattr, mknod/mkdir/symlink, link,
 //!   unlink, rmdir, rename with NOREPLACE/EXCHANGE, readdir, xattrs) and crash recovery.
 
+pub mod acl;
 pub mod engine;
 pub mod partition;
 pub mod perm;
