@@ -216,6 +216,203 @@ fn replay<D: ZonedDevice>(
 }
 
 /// Refuses an index written in a format this build does not read.
+/// What a batch's ops do to the index: each touched key's entry after them (`None`:
+/// removed). A GC move (`only_if_at`) applies only where the index, or an earlier op
+/// of the batch, still points at the old copy; a delete of every version takes those
+/// the batch itself put too.
+fn index_changes(idx: &Index, ops: &[Op]) -> Vec<(VKey, Option<IndexEntry>)> {
+    let mut overlay: BTreeMap<VKey, Option<IndexEntry>> = BTreeMap::new();
+    for op in ops {
+        match op {
+            Op::Put { key, entry, only_if_at } => {
+                let vk = (*key, entry.version);
+                let cur = overlay.get(&vk).copied().unwrap_or_else(|| idx.map.get(&vk).copied());
+                let apply = match (cur, only_if_at) {
+                    (Some(cur), Some(at)) => cur.location() == *at,
+                    (None, Some(_)) => false,
+                    (_, None) => true,
+                };
+                if apply {
+                    overlay.insert(vk, Some(*entry));
+                }
+            }
+            Op::Delete { key, version } => {
+                let mut gone: Vec<VKey> = match version {
+                    Some(v) => vec![(*key, *v)],
+                    None => idx.versions(key).map(|(vk, _)| *vk).collect(),
+                };
+                if version.is_none() {
+                    gone.extend(overlay.range((*key, 0)..=(*key, u64::MAX)).map(|(vk, _)| *vk));
+                }
+                for vk in gone {
+                    overlay.insert(vk, None);
+                }
+            }
+        }
+    }
+    overlay.into_iter().collect()
+}
+
+/// What the index file holds when the store opens.
+struct Loaded {
+    map: BTreeMap<VKey, IndexEntry>,
+    /// Sequence numbers handed out up to here (`seq_leased`).
+    leased: u64,
+    /// The last checkpoint: the first sequence number it does not cover and the active
+    /// zone's tail then. An index without one (format 2) was durable at every batch:
+    /// nothing to replay.
+    ckpt: Option<(u64, Option<(ZoneId, u64)>)>,
+    /// Keys of the first format, which named the chunk alone (one version per chunk).
+    legacy: Vec<([u8; 18], IndexEntry)>,
+}
+
+/// Reads the chunk index and its checkpoint (creating the tables of a new index).
+fn load_index(db: &Database) -> StoreResult<Loaded> {
+    let txn = db.begin_write()?;
+    txn.open_table(CHUNKS)?;
+    txn.open_table(META)?;
+    txn.commit()?;
+    let (mut map, mut legacy) = (BTreeMap::new(), Vec::new());
+    let r = db.begin_read()?;
+    let t = r.open_table(CHUNKS)?;
+    for item in t.iter()? {
+        let (k, v) = item?;
+        let e = IndexEntry::decode(v.value()).ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
+        let kb = k.value();
+        let key = match kb.len() {
+            VKEY_LEN => {
+                let mut c = [0u8; 18];
+                c.copy_from_slice(&kb[..18]);
+                ChunkKey::from_bytes(&c)
+            }
+            18 => {
+                let mut c = [0u8; 18];
+                c.copy_from_slice(kb);
+                legacy.push((c, e));
+                ChunkKey::from_bytes(&c)
+            }
+            n => return Err(StoreError::Index(format!("index key of wrong length {n}"))),
+        };
+        map.insert((key, e.version), e);
+    }
+    let m = r.open_table(META)?;
+    let leased = m.get("seq_leased")?.map_or(0, |v| v.value());
+    let ckpt = match m.get("ckpt_seq")? {
+        Some(seq) => {
+            let zone = m.get("ckpt_tail_zone")?.map(|v| v.value());
+            let offset = m.get("ckpt_tail_offset")?.map(|v| v.value());
+            let tail = match (zone, offset) {
+                (Some(z), Some(o)) => Some((
+                    ZoneId(u32::try_from(z).map_err(|_| StoreError::Index(format!("checkpoint tail zone {z}")))?),
+                    o,
+                )),
+                _ => None,
+            };
+            Some((seq.value(), tail))
+        }
+        None => None,
+    };
+    Ok(Loaded {
+        map,
+        leased,
+        ckpt,
+        legacy,
+    })
+}
+
+/// Rewrites keys of the first index format with their version.
+fn rewrite_legacy_keys(db: &Database, legacy: &[([u8; 18], IndexEntry)]) -> StoreResult<()> {
+    if legacy.is_empty() {
+        return Ok(());
+    }
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(CHUNKS)?;
+        for (c, e) in legacy {
+            t.remove(&c[..])?;
+            t.insert(&vkey_bytes(&(ChunkKey::from_bytes(c), e.version))[..], &e.encode()[..])?;
+        }
+    }
+    txn.commit()?;
+    info!(chunks = legacy.len(), "chunk index keys rewritten with their versions");
+    Ok(())
+}
+
+/// Each zone's live bytes and chunks from the index, and the highest sequence number
+/// it holds. An entry past its zone's write pointer is kept (it reads as missing) and
+/// reported; one in a zone beyond the device is a broken index.
+fn account_zones(
+    map: &BTreeMap<VKey, IndexEntry>,
+    zones_info: &[crate::zone::ZoneInfo],
+    zone_count: u32,
+    block_size: u32,
+) -> StoreResult<(Vec<ZoneAcct>, u64)> {
+    let mut zones: Vec<ZoneAcct> = (0..zone_count).map(|_| ZoneAcct::default()).collect();
+    let mut max_seq = 0;
+    for (k, e) in map {
+        let Some(z) = zones.get_mut(e.zone as usize) else {
+            return Err(StoreError::Index(format!(
+                "{} v{} indexed in zone {} beyond the device",
+                k.0, k.1, e.zone
+            )));
+        };
+        let len = chunk::record_len(e.payload_len as usize, block_size);
+        z.live_bytes += len;
+        z.keys.insert(*k);
+        max_seq = max_seq.max(e.seq);
+        let wp = zones_info.get(e.zone as usize).map_or(0, |i| i.write_pointer);
+        if e.offset + len > wp {
+            warn!(key = %k.0, version = k.1, zone = e.zone, "index points past the zone's write pointer; the chunk will read as missing");
+        }
+    }
+    Ok((zones, max_seq))
+}
+
+/// The free zones (empty, nothing indexed), the zone appends resume in (the first
+/// open or closed one) and its write pointer; other open or closed zones are finished.
+fn zone_roles<D: ZonedDevice>(
+    device: &D,
+    zones_info: &[crate::zone::ZoneInfo],
+    zones: &[ZoneAcct],
+) -> StoreResult<(VecDeque<ZoneId>, Option<ZoneId>, u64)> {
+    let (mut free, mut active, mut write_pointer) = (VecDeque::new(), None, 0);
+    for info in zones_info {
+        match info.state {
+            ZoneState::Empty if zones[info.id.0 as usize].keys.is_empty() => free.push_back(info.id),
+            ZoneState::Open | ZoneState::Closed if active.is_none() => {
+                active = Some(info.id);
+                write_pointer = info.write_pointer;
+            }
+            ZoneState::Open | ZoneState::Closed => device.finish(info.id)?,
+            _ => {}
+        }
+    }
+    Ok((free, active, write_pointer))
+}
+
+/// Writes the replayed records, the format and a checkpoint at `end` in one commit.
+fn persist_opening(
+    db: &Database,
+    map: &BTreeMap<VKey, IndexEntry>,
+    replayed: &[VKey],
+    end: BatchEnd,
+) -> StoreResult<()> {
+    let txn = db.begin_write()?;
+    {
+        let mut t = txn.open_table(CHUNKS)?;
+        for vk in replayed {
+            if let Some(e) = map.get(vk) {
+                t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
+            }
+        }
+        let mut m = txn.open_table(META)?;
+        m.insert("format", INDEX_FORMAT)?;
+        write_checkpoint(&mut m, end)?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
 fn check_index_format(db: &Database) -> StoreResult<()> {
     let r = db.begin_read()?;
     let found = match r.open_table(META) {
@@ -548,137 +745,33 @@ impl<D: ZonedDevice> ChunkStore<D> {
         };
         check_index_format(&db)?;
         let g = device.geometry();
-        let mut map = BTreeMap::new();
-        let mut leased = 0;
-        // The last checkpoint: the first sequence number it does not cover and the
-        // active zone's tail then. An index without one (format 2) was durable at
-        // every batch: nothing to replay.
-        let mut ckpt: Option<(u64, Option<(ZoneId, u64)>)> = None;
-        // Index keys of the first format named the chunk alone (one version per chunk);
-        // they are rewritten with their version.
-        let mut legacy: Vec<([u8; 18], IndexEntry)> = Vec::new();
-        {
-            let txn = db.begin_write()?;
-            txn.open_table(CHUNKS)?;
-            txn.open_table(META)?;
-            txn.commit()?;
-            let r = db.begin_read()?;
-            let t = r.open_table(CHUNKS)?;
-            for item in t.iter()? {
-                let (k, v) = item?;
-                let e = IndexEntry::decode(v.value())
-                    .ok_or_else(|| StoreError::Index("index entry of wrong length".into()))?;
-                let kb = k.value();
-                let key = match kb.len() {
-                    VKEY_LEN => {
-                        let mut c = [0u8; 18];
-                        c.copy_from_slice(&kb[..18]);
-                        ChunkKey::from_bytes(&c)
-                    }
-                    18 => {
-                        let mut c = [0u8; 18];
-                        c.copy_from_slice(kb);
-                        legacy.push((c, e));
-                        ChunkKey::from_bytes(&c)
-                    }
-                    n => return Err(StoreError::Index(format!("index key of wrong length {n}"))),
-                };
-                map.insert((key, e.version), e);
-            }
-            let m = r.open_table(META)?;
-            if let Some(v) = m.get("seq_leased")? {
-                leased = v.value();
-            }
-            if let Some(seq) = m.get("ckpt_seq")? {
-                let zone = m.get("ckpt_tail_zone")?.map(|v| v.value());
-                let offset = m.get("ckpt_tail_offset")?.map(|v| v.value());
-                let tail = match (zone, offset) {
-                    (Some(z), Some(o)) => Some((
-                        ZoneId(u32::try_from(z).map_err(|_| StoreError::Index(format!("checkpoint tail zone {z}")))?),
-                        o,
-                    )),
-                    _ => None,
-                };
-                ckpt = Some((seq.value(), tail));
-            }
-        }
-        if !legacy.is_empty() {
-            let txn = db.begin_write()?;
-            {
-                let mut t = txn.open_table(CHUNKS)?;
-                for (c, e) in &legacy {
-                    t.remove(&c[..])?;
-                    t.insert(&vkey_bytes(&(ChunkKey::from_bytes(c), e.version))[..], &e.encode()[..])?;
-                }
-            }
-            txn.commit()?;
-            info!(chunks = legacy.len(), "chunk index keys rewritten with their versions");
-        }
+        let Loaded {
+            mut map,
+            leased,
+            ckpt,
+            legacy,
+        } = load_index(&db)?;
+        rewrite_legacy_keys(&db, &legacy)?;
         let zones_info = device.report_zones()?;
         let mut replayed_seq = 0;
         let replayed = match ckpt {
             Some((seq, tail)) => replay(&device, &zones_info, &mut map, seq, tail, &mut replayed_seq)?,
             None => Vec::new(),
         };
-        let mut zones: Vec<ZoneAcct> = (0..g.zone_count).map(|_| ZoneAcct::default()).collect();
-        let mut max_seq = 0;
-        for (k, e) in &map {
-            let Some(z) = zones.get_mut(e.zone as usize) else {
-                return Err(StoreError::Index(format!(
-                    "{} v{} indexed in zone {} beyond the device",
-                    k.0, k.1, e.zone
-                )));
-            };
-            z.live_bytes += chunk::record_len(e.payload_len as usize, g.block_size);
-            z.keys.insert(*k);
-            max_seq = max_seq.max(e.seq);
-            let wp = zones_info.get(e.zone as usize).map_or(0, |i| i.write_pointer);
-            if e.offset + chunk::record_len(e.payload_len as usize, g.block_size) > wp {
-                warn!(key = %k.0, version = k.1, zone = e.zone, "index points past the zone's write pointer; the chunk will read as missing");
-            }
-        }
-        let mut free = VecDeque::new();
-        let mut active = None;
-        let mut write_pointer = 0;
-        for info in &zones_info {
-            match info.state {
-                ZoneState::Empty if zones[info.id.0 as usize].keys.is_empty() => free.push_back(info.id),
-                ZoneState::Open | ZoneState::Closed if active.is_none() => {
-                    active = Some(info.id);
-                    write_pointer = info.write_pointer;
-                }
-                ZoneState::Open | ZoneState::Closed => device.finish(info.id)?,
-                _ => {}
-            }
-        }
+        let (zones, max_seq) = account_zones(&map, &zones_info, g.zone_count, g.block_size)?;
+        let (free, active, write_pointer) = zone_roles(&device, &zones_info, &zones)?;
         // Never below the checkpoint's: a record it covers (one deleted, or a put that
         // failed) may still lie in a zone, and must not be taken for a newer one.
         let next_seq = leased
             .max(max_seq.max(replayed_seq) + 1)
             .max(ckpt.map_or(0, |(seq, _)| seq));
-        {
-            // The replayed records, the format, and a checkpoint of the store as it
-            // opens: a second crash replays nothing of the first.
-            let txn = db.begin_write()?;
-            {
-                let mut t = txn.open_table(CHUNKS)?;
-                for vk in &replayed {
-                    if let Some(e) = map.get(vk) {
-                        t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
-                    }
-                }
-                let mut m = txn.open_table(META)?;
-                m.insert("format", INDEX_FORMAT)?;
-                write_checkpoint(
-                    &mut m,
-                    BatchEnd {
-                        tail: active.map(|z| (z, write_pointer)),
-                        next_seq,
-                    },
-                )?;
-            }
-            txn.commit()?;
-        }
+        // The replayed records, the format, and a checkpoint of the store as it opens:
+        // a second crash replays nothing of the first.
+        let end = BatchEnd {
+            tail: active.map(|z| (z, write_pointer)),
+            next_seq,
+        };
+        persist_opening(&db, &map, &replayed, end)?;
         if !replayed.is_empty() {
             info!(
                 records = replayed.len(),
@@ -924,41 +1017,7 @@ impl<D: ZonedDevice> ChunkStore<D> {
         }
         // Turn the ops into index changes; only the syncer changes the index, so the
         // decisions hold until they are applied below.
-        let changes: Vec<(VKey, Option<IndexEntry>)> = {
-            let idx = self.index.read();
-            // What this batch's earlier ops did, over the index.
-            let mut overlay: BTreeMap<VKey, Option<IndexEntry>> = BTreeMap::new();
-            for op in &ops {
-                match op {
-                    Op::Put { key, entry, only_if_at } => {
-                        let vk = (*key, entry.version);
-                        let cur = overlay.get(&vk).copied().unwrap_or_else(|| idx.map.get(&vk).copied());
-                        // A GC move applies only where the index still points at the old copy.
-                        let apply = match (cur, only_if_at) {
-                            (Some(cur), Some(at)) => cur.location() == *at,
-                            (None, Some(_)) => false,
-                            (_, None) => true,
-                        };
-                        if apply {
-                            overlay.insert(vk, Some(*entry));
-                        }
-                    }
-                    Op::Delete { key, version } => {
-                        let mut gone: Vec<VKey> = match version {
-                            Some(v) => vec![(*key, *v)],
-                            None => idx.versions(key).map(|(vk, _)| *vk).collect(),
-                        };
-                        if version.is_none() {
-                            gone.extend(overlay.range((*key, 0)..=(*key, u64::MAX)).map(|(vk, _)| *vk));
-                        }
-                        for vk in gone {
-                            overlay.insert(vk, None);
-                        }
-                    }
-                }
-            }
-            overlay.into_iter().collect()
-        };
+        let changes = index_changes(&self.index.read(), &ops);
         // Deletes and GC moves are durable before they are acknowledged (and before a
         // zone is reset): replay would not undo them. Puts need only their records.
         let must = ops.iter().any(|op| {
@@ -985,13 +1044,38 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 || u.changes + changes.len() >= CHECKPOINT_CHANGES
                 || u.bytes + bytes >= CHECKPOINT_BYTES
         };
+        self.write_index(&changes, lease, checkpoint.then_some(end))?;
+        {
+            let mut u = self.unchecked.lock();
+            if checkpoint {
+                *u = Unchecked::default();
+            } else {
+                u.changes += changes.len();
+                u.bytes += bytes;
+            }
+        }
+        self.apply_changes(changes);
+        let mut st = self.stats.lock();
+        st.commits += 1;
+        st.checkpoints += u64::from(checkpoint);
+        Ok(())
+    }
+
+    /// Commits index changes (and a lease) to the index file; with a checkpoint
+    /// (`end`), durably, otherwise without a sync (the zones replay them).
+    fn write_index(
+        &self,
+        changes: &[(VKey, Option<IndexEntry>)],
+        lease: Option<u64>,
+        checkpoint: Option<BatchEnd>,
+    ) -> StoreResult<()> {
         let mut txn = self.db.begin_write()?;
-        if !checkpoint {
+        if checkpoint.is_none() {
             txn.set_durability(redb::Durability::None)?;
         }
         {
             let mut t = txn.open_table(CHUNKS)?;
-            for (vk, entry) in &changes {
+            for (vk, entry) in changes {
                 match entry {
                     Some(e) => {
                         t.insert(&vkey_bytes(vk)[..], &e.encode()[..])?;
@@ -1005,20 +1089,16 @@ impl<D: ZonedDevice> ChunkStore<D> {
             if let Some(l) = lease {
                 m.insert("seq_leased", l)?;
             }
-            if checkpoint {
+            if let Some(end) = checkpoint {
                 write_checkpoint(&mut m, end)?;
             }
         }
         txn.commit()?;
-        {
-            let mut u = self.unchecked.lock();
-            if checkpoint {
-                *u = Unchecked::default();
-            } else {
-                u.changes += changes.len();
-                u.bytes += bytes;
-            }
-        }
+        Ok(())
+    }
+
+    /// Applies committed index changes to the in-memory index and zone accounts.
+    fn apply_changes(&self, changes: Vec<(VKey, Option<IndexEntry>)>) {
         let mut idx = self.index.write();
         for (vk, entry) in changes {
             let old = match entry {
@@ -1038,11 +1118,6 @@ impl<D: ZonedDevice> ChunkStore<D> {
                 self.unaccount(&mut idx, &vk, &old);
             }
         }
-        drop(idx);
-        let mut st = self.stats.lock();
-        st.commits += 1;
-        st.checkpoints += u64::from(checkpoint);
-        Ok(())
     }
 
     fn unaccount(&self, idx: &mut Index, vk: &VKey, old: &IndexEntry) {
