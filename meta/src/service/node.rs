@@ -2539,66 +2539,8 @@ impl MetaNode {
     /// The service's handlers, to merge into the node's transport router.
     pub fn router(&self) -> Router {
         let mut r = Router::new();
-        // Reads are served from any caught-up copy whatever the caller's epoch.
-        r = self.route::<Read, _, _>(r, |n, ctx, mut req| {
-            if let ReadOp::GetXattr { creds, .. }
-            | ReadOp::ListXattr { creds, .. }
-            | ReadOp::GetInodeAs { creds, .. }
-            | ReadOp::LookupAs { creds, .. }
-            | ReadOp::ReadDirAs { creds, .. } = &mut req.op
-            {
-                n.squash(&ctx, creds);
-            }
-            let confined = n.confined_to(&ctx);
-            let client = matches!(*ctx.principal, shingle_transport::auth::Principal::Client(_));
-            let parts = n.view().map.partitions;
-            let partition = match &req.op {
-                ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => {
-                    Some(crate::placement::dentry_partition(*parent, name, parts).0)
-                }
-                ReadOp::ReadDir { .. } | ReadOp::ReadDirAs { .. } => None,
-                op => Some(op.ino().partition().0),
-            };
-            let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
-            async move {
-                if let Some(root) = confined? {
-                    let names = super::subtree::read_names(&req.op).ok_or_else(|| errno_status(Errno::EACCES))?;
-                    n.confine(root, &[names]).await?;
-                }
-                if !n.check_read(client, &req.op).await?
-                    && let ReadOp::ReadDirAs { plus, .. } = &mut req.op
-                {
-                    *plus = false;
-                }
-                n.on_read(&req.op)
-            }
-            .instrument(span)
-        });
-        r = self.route::<Op, _, _>(r, |n, ctx, mut req| {
-            let admitted = n.admit_client_op(&ctx, &mut req);
-            let confined = n.confined_to(&ctx);
-            let parts = n.view().map.partitions;
-            let span = info_span!(
-                "meta.op",
-                op = req.op.name(),
-                partition = req.op.anchor(parts).0,
-                ino = req.op.ino().0,
-                retries = 0u32,
-            );
-            async move {
-                let client = admitted?;
-                if let Some(root) = confined? {
-                    n.confine(root, &super::subtree::op_names(&req.op)).await?;
-                }
-                let cap_for = cap_for(&req.op);
-                let reply = n.on_op(req, client).await?;
-                Ok(match cap_for {
-                    Some(of) if client => n.with_cap(of, reply),
-                    _ => reply,
-                })
-            }
-            .instrument(span)
-        });
+        r = self.route_reads(r);
+        r = self.route_ops(r);
         r = self.route::<Fetch, _, _>(r, |n, _, req| {
             let span = info_span!("meta.fetch", inodes = req.inodes.len(), dentries = req.dentries.len());
             async move {
@@ -2621,41 +2563,7 @@ impl MetaNode {
         });
         r = self.route::<Lock, _, _>(r, |n, _, req| {
             let span = info_span!("meta.lock", keys = req.keys.len(), release = req.release);
-            async move {
-                if req.keys.len() > super::wire::MAX_LOCK_KEYS {
-                    return Err(Status::new(
-                        Code::InvalidRequest,
-                        format!("a lock names at most {} keys", super::wire::MAX_LOCK_KEYS),
-                    ));
-                }
-                if req.release {
-                    n.inner.locks.release(&req.keys, req.owner);
-                    return Ok(Locked {
-                        granted: true,
-                        fetched: None,
-                    });
-                }
-                // A coordinator whose node is not Up may not take keys: its partitions
-                // went to others, who may be redoing what it left.
-                if !n.view().map.is_up(NodeId(super::locks::owner_node(req.owner))) {
-                    return Ok(Locked::default());
-                }
-                let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
-                let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
-                let granted = n
-                    .inner
-                    .locks
-                    .lock(&req.keys, req.owner, req.anchor.0, lease, wait)
-                    .await;
-                // Read under the keys just taken, as the coordinator's fetch would.
-                let fetched = if granted {
-                    req.fetch.as_ref().and_then(|f| n.on_fetch(f).ok())
-                } else {
-                    None
-                };
-                Ok(Locked { granted, fetched })
-            }
-            .instrument(span)
+            async move { n.on_lock(req).await }.instrument(span)
         });
         r = self.route::<Replicate, _, _>(r, |n, _, req| {
             let span = info_span!(
@@ -2694,6 +2602,110 @@ impl MetaNode {
             n.on_expect(req)
         });
         r
+    }
+
+    /// Reads, served from any caught-up copy whatever the caller's epoch.
+    fn route_reads(&self, r: Router) -> Router {
+        self.route::<Read, _, _>(r, |n, ctx, mut req| {
+            if let ReadOp::GetXattr { creds, .. }
+            | ReadOp::ListXattr { creds, .. }
+            | ReadOp::GetInodeAs { creds, .. }
+            | ReadOp::LookupAs { creds, .. }
+            | ReadOp::ReadDirAs { creds, .. } = &mut req.op
+            {
+                n.squash(&ctx, creds);
+            }
+            let confined = n.confined_to(&ctx);
+            let client = matches!(*ctx.principal, shingle_transport::auth::Principal::Client(_));
+            let parts = n.view().map.partitions;
+            let partition = match &req.op {
+                ReadOp::Lookup { parent, name } | ReadOp::LookupAs { parent, name, .. } => {
+                    Some(crate::placement::dentry_partition(*parent, name, parts).0)
+                }
+                ReadOp::ReadDir { .. } | ReadOp::ReadDirAs { .. } => None,
+                op => Some(op.ino().partition().0),
+            };
+            let span = info_span!("meta.read", op = req.op.name(), partition, ino = req.op.ino().0);
+            async move {
+                if let Some(root) = confined? {
+                    let names = super::subtree::read_names(&req.op).ok_or_else(|| errno_status(Errno::EACCES))?;
+                    n.confine(root, &[names]).await?;
+                }
+                if !n.check_read(client, &req.op).await?
+                    && let ReadOp::ReadDirAs { plus, .. } = &mut req.op
+                {
+                    *plus = false;
+                }
+                n.on_read(&req.op)
+            }
+            .instrument(span)
+        })
+    }
+
+    /// Client operations: admitted, confined to a client key's subtree, coordinated here.
+    fn route_ops(&self, r: Router) -> Router {
+        self.route::<Op, _, _>(r, |n, ctx, mut req| {
+            let admitted = n.admit_client_op(&ctx, &mut req);
+            let confined = n.confined_to(&ctx);
+            let parts = n.view().map.partitions;
+            let span = info_span!(
+                "meta.op",
+                op = req.op.name(),
+                partition = req.op.anchor(parts).0,
+                ino = req.op.ino().0,
+                retries = 0u32,
+            );
+            async move {
+                let client = admitted?;
+                if let Some(root) = confined? {
+                    n.confine(root, &super::subtree::op_names(&req.op)).await?;
+                }
+                let cap_for = cap_for(&req.op);
+                let reply = n.on_op(req, client).await?;
+                Ok(match cap_for {
+                    Some(of) if client => n.with_cap(of, reply),
+                    _ => reply,
+                })
+            }
+            .instrument(span)
+        })
+    }
+
+    /// Takes (or releases) lock keys for a coordinator; when granted, reads what the
+    /// request asks for under them.
+    async fn on_lock(&self, req: Lock) -> Result<Locked, Status> {
+        if req.keys.len() > super::wire::MAX_LOCK_KEYS {
+            return Err(Status::new(
+                Code::InvalidRequest,
+                format!("a lock names at most {} keys", super::wire::MAX_LOCK_KEYS),
+            ));
+        }
+        if req.release {
+            self.inner.locks.release(&req.keys, req.owner);
+            return Ok(Locked {
+                granted: true,
+                fetched: None,
+            });
+        }
+        // A coordinator whose node is not Up may not take keys: its partitions went
+        // to others, who may be redoing what it left.
+        if !self.view().map.is_up(NodeId(super::locks::owner_node(req.owner))) {
+            return Ok(Locked::default());
+        }
+        let lease = Duration::from_millis(u64::from(req.lease_ms.clamp(1, 120_000)));
+        let wait = Duration::from_millis(u64::from(req.wait_ms.min(5000)));
+        let granted = self
+            .inner
+            .locks
+            .lock(&req.keys, req.owner, req.anchor.0, lease, wait)
+            .await;
+        // Read under the keys just taken, as the coordinator's fetch would.
+        let fetched = if granted {
+            req.fetch.as_ref().and_then(|f| self.on_fetch(f).ok())
+        } else {
+            None
+        };
+        Ok(Locked { granted, fetched })
     }
 
     /// What a client key's operation may be: what the nodes' own daemons record (a
