@@ -231,20 +231,97 @@ pub async fn run(node: MetaNode, meta: MetaClient, tcp: PeerClient, cfg: RepairC
 const PAGE: usize = 256;
 
 async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &RepairConfig, stats: &mut RepairStats) {
-    // Count first (in memory, cheap), so progress has a denominator.
     let v = meta.view();
-    let (mut todo, mut moves, mut unreadable, mut shared) = (0u64, 0u64, 0u64, 0u64);
+    let work = count(node, &v).await;
+    stats.unreadable = work.unreadable;
+    stats.shared = work.shared;
+    stats.map_epoch = v.map.epoch.0;
+    if work.todo == 0 && work.moves == 0 {
+        *stats = RepairStats {
+            todo: 0,
+            done: 0,
+            failed: 0,
+            moves_todo: 0,
+            moved: 0,
+            running: false,
+            passes: stats.passes + 1,
+            ..stats.clone()
+        };
+        node.set_repair_stats(stats.clone());
+        return;
+    }
+    info!(
+        shards = work.todo,
+        moves = work.moves,
+        unreadable = work.unreadable,
+        shared = work.shared,
+        "repair pass starts"
+    );
+    *stats = RepairStats {
+        running: true,
+        todo: work.todo,
+        done: 0,
+        failed: 0,
+        moves_todo: work.moves,
+        moved: 0,
+        bytes_per_sec: 0,
+        ..stats.clone()
+    };
+    node.set_repair_stats(stats.clone());
+    let mut p = Pass {
+        node,
+        meta,
+        tcp,
+        cfg,
+        stats,
+        started: Instant::now(),
+        epoch: v.map.epoch,
+        bytes: 0,
+        gate: Arc::new(Semaphore::new(cfg.parallel.max(1))),
+        jobs: tokio::task::JoinSet::new(),
+    };
+    // Two sweeps: first what restores failure tolerance (rebuilds, spreading shards
+    // that share a node), then rebalancing moves; a sweep the count found nothing for
+    // is skipped (what appeared since is found by the next pass).
+    for (restore, found) in [(true, work.todo), (false, work.moves)] {
+        if found > 0 && !p.sweep(restore).await {
+            return;
+        }
+    }
+    p.finish().await;
+}
+
+/// What a pass's count found.
+struct Work {
+    /// Shards to rebuild or spread.
+    todo: u64,
+    /// Shards to move (rebalance).
+    moves: u64,
+    /// Stripes with fewer than k readable shards.
+    unreadable: u64,
+    /// Stripes with two shards on one node.
+    shared: u64,
+}
+
+/// Counts the pass's work first (in memory, cheap), so progress has a denominator.
+async fn count(node: &MetaNode, v: &shingle_meta::map::MapView) -> Work {
+    let mut w = Work {
+        todo: 0,
+        moves: 0,
+        unreadable: 0,
+        shared: 0,
+    };
     let mut cursor = Ino(0);
     loop {
         let (files, more) = node.primary_files(cursor, PAGE);
         for (ino, layout) in &files {
             for (s, rec) in &layout.stripes {
-                shared += u64::from(shares_a_node(&holders(layout, rec)));
+                w.shared += u64::from(shares_a_node(&holders(layout, rec)));
                 match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
                     StripePlan::Healthy => {}
-                    StripePlan::Repair(r) | StripePlan::Spread(r) => todo += r.len() as u64,
-                    StripePlan::Move(r) => moves += r.len() as u64,
-                    StripePlan::Unreadable => unreadable += 1,
+                    StripePlan::Repair(r) | StripePlan::Spread(r) => w.todo += r.len() as u64,
+                    StripePlan::Move(r) => w.moves += r.len() as u64,
+                    StripePlan::Unreadable => w.unreadable += 1,
                 }
             }
         }
@@ -254,51 +331,36 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
         }
         tokio::task::yield_now().await;
     }
-    stats.unreadable = unreadable;
-    stats.shared = shared;
-    stats.map_epoch = v.map.epoch.0;
-    if todo == 0 && moves == 0 {
-        stats.todo = 0;
-        stats.done = 0;
-        stats.failed = 0;
-        stats.moves_todo = 0;
-        stats.moved = 0;
-        stats.running = false;
-        stats.passes += 1;
-        node.set_repair_stats(stats.clone());
-        return;
-    }
-    info!(shards = todo, moves, unreadable, shared, "repair pass starts");
-    *stats = RepairStats {
-        running: true,
-        todo,
-        done: 0,
-        failed: 0,
-        moves_todo: moves,
-        moved: 0,
-        bytes_per_sec: 0,
-        ..stats.clone()
-    };
-    node.set_repair_stats(stats.clone());
-    let started = Instant::now();
-    let pass_epoch = v.map.epoch;
-    let mut bytes = 0u64;
-    let gate = Arc::new(Semaphore::new(cfg.parallel.max(1)));
-    let mut jobs = tokio::task::JoinSet::new();
-    // Moves only on a settled map: while it changes, scans on different nodes could
-    // disagree about where a shard belongs.
-    let settled = || meta.view().map.epoch == pass_epoch;
-    // Two sweeps: first what restores failure tolerance (rebuilds, spreading shards
-    // that share a node), then rebalancing moves; a sweep the count found nothing for
-    // is skipped (what appeared since is found by the next pass).
-    for restore in [true, false] {
-        if (restore && todo == 0) || (!restore && moves == 0) {
-            continue;
-        }
+    w
+}
+
+/// One pass's jobs in flight and its progress.
+struct Pass<'a> {
+    node: &'a MetaNode,
+    meta: &'a MetaClient,
+    tcp: &'a PeerClient,
+    cfg: &'a RepairConfig,
+    stats: &'a mut RepairStats,
+    started: Instant,
+    /// The map epoch the pass counted under.
+    epoch: shingle_meta::ids::Epoch,
+    bytes: u64,
+    gate: Arc<Semaphore>,
+    jobs: tokio::task::JoinSet<JobResult>,
+}
+
+impl Pass<'_> {
+    /// Walks this node's files and starts a job per shard to rebuild or spread
+    /// (`restore`) or to move. Moves and spreads only on a settled map: while it
+    /// changes, scans on different nodes could disagree about where a shard belongs.
+    /// False when the pass must stop.
+    async fn sweep(&mut self, restore: bool) -> bool {
         let mut cursor = Ino(0);
         loop {
-            let (files, more) = node.primary_files(cursor, PAGE);
-            let v = meta.view();
+            let (files, more) = self.node.primary_files(cursor, PAGE);
+            let v = self.meta.view();
+            let (meta, epoch) = (self.meta, self.epoch);
+            let settled = || meta.view().map.epoch == epoch;
             for (ino, layout) in &files {
                 for (s, rec) in &layout.stripes {
                     let (shards, plain_move) = match plan_stripe(&v.map, &v.placement, *ino, *s, layout, rec) {
@@ -308,51 +370,69 @@ async fn pass(node: &MetaNode, meta: &MetaClient, tcp: &PeerClient, cfg: &Repair
                         _ => continue,
                     };
                     for r in shards {
-                        let Ok(permit) = gate.clone().acquire_owned().await else {
-                            return;
+                        let Ok(permit) = self.gate.clone().acquire_owned().await else {
+                            return false;
                         };
-                        let (meta, tcp, layout, rec, v) =
-                            (meta.clone(), tcp.clone(), layout.clone(), rec.clone(), v.clone());
+                        let (meta, tcp, layout, rec, v) = (
+                            self.meta.clone(),
+                            self.tcp.clone(),
+                            layout.clone(),
+                            rec.clone(),
+                            v.clone(),
+                        );
                         let (ino, s) = (*ino, *s);
-                        jobs.spawn(async move {
+                        self.jobs.spawn(async move {
                             let r = repair_one(&meta, &tcp, &v.map, ino, s, &layout, &rec, &r).await;
                             drop(permit);
                             r.map(|bytes| (bytes, plain_move))
                         });
-                        while let Some(done) = jobs.try_join_next() {
-                            account(done, stats, &mut bytes);
-                        }
-                        stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
-                        node.set_repair_stats(stats.clone());
-                        // Throttle: stay under the configured bandwidth.
-                        let ahead = Duration::from_secs_f64(bytes as f64 / cfg.bytes_per_sec.max(1) as f64)
-                            .saturating_sub(started.elapsed());
-                        if !ahead.is_zero() {
-                            tokio::time::sleep(ahead).await;
-                        }
+                        self.progress().await;
                     }
                 }
             }
             match files.last() {
                 Some((last, _)) if more => cursor = *last,
-                _ => break,
+                _ => return true,
             }
         }
     }
-    while let Some(done) = jobs.join_next().await {
-        account(done, stats, &mut bytes);
+
+    /// Accounts the jobs done so far, publishes the stats, and sleeps to stay under
+    /// the configured bandwidth.
+    async fn progress(&mut self) {
+        while let Some(done) = self.jobs.try_join_next() {
+            account(done, self.stats, &mut self.bytes);
+        }
+        self.stats.bytes_per_sec = self.rate();
+        self.node.set_repair_stats(self.stats.clone());
+        let ahead = Duration::from_secs_f64(self.bytes as f64 / self.cfg.bytes_per_sec.max(1) as f64)
+            .saturating_sub(self.started.elapsed());
+        if !ahead.is_zero() {
+            tokio::time::sleep(ahead).await;
+        }
     }
-    stats.running = false;
-    stats.passes += 1;
-    stats.bytes_per_sec = (bytes as f64 / started.elapsed().as_secs_f64().max(1e-3)) as u64;
-    node.set_repair_stats(stats.clone());
-    info!(
-        repaired = stats.done,
-        failed = stats.failed,
-        mib = bytes >> 20,
-        secs = started.elapsed().as_secs_f64(),
-        "repair pass done"
-    );
+
+    fn rate(&self) -> u64 {
+        (self.bytes as f64 / self.started.elapsed().as_secs_f64().max(1e-3)) as u64
+    }
+
+    /// Waits for the jobs still running and publishes the pass's end.
+    async fn finish(mut self) {
+        while let Some(done) = self.jobs.join_next().await {
+            account(done, self.stats, &mut self.bytes);
+        }
+        self.stats.running = false;
+        self.stats.passes += 1;
+        self.stats.bytes_per_sec = self.rate();
+        self.node.set_repair_stats(self.stats.clone());
+        info!(
+            repaired = self.stats.done,
+            failed = self.stats.failed,
+            mib = self.bytes >> 20,
+            secs = self.started.elapsed().as_secs_f64(),
+            "repair pass done"
+        );
+    }
 }
 
 /// Outcome of one job: bytes rebuilt, and whether it was a plain move (rebalance)
