@@ -655,15 +655,20 @@ fn engine_agrees_with_the_model() {
     );
 }
 
+/// A user whose group has its own id, in no other group.
+fn user(uid: u32) -> Creds {
+    Creds {
+        uid,
+        gid: uid,
+        groups: vec![],
+    }
+}
+
 #[test]
 fn basic_operations_and_errors() {
     let mut ns = Namespace::format(16, 1);
     let root = Creds::root();
-    let u = Creds {
-        uid: 1000,
-        gid: 1000,
-        groups: vec![],
-    };
+    let u = user(1000);
     let d = ns
         .mknod(&root, Ino::ROOT, b"d", FileKind::Dir, 0o777, 0, None, 2)
         .expect("mkdir");
@@ -824,11 +829,7 @@ fn an_acl_the_mode_expresses_sets_the_mode_and_others_are_refused() {
     use shingle_meta::namespace::acl::{ACCESS, DEFAULT, of_mode};
     let mut ns = Namespace::format(4, 1);
     let root = Creds::root();
-    let u = Creds {
-        uid: 1000,
-        gid: 1000,
-        groups: vec![],
-    };
+    let u = user(1000);
     let d = ns
         .mknod(&root, Ino::ROOT, b"d", FileKind::Dir, 0o777, 0, None, 1)
         .expect("mkdir");
@@ -847,11 +848,7 @@ fn an_acl_the_mode_expresses_sets_the_mode_and_others_are_refused() {
     ns.setxattr(&u, f.ino, ACCESS, &of_mode(0o664), Any, 4).expect("same");
     assert_eq!(ns.getattr(f.ino).expect("attr").ctime, 3);
     // Only the owner sets one; anyone may read (there is none).
-    let other = Creds {
-        uid: 1001,
-        gid: 1001,
-        groups: vec![],
-    };
+    let other = user(1001);
     assert_eq!(
         ns.setxattr(&other, f.ino, ACCESS, &of_mode(0o777), Any, 5),
         Err(Errno::EPERM)
