@@ -327,38 +327,23 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, shutdown: Cance
 }
 
 async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<Shared>, shutdown: CancellationToken) {
-    let principal = match auth::accept(&mut stream, &shared.secret, shared.config.handshake_timeout).await {
-        Ok(p) => Arc::new(p),
-        Err(e) => {
-            match &e {
-                // Closed before proving anything: a liveness probe (a manager checking that
-                // a node still listens) or a port scan, not a failed authentication.
-                auth::AuthError::Io(io)
-                    if matches!(
-                        io.kind(),
-                        std::io::ErrorKind::UnexpectedEof
-                            | std::io::ErrorKind::ConnectionReset
-                            | std::io::ErrorKind::BrokenPipe
-                    ) =>
-                {
-                    debug!(%peer, "connection closed before the handshake finished");
-                }
-                _ => warn!(%peer, error = %e, "refused connection: authentication failed"),
-            }
-            return;
-        }
+    let Some(principal) = authenticate(&mut stream, peer, &shared).await else {
+        return;
     };
-    debug!(%peer, ?principal, "peer authenticated");
     let (rd, wr) = stream.into_split();
     let max_inflight = shared.config.max_inflight_requests as usize;
     let (tx, rx) = mpsc::channel(max_inflight);
     let conn_dead = CancellationToken::new();
     let writer = tokio::spawn(wire::writer_loop(wr, rx, conn_dead.clone()));
     let permits = Arc::new(Semaphore::new(max_inflight));
-    let conn_bytes = Arc::new(Semaphore::new(budget_permits(shared.config.max_inflight_bytes)));
+    let mut reader = Reader {
+        rd: BufReader::with_capacity(64 << 10, rd),
+        peer,
+        conn_bytes: Arc::new(Semaphore::new(budget_permits(shared.config.max_inflight_bytes))),
+        shutdown: shutdown.clone(),
+        conn_dead: conn_dead.clone(),
+    };
     let handlers = TaskTracker::new();
-    let mut rd = BufReader::with_capacity(64 << 10, rd);
-    let max_frame = shared.config.max_frame_bytes;
     loop {
         // Back-pressure: with every permit taken we stop reading, and TCP pushes back.
         let permit = tokio::select! {
@@ -366,63 +351,14 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
             _ = shutdown.cancelled() => break,
             _ = conn_dead.cancelled() => break,
         };
-        let raw = tokio::select! {
-            r = wire::read_header(&mut rd) => r,
-            _ = shutdown.cancelled() => break,
-            _ = conn_dead.cancelled() => break,
-        };
-        let raw = match raw {
-            Ok(Some(raw)) => raw,
-            Ok(None) => break,
-            Err(e) => {
-                debug!(%peer, error = %e, "connection read failed");
-                break;
-            }
-        };
-        let header = match FrameHeader::decode(&raw, max_frame) {
-            Ok(h) if !h.is_response() => h,
-            Ok(h) => {
-                warn!(%peer, kind = %h.kind, "closing connection: response frame sent to a server");
-                break;
-            }
-            Err(e) => {
-                warn!(%peer, error = %e, "closing connection: malformed frame");
-                break;
-            }
-        };
-        // Memory bound in bytes: the payload is read only once the connection's and
-        // the server's budgets have room for it (until then TCP pushes back).
-        let mut budget = Budget::new(&conn_bytes, &shared.bytes);
-        tokio::select! {
-            r = budget.grow_to(header.payload_len) => if r.is_err() { break },
-            _ = shutdown.cancelled() => break,
-            _ = conn_dead.cancelled() => break,
-        }
-        let mut payload = BytesMut::new();
-        let crc = match wire::read_payload_into(
-            &mut rd,
-            &mut payload,
-            header.payload_len as usize,
-            FrameHeader::crc_seed(&raw),
-            header.payload_checksummed(),
-        )
-        .await
-        {
-            Ok(c) => c,
-            Err(e) => {
-                debug!(%peer, error = %e, "connection read failed");
-                break;
-            }
-        };
-        if let Err(e) = header.check_crc(crc) {
-            warn!(%peer, error = %e, "closing connection: corrupt frame");
+        let Some((header, payload, budget)) = reader.next(&shared).await else {
             break;
-        }
+        };
         if matches!(header.kind, MsgKind::PING | MsgKind::REMOTE_READ) {
             // Served by the transport without blocking: answer inline, saving a task
             // hop. The reply queue holds as many frames as there are permits, so the
             // send cannot wait.
-            serve_request(&shared, peer, &principal, header, payload.freeze(), budget, tx.clone()).await;
+            serve_request(&shared, peer, &principal, header, payload, budget, tx.clone()).await;
             drop(permit);
             continue;
         }
@@ -430,7 +366,7 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
         let tx = tx.clone();
         let principal = principal.clone();
         handlers.spawn(async move {
-            serve_request(&shared, peer, &principal, header, payload.freeze(), budget, tx).await;
+            serve_request(&shared, peer, &principal, header, payload, budget, tx).await;
             drop(permit);
         });
     }
@@ -448,6 +384,106 @@ async fn serve_connection(mut stream: TcpStream, peer: SocketAddr, shared: Arc<S
         Ok(Err(e)) => debug!(%peer, error = %e, "connection write failed"),
     }
     debug!(%peer, "connection closed");
+}
+
+/// The connection's handshake: who the peer proved to be, or `None` (logged).
+async fn authenticate(stream: &mut TcpStream, peer: SocketAddr, shared: &Shared) -> Option<Arc<Principal>> {
+    match auth::accept(stream, &shared.secret, shared.config.handshake_timeout).await {
+        Ok(p) => {
+            debug!(%peer, principal = ?p, "peer authenticated");
+            Some(Arc::new(p))
+        }
+        Err(e) => {
+            match &e {
+                // Closed before proving anything: a liveness probe (a manager checking that
+                // a node still listens) or a port scan, not a failed authentication.
+                auth::AuthError::Io(io)
+                    if matches!(
+                        io.kind(),
+                        std::io::ErrorKind::UnexpectedEof
+                            | std::io::ErrorKind::ConnectionReset
+                            | std::io::ErrorKind::BrokenPipe
+                    ) =>
+                {
+                    debug!(%peer, "connection closed before the handshake finished");
+                }
+                _ => warn!(%peer, error = %e, "refused connection: authentication failed"),
+            }
+            None
+        }
+    }
+}
+
+/// The read side of a served connection.
+struct Reader {
+    rd: BufReader<tokio::net::tcp::OwnedReadHalf>,
+    peer: SocketAddr,
+    /// The connection's budget of request bytes in flight.
+    conn_bytes: Arc<Semaphore>,
+    shutdown: CancellationToken,
+    conn_dead: CancellationToken,
+}
+
+impl Reader {
+    /// The next request: its header, its payload and the memory budget it holds. `None`
+    /// when the connection is done: closed, failed (logged), sent something that is
+    /// not a well-formed request, or shut down.
+    async fn next(&mut self, shared: &Shared) -> Option<(FrameHeader, Bytes, Budget)> {
+        let peer = self.peer;
+        let raw = tokio::select! {
+            r = wire::read_header(&mut self.rd) => r,
+            _ = self.shutdown.cancelled() => return None,
+            _ = self.conn_dead.cancelled() => return None,
+        };
+        let raw = match raw {
+            Ok(Some(raw)) => raw,
+            Ok(None) => return None,
+            Err(e) => {
+                debug!(%peer, error = %e, "connection read failed");
+                return None;
+            }
+        };
+        let header = match FrameHeader::decode(&raw, shared.config.max_frame_bytes) {
+            Ok(h) if !h.is_response() => h,
+            Ok(h) => {
+                warn!(%peer, kind = %h.kind, "closing connection: response frame sent to a server");
+                return None;
+            }
+            Err(e) => {
+                warn!(%peer, error = %e, "closing connection: malformed frame");
+                return None;
+            }
+        };
+        // Memory bound in bytes: the payload is read only once the connection's and
+        // the server's budgets have room for it (until then TCP pushes back).
+        let mut budget = Budget::new(&self.conn_bytes, &shared.bytes);
+        tokio::select! {
+            r = budget.grow_to(header.payload_len) => r.ok()?,
+            _ = self.shutdown.cancelled() => return None,
+            _ = self.conn_dead.cancelled() => return None,
+        }
+        let mut payload = BytesMut::new();
+        let read = wire::read_payload_into(
+            &mut self.rd,
+            &mut payload,
+            header.payload_len as usize,
+            FrameHeader::crc_seed(&raw),
+            header.payload_checksummed(),
+        )
+        .await;
+        let crc = match read {
+            Ok(c) => c,
+            Err(e) => {
+                debug!(%peer, error = %e, "connection read failed");
+                return None;
+            }
+        };
+        if let Err(e) = header.check_crc(crc) {
+            warn!(%peer, error = %e, "closing connection: corrupt frame");
+            return None;
+        }
+        Some((header, payload.freeze(), budget))
+    }
 }
 
 async fn serve_request(
