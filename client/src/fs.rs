@@ -38,7 +38,7 @@ use shingle_data::stripe::{StripeAt, StripeError, WriteRule, read_stripe, write_
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
 use shingle_meta::ids::{Ino, NodeId};
 use shingle_meta::meta_client::MetaClient;
-use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec};
+use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec, TimeNs};
 use shingle_meta::placement::stripe_pg;
 use shingle_meta::service::wire::HEAD_STRIPES;
 use shingle_transport::{CallOptions, Health, PeerClient, RpcChannel};
@@ -387,16 +387,22 @@ impl Client {
     /// Removes `name`. A file this client has open keeps its data until its last close
     /// here (POSIX: an open file outlives its name); then it is purged.
     pub async fn unlink(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.unlink_at(creds, parent, name).await.map(|_| ())
+    }
+
+    /// [`Client::unlink`], answering when it ran (what `parent`'s modification and
+    /// change times became), if the nodes said.
+    pub async fn unlink_at(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<Option<TimeNs>, Errno> {
         let victim = self.open_victim(creds, parent, name).await;
         if let Some(ino) = victim {
             self.load_whole_layout(ino).await;
         }
         let keep = if victim.is_some() { HOLD_SECS } else { 0 };
-        self.inner.meta.unlink_keep(creds, parent, name, keep).await?;
+        let at = self.inner.meta.unlink_at(creds, parent, name, keep).await?;
         if let Some(ino) = victim {
             self.keep_holding(ino);
         }
-        Ok(())
+        Ok(at)
     }
 
     /// Renames; a file replaced by the rename is kept like an unlinked one while open here.

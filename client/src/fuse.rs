@@ -14,6 +14,7 @@
 //! request, parent of the namespace, stripe and RPC spans below it.
 
 use crate::absent::AbsentXattrs;
+use crate::dirattrs::{Change, DirAttrs};
 use crate::fs::{Client, OpenFile};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
@@ -22,7 +23,7 @@ use fuser::{
 };
 use parking_lot::Mutex;
 use shingle_meta::ids::Ino;
-use shingle_meta::namespace::{Attr, Creds, DirEntry, Errno, FileKind, SetAttr};
+use shingle_meta::namespace::{Attr, Creds, DirEntry, Errno, FileKind, SetAttr, TimeNs};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -189,6 +190,73 @@ pub struct ShingleFs {
     /// Extended attributes found missing, kept for `ttl` (see [`crate::absent`]).
     root: Ino,
     absent: Arc<Mutex<AbsentXattrs>>,
+    /// Directories' attributes with this mount's changes applied (see
+    /// [`crate::dirattrs`]): the kernel's re-read after each change is answered here.
+    dirs_kept: Arc<Mutex<DirAttrs>>,
+}
+
+/// A change of this mount in flight ([`ShingleFs::changing`]): told what it did to
+/// which directory before the kernel is answered. One dropped untold (its task gone)
+/// forgets every kept directory.
+struct Changing(Option<Arc<Mutex<DirAttrs>>>);
+
+impl Changing {
+    fn take(mut self) -> Arc<Mutex<DirAttrs>> {
+        self.0.take().expect("a change ends once")
+    }
+
+    /// An entry was made in `dir` (a directory's when `is_dir`), or not (`Err`: its
+    /// outcome is not known for sure). The new inode's change time is the operation's.
+    fn made(self, dir: Ino, r: &Result<Attr, Errno>, is_dir: bool) {
+        let kept = self.take();
+        let mut k = kept.lock();
+        match r {
+            Ok(a) => k.end(&[(dir.0, Change::Added { dir: is_dir }, a.ctime)], &[]),
+            Err(_) => k.end(&[], &[dir.0]),
+        }
+    }
+
+    /// A non-directory entry of `dir` was removed at `at` (`None`: when is not known).
+    fn removed(self, dir: Ino, at: Option<TimeNs>) {
+        let kept = self.take();
+        let mut k = kept.lock();
+        match at {
+            Some(t) => k.end(&[(dir.0, Change::Removed { dir: false }, t)], &[]),
+            None => k.end(&[], &[dir.0]),
+        }
+    }
+
+    /// The change may have touched any kept directory.
+    fn forgetting_all(self) {
+        self.take().lock().end_forgetting_all();
+    }
+
+    /// The change sets attributes of `inos` (answered to the kernel by its reply):
+    /// they are forgotten now and again when the returned guard drops.
+    fn forgetting(self, inos: Vec<u64>) -> Forgetting {
+        let kept = self.take();
+        for i in &inos {
+            kept.lock().forget(*i);
+        }
+        Forgetting(kept, inos)
+    }
+}
+
+impl Drop for Changing {
+    fn drop(&mut self) {
+        if let Some(kept) = self.0.take() {
+            kept.lock().end_forgetting_all();
+        }
+    }
+}
+
+/// Ends a change that set the attributes of some inodes, when dropped.
+struct Forgetting(Arc<Mutex<DirAttrs>>, Vec<u64>);
+
+impl Drop for Forgetting {
+    fn drop(&mut self) {
+        self.0.lock().end(&[], &self.1);
+    }
 }
 
 /// The kernel's errno for `e`, recorded on the request's span.
@@ -317,7 +385,15 @@ impl ShingleFs {
             next_fh: AtomicU64::new(1),
             absent: Arc::default(),
             root: cfg.root,
+            dirs_kept: Arc::default(),
         }
+    }
+
+    /// Starts a change of this mount (before its request is sent): directory
+    /// attributes read while it is in flight are not kept. The returned handle ends it.
+    fn changing(&self) -> Changing {
+        self.dirs_kept.lock().begin();
+        Changing(Some(self.dirs_kept.clone()))
     }
 
     /// The inode the kernel's node id names: its root (node id 1) is the mount's root
@@ -379,6 +455,7 @@ impl ShingleFs {
     ) {
         let parent = self.ino(parent);
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
+        let changing = self.changing();
         self.run(
             op_span!(
                 "fs.mknod",
@@ -394,6 +471,7 @@ impl ShingleFs {
                     .meta()
                     .mknod(&cr, parent, &name, k, perm, rdev, target.as_deref())
                     .await;
+                changing.made(parent, &r, k == FileKind::Dir);
                 match r {
                     Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                     Err(e) => reply.error(errno(e)),
@@ -441,10 +519,20 @@ impl Filesystem for ShingleFs {
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let ino = self.ino(ino);
-        let (c, ttl) = (self.client.clone(), self.ttl);
+        let (c, ttl, kept) = (self.client.clone(), self.ttl, self.dirs_kept.clone());
         self.run(op_span!("fs.getattr", "getattr", ino.0), async move {
+            // A directory this mount read and changed since: its attributes are known.
+            let known = kept.lock().get(ino.0, std::time::Instant::now(), ttl);
+            if let Some((a, left)) = known {
+                reply.attr(&left, &file_attr(&a));
+                return;
+            }
+            let asked = kept.lock().asking();
             match c.getattr(ino).await {
-                Ok(a) => reply.attr(&ttl, &file_attr(&a)),
+                Ok(a) => {
+                    kept.lock().read(&a, asked, std::time::Instant::now(), ttl);
+                    reply.attr(&ttl, &file_attr(&a))
+                }
                 Err(Errno::ENOENT) => match c.unlinked_attr(ino).await {
                     // fstat of a file removed while open here: what the handles know,
                     // nlink 0 (the kernel does not say which handle asks).
@@ -500,7 +588,10 @@ impl Filesystem for ShingleFs {
         } else {
             None
         };
+        let changing = self.changing();
         self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
+            // A directory's attributes set here reach the kernel with the reply.
+            let _changed = changing.forgetting(vec![ino.0]);
             if let Some(f) = earlier {
                 match f.commit_setattr(&cr, &set).await {
                     Ok(Some(a)) => {
@@ -564,10 +655,18 @@ impl Filesystem for ShingleFs {
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let parent = self.ino(parent);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let changing = self.changing();
         self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
-            match c.unlink(&cr, parent, &name).await {
-                Ok(()) => reply.ok(),
-                Err(e) => reply.error(errno(e)),
+            let r = c.unlink_at(&cr, parent, &name).await;
+            match r {
+                Ok(at) => {
+                    changing.removed(parent, at);
+                    reply.ok()
+                }
+                Err(e) => {
+                    drop(changing.forgetting(vec![parent.0]));
+                    reply.error(errno(e))
+                }
             }
         });
     }
@@ -575,8 +674,12 @@ impl Filesystem for ShingleFs {
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let parent = self.ino(parent);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let changing = self.changing();
         self.run(op_span!("fs.rmdir", "rmdir", parent.0), async move {
-            match c.meta().rmdir(&cr, parent, &name).await {
+            // The removed directory may be kept too, under a number not known here.
+            let r = c.meta().rmdir(&cr, parent, &name).await;
+            changing.forgetting_all();
+            match r {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(errno(e)),
             }
@@ -608,12 +711,15 @@ impl Filesystem for ShingleFs {
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
         let (c, cr) = (self.client.clone(), creds(req));
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
+        let changing = self.changing();
         self.run(
             op_span!("fs.rename", "rename", parent.0, newparent = newparent.0),
             async move {
                 let r = c
                     .rename(&cr, parent, &name, newparent, &newname, noreplace, exchange)
                     .await;
+                // A moved directory may be kept (its parent and change time changed).
+                changing.forgetting_all();
                 match r {
                     Ok(()) => reply.ok(),
                     Err(e) => reply.error(errno(e)),
@@ -626,10 +732,13 @@ impl Filesystem for ShingleFs {
         let ino = self.ino(ino);
         let newparent = self.ino(newparent);
         let (c, cr, name, ttl) = (self.client.clone(), creds(req), newname.as_bytes().to_vec(), self.ttl);
+        let changing = self.changing();
         self.run(
             op_span!("fs.link", "link", ino.0, newparent = newparent.0),
             async move {
-                match c.meta().link(&cr, ino, newparent, &name).await {
+                let r = c.meta().link(&cr, ino, newparent, &name).await;
+                changing.made(newparent, &r, false);
+                match r {
                     Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                     Err(e) => reply.error(errno(e)),
                 }
@@ -1013,7 +1122,10 @@ impl Filesystem for ShingleFs {
             value.to_vec(),
         );
         let absent = self.absent.clone();
+        let changing = self.changing();
         self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
+            // Its ctime changes (and an ACL sets the mode).
+            let _changed = changing.forgetting(vec![ino.0]);
             let r = c.meta().setxattr(&cr, ino, &name, &value, mode).await;
             // Whatever the answer, the attribute may exist now.
             absent.lock().forget(ino.0, &name);
@@ -1081,7 +1193,9 @@ impl Filesystem for ShingleFs {
         let ino = self.ino(ino);
         let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
         let absent = self.absent.clone();
+        let changing = self.changing();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
+            let _changed = changing.forgetting(vec![ino.0]);
             let r = c.meta().removexattr(&cr, ino, &name).await;
             absent.lock().forget(ino.0, &name);
             match r {
@@ -1107,6 +1221,7 @@ impl Filesystem for ShingleFs {
         self.writable.lock().insert(fh);
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);
         let absent = self.absent.clone();
+        let changing = self.changing();
         self.run(
             op_span!("fs.create", "create", parent.0, degraded = false),
             async move {
@@ -1121,6 +1236,7 @@ impl Filesystem for ShingleFs {
                         Err(e) => Err(e),
                     }
                 };
+                changing.made(parent, &made.as_ref().map(|(a, _)| a.clone()).map_err(|e| *e), false);
                 match made {
                     Ok((a, f)) => {
                         // A file made a moment ago has no file capabilities: the

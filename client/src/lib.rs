@@ -11,6 +11,8 @@
 //!   holds each byte, what to store and commit), checked against a reference model.
 //! - [`absent`]: extended attributes known to be missing for a while (the mount's
 //!   answer to the kernel's `security.capability` probe before every write).
+//! - [`dirattrs`]: attributes of directories with this mount's own changes applied
+//!   (the mount's answer to the kernel's re-read of a directory after each change).
 //!
 //! It talks to servers only through `shingle-transport` (via the meta and data
 //! client helpers); it knows nothing of zones or Raft. The nodes' own background work
@@ -18,6 +20,7 @@
 
 pub mod absent;
 pub mod content;
+pub mod dirattrs;
 pub mod fs;
 pub mod fuse;
 

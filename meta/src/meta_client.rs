@@ -21,7 +21,7 @@ use crate::agent::MapWatch;
 use crate::ids::{Ino, NodeId, PartitionId};
 use crate::map::MapView;
 use crate::namespace::{
-    Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite,
+    Attr, Creds, DirEntry, Errno, FileKind, InodeRec, Layout, Purge, SetAttr, StripeRec, StripeWrite, TimeNs,
 };
 use crate::pause::Pause;
 use crate::service::wire::*;
@@ -782,7 +782,7 @@ impl MetaClient {
     fn attr(r: OpReply) -> Result<Attr, Errno> {
         match r {
             OpReply::Attr(a) | OpReply::Made(a, _) => Ok(a),
-            OpReply::Done | OpReply::Versions(_) | OpReply::WithCap(..) => Err(Errno::EIO),
+            OpReply::Done | OpReply::DoneAt(_) | OpReply::Versions(_) | OpReply::WithCap(..) => Err(Errno::EIO),
         }
     }
 
@@ -860,21 +860,45 @@ impl MetaClient {
     /// `keep_secs` (the caller has it open and renews the hold with
     /// [`MetaClient::hold_purge`]).
     pub async fn unlink_keep(&self, creds: &Creds, parent: Ino, name: &[u8], keep_secs: u32) -> Result<(), Errno> {
+        self.unlink_at(creds, parent, name, keep_secs).await.map(|_| ())
+    }
+
+    /// [`MetaClient::unlink_keep`], answering when it ran (what `parent`'s modification
+    /// and change times became), if the nodes said.
+    pub async fn unlink_at(
+        &self,
+        creds: &Creds,
+        parent: Ino,
+        name: &[u8],
+        keep_secs: u32,
+    ) -> Result<Option<TimeNs>, Errno> {
         let op = NsOp::Unlink {
             parent,
             name: name.to_vec(),
             keep_secs,
         };
-        self.op(creds, op).await.map(|_| ())
+        self.op(creds, op).await.map(Self::done_at)
     }
 
     /// Removes an empty directory.
     pub async fn rmdir(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<(), Errno> {
+        self.rmdir_at(creds, parent, name).await.map(|_| ())
+    }
+
+    /// [`MetaClient::rmdir`], answering when it ran, if the nodes said.
+    pub async fn rmdir_at(&self, creds: &Creds, parent: Ino, name: &[u8]) -> Result<Option<TimeNs>, Errno> {
         let op = NsOp::Rmdir {
             parent,
             name: name.to_vec(),
         };
-        self.op(creds, op).await.map(|_| ())
+        self.op(creds, op).await.map(Self::done_at)
+    }
+
+    fn done_at(r: OpReply) -> Option<TimeNs> {
+        match r {
+            OpReply::DoneAt(t) => Some(t),
+            _ => None,
+        }
     }
 
     /// Renames (renameat2 flags: NOREPLACE, EXCHANGE).

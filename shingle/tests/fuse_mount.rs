@@ -367,8 +367,43 @@ fn missing_names_and_xattrs_are_remembered_for_their_ttl_only() {
     assert_eq!(getxattr(&f, "user.k"), Err(libc::ENODATA));
     setxattr(&f, "user.k", b"v2");
     assert_eq!(getxattr(&f, "user.k"), Ok(b"v2".to_vec()));
+    own_changes_show_in_the_directory_as_the_service_has_them(&dev, &asking.mount);
     drop((remembering, asking));
     acls_the_mode_expresses_are_the_mode(&dev, tmp.path());
+}
+
+/// A directory this mount changes is re-read by the kernel after each change, and the
+/// mount answers from what it read with its changes applied (decision 0031): what it
+/// answers is what another mount reads from the service — entries, links and times.
+fn own_changes_show_in_the_directory_as_the_service_has_them(dev: &DevMount, other: &Path) {
+    std::fs::create_dir(dev.path("own")).expect("mkdir");
+    let shape = |p: &Path| {
+        let m = std::fs::metadata(p).expect("stat");
+        (
+            m.size(),
+            m.nlink(),
+            m.mtime(),
+            m.mtime_nsec(),
+            m.ctime(),
+            m.ctime_nsec(),
+        )
+    };
+    let before = shape(&dev.path("own"));
+    for i in 0..5 {
+        std::fs::write(dev.path(&format!("own/f{i}")), b"x").expect("create");
+    }
+    std::fs::create_dir(dev.path("own/sub1")).expect("mkdir");
+    std::fs::create_dir(dev.path("own/sub2")).expect("mkdir");
+    std::fs::hard_link(dev.path("own/f0"), dev.path("own/link")).expect("link");
+    std::fs::remove_file(dev.path("own/f1")).expect("unlink");
+    let here = shape(&dev.path("own"));
+    assert_eq!(
+        (here.0, here.1),
+        (7, 4),
+        "5 files + 2 dirs + a link - 1; 2 + 2 subdirectories"
+    );
+    assert!((here.2, here.3) > (before.2, before.3), "the changes moved mtime");
+    assert_eq!(here, shape(&other.join("own")), "as the service has it");
 }
 
 /// An access ACL with only owner, group and other entries is the mode (decision 0030):

@@ -133,8 +133,14 @@ async fn namespace_operations_across_processes_and_partitions() {
     // An operation retried with its id (as when its answer was lost) is answered as
     // done, not run again: no ENOENT for the unlink and rename, no EEXIST for the link.
     let (unlink, rename, link) = once_ops(d.ino, e.ino, inos["f05"]);
+    let unlinked = c.op_as(&r, unlink.clone(), 0x5eed).await;
+    assert!(matches!(unlinked, Ok(OpReply::DoneAt(_))), "{unlinked:?}");
     for _try in 0..2 {
-        assert_eq!(c.op_as(&r, unlink.clone(), 0x5eed).await, Ok(OpReply::Done));
+        assert_eq!(
+            c.op_as(&r, unlink.clone(), 0x5eed).await,
+            unlinked,
+            "the same time, too"
+        );
         assert_eq!(c.op_as(&r, rename.clone(), 0x5eee).await, Ok(OpReply::Done));
         match c.op_as(&r, link.clone(), 0x5eef).await {
             Ok(OpReply::Attr(a)) => assert_eq!((a.ino, a.nlink), (inos["f05"], 2)),
@@ -155,7 +161,7 @@ async fn namespace_operations_across_processes_and_partitions() {
         inos["f00"]
     );
     // The records of finished operations are as durable as the operations.
-    assert_eq!(c.op_as(&r, unlink, 0x5eed).await, Ok(OpReply::Done));
+    assert_eq!(c.op_as(&r, unlink, 0x5eed).await, unlinked);
     assert_eq!(c.op_as(&r, rename, 0x5eee).await, Ok(OpReply::Done));
     assert!(matches!(c.op_as(&r, link, 0x5eef).await, Ok(OpReply::Attr(_))));
     assert_eq!(c.getattr(d.ino).await.expect("getattr").size, 37);

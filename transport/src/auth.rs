@@ -43,7 +43,7 @@ const HELLO_MAGIC: [u8; 4] = *b"SHGH";
 /// 9: a listing may carry its entries' attributes (`ReadOp::ReadDir::plus`, `DirEntry::attr`);
 /// 10: a create that reserves versions answers the file's layout (`OpReply::Made`); 11:
 /// an rmdir or a rename asks every node whether counts are still owed (`Quiet`).
-pub const PROTOCOL_VERSION: u8 = 11;
+pub const PROTOCOL_VERSION: u8 = 12;
 /// Bytes of a handshake nonce.
 pub const NONCE_LEN: usize = 32;
 /// Bytes of a handshake MAC.

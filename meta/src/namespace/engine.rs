@@ -321,6 +321,11 @@ impl Namespace {
         r.map(Some)
     }
 
+    /// When client operation `op`, recorded as done in partition `anchor`, ran.
+    pub fn done_at(&self, anchor: PartitionId, op: u64) -> Option<TimeNs> {
+        self.part(anchor).ok()?.done.get(&op).map(|d| d.at)
+    }
+
     /// Sparse view: the records the last operation lacked.
     pub fn needs(&self) -> Vec<Need> {
         self.sparse

@@ -539,6 +539,8 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Resul
             NsOp::Mknod {
                 parent, name, token, ..
             } => OpReply::Attr(ns.created(*parent, name, *token)?),
+            // An unlink or rmdir: the time it ran, as the first answer gave it.
+            NsOp::Unlink { .. } | NsOp::Rmdir { .. } => ns.done_at(anchor, id).map_or(OpReply::Done, OpReply::DoneAt),
             _ => OpReply::Done,
         }),
     }
@@ -594,11 +596,11 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
         } => {
             let keep = (*keep_secs > 0).then(|| now.saturating_add(i64::from(*keep_secs) * 1_000_000_000));
             ns.unlink_keep(creds, *parent, name, now, keep.unwrap_or(0))?;
-            OpReply::Done
+            OpReply::DoneAt(now)
         }
         NsOp::Rmdir { parent, name } => {
             ns.rmdir(creds, *parent, name, now)?;
-            OpReply::Done
+            OpReply::DoneAt(now)
         }
         NsOp::Rename {
             parent,

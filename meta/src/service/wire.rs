@@ -31,7 +31,7 @@
 pub use super::copy::CopyId;
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::namespace::{Attr, Creds, DentryVal, DirEntry, Errno, InodeRec, Intent, Layout, Mutation, StripeWrite};
-use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, XattrMode};
+use crate::namespace::{Purge, RenameFlags, SetAttr, StripeRec, TimeNs, XattrMode};
 use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -555,6 +555,10 @@ pub enum OpReply {
     /// it without reading it back. A retried create answered as done, or one that
     /// finds its file written meanwhile, gets [`OpReply::Attr`] and reads it.
     Made(Attr, Layout),
+    /// Done at the coordinator's time `at` (an unlink or rmdir): the time its
+    /// directory's modification and change times took, so a client that keeps the
+    /// directory's attributes applies the change to them (protocol 12).
+    DoneAt(TimeNs),
 }
 meta_rpc!(Op, 0x0401, OpReply);
 

@@ -508,14 +508,14 @@ impl World {
                 }
                 Ok(())
             }
-            (Expect::Unlink(d, nm) | Expect::Rmdir(d, nm), Ok(OpReply::Done)) => {
+            (Expect::Unlink(d, nm) | Expect::Rmdir(d, nm), Ok(OpReply::DoneAt(_))) => {
                 let m = &mut self.ns_clients[c].model;
                 if let Some((ino, _)) = m.dirs[*d].remove(nm) {
                     m.drop_link(ino);
                 }
                 Ok(())
             }
-            (Expect::RmdirOwn(d), Ok(OpReply::Done)) => {
+            (Expect::RmdirOwn(d), Ok(OpReply::DoneAt(_))) => {
                 self.ns_clients[c].dirs[*d] = None;
                 Ok(())
             }
