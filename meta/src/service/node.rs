@@ -163,6 +163,7 @@ struct Inner {
     in_touch: AtomicBool,
     /// Nodes that may still serve copies of partitions a map dropped them from: a
     /// primary hears from them before it acknowledges ([`super::read_fence`]).
+    /// Lock order: the view's lock before this one (`adopt`), never after.
     read_fence: Mutex<ReadFence>,
     /// Questions to fenced nodes in flight, by node, with the epoch asked: partitions
     /// fenced on the same node (all of them, after a restart) share one question, and
@@ -1356,11 +1357,11 @@ impl MetaNode {
         let _w = slot.write.lock().await;
         self.check_epoch(req.epoch).await?;
         let mut pos = slot.read().position();
-        pos.fence = self
-            .inner
-            .read_fence
-            .lock()
-            .knowledge(req.partition, self.view().map.epoch);
+        // The view first: `adopt` holds the view's lock while it takes the read
+        // fence's, so taking them the other way round hangs both (it hung a node at
+        // start-up about once in 40 test clusters: both runtime workers blocked).
+        let epoch = self.view().map.epoch;
+        pos.fence = self.inner.read_fence.lock().knowledge(req.partition, epoch);
         Ok(pos)
     }
 
