@@ -205,25 +205,22 @@ impl Changing {
         self.0.take().expect("a change ends once")
     }
 
-    /// An entry was made in `dir` (a directory's when `is_dir`), or not (`Err`: its
-    /// outcome is not known for sure). The new inode's change time is the operation's.
-    fn made(self, dir: Ino, r: &Result<Attr, Errno>, is_dir: bool) {
+    /// The change did `done` to `dir` at the service's time; `None`: its outcome or
+    /// time is not known for sure, and `dir` is forgotten.
+    fn ended(self, dir: Ino, done: Option<(Change, TimeNs)>) {
         let kept = self.take();
         let mut k = kept.lock();
-        match r {
-            Ok(a) => k.end(&[(dir.0, Change::Added { dir: is_dir }, a.ctime)], &[]),
-            Err(_) => k.end(&[], &[dir.0]),
+        match done {
+            Some((change, at)) => k.end(&[(dir.0, change, at)], &[]),
+            None => k.end(&[], &[dir.0]),
         }
     }
 
-    /// A non-directory entry of `dir` was removed at `at` (`None`: when is not known).
-    fn removed(self, dir: Ino, at: Option<TimeNs>) {
-        let kept = self.take();
-        let mut k = kept.lock();
-        match at {
-            Some(t) => k.end(&[(dir.0, Change::Removed { dir: false }, t)], &[]),
-            None => k.end(&[], &[dir.0]),
-        }
+    /// An entry was made in `dir` (a directory's when `is_dir`), or not (`Err`). The
+    /// new inode's change time is the operation's.
+    fn made(self, dir: Ino, r: &Result<Attr, Errno>, is_dir: bool) {
+        let done = r.as_ref().ok().map(|a| (Change::Added { dir: is_dir }, a.ctime));
+        self.ended(dir, done);
     }
 
     /// The change may have touched any kept directory.
@@ -231,14 +228,12 @@ impl Changing {
         self.take().lock().end_forgetting_all();
     }
 
-    /// The change sets attributes of `inos` (answered to the kernel by its reply):
-    /// they are forgotten now and again when the returned guard drops.
-    fn forgetting(self, inos: Vec<u64>) -> Forgetting {
+    /// The change sets attributes of `ino` (answered to the kernel by its reply): they
+    /// are forgotten now and again when the returned guard drops.
+    fn forgetting(self, ino: u64) -> Forgetting {
         let kept = self.take();
-        for i in &inos {
-            kept.lock().forget(*i);
-        }
-        Forgetting(kept, inos)
+        kept.lock().forget(ino);
+        Forgetting(kept, ino)
     }
 }
 
@@ -250,12 +245,12 @@ impl Drop for Changing {
     }
 }
 
-/// Ends a change that set the attributes of some inodes, when dropped.
-struct Forgetting(Arc<Mutex<DirAttrs>>, Vec<u64>);
+/// Ends a change that set the attributes of an inode, when dropped.
+struct Forgetting(Arc<Mutex<DirAttrs>>, u64);
 
 impl Drop for Forgetting {
     fn drop(&mut self) {
-        self.0.lock().end(&[], &self.1);
+        self.0.lock().end(&[], &[self.1]);
     }
 }
 
@@ -591,7 +586,7 @@ impl Filesystem for ShingleFs {
         let changing = self.changing();
         self.run(op_span!("fs.setattr", "setattr", ino.0, size), async move {
             // A directory's attributes set here reach the kernel with the reply.
-            let _changed = changing.forgetting(vec![ino.0]);
+            let _changed = changing.forgetting(ino.0);
             if let Some(f) = earlier {
                 match f.commit_setattr(&cr, &set).await {
                     Ok(Some(a)) => {
@@ -658,15 +653,11 @@ impl Filesystem for ShingleFs {
         let changing = self.changing();
         self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
             let r = c.unlink_at(&cr, parent, &name).await;
+            let at = r.as_ref().ok().copied().flatten();
+            changing.ended(parent, at.map(|t| (Change::Removed { dir: false }, t)));
             match r {
-                Ok(at) => {
-                    changing.removed(parent, at);
-                    reply.ok()
-                }
-                Err(e) => {
-                    drop(changing.forgetting(vec![parent.0]));
-                    reply.error(errno(e))
-                }
+                Ok(_) => reply.ok(),
+                Err(e) => reply.error(errno(e)),
             }
         });
     }
@@ -1125,7 +1116,7 @@ impl Filesystem for ShingleFs {
         let changing = self.changing();
         self.run(op_span!("fs.setxattr", "setxattr", ino.0), async move {
             // Its ctime changes (and an ACL sets the mode).
-            let _changed = changing.forgetting(vec![ino.0]);
+            let _changed = changing.forgetting(ino.0);
             let r = c.meta().setxattr(&cr, ino, &name, &value, mode).await;
             // Whatever the answer, the attribute may exist now.
             absent.lock().forget(ino.0, &name);
@@ -1195,7 +1186,7 @@ impl Filesystem for ShingleFs {
         let absent = self.absent.clone();
         let changing = self.changing();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
-            let _changed = changing.forgetting(vec![ino.0]);
+            let _changed = changing.forgetting(ino.0);
             let r = c.meta().removexattr(&cr, ino, &name).await;
             absent.lock().forget(ino.0, &name);
             match r {
