@@ -548,7 +548,6 @@ async fn wait_until(client: &Client, limit: Duration, settled: bool) -> Result<f
     bail!("cluster not healthy after {limit:?}: {last}")
 }
 
-/// Runs the benchmark.
 /// Kills three nodes that hold one stripe (leaving every partition a replica), reads
 /// every preloaded file (each must read or fail with EIO, promptly), restarts them and
 /// waits for health: the report, and what went wrong.
@@ -801,6 +800,26 @@ struct Load {
 }
 
 impl Load {
+    /// Stops the load and waits for its tasks (readers, then the prober, then the
+    /// writer): the ones that did not end within a minute.
+    async fn stop(&self, tasks: Vec<tokio::task::JoinHandle<()>>, readers: usize) -> Vec<String> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut hung = Vec::new();
+        for (i, t) in tasks.into_iter().enumerate() {
+            if tokio::time::timeout(Duration::from_secs(60), t).await.is_err() {
+                hung.push(if i == readers + 1 {
+                    format!(
+                        "writer stuck in {}",
+                        STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
+                    )
+                } else {
+                    format!("load task {i} stuck")
+                });
+            }
+        }
+        hung
+    }
+
     /// Reader `r`: reads the preloaded files back in a stride of its own until stopped.
     fn reader(&self, c: Client, pre: Ino, r: usize) -> tokio::task::JoinHandle<()> {
         let (log, stop, files, len, t0) = (self.log.clone(), self.stop.clone(), self.files, self.len, self.t0);
@@ -899,288 +918,437 @@ impl Load {
     }
 }
 
+/// Runs the benchmark.
 pub async fn run(a: FailoverBenchArgs) -> Result<()> {
-    let mut tmp = tempfile::Builder::new()
-        .prefix("shingle-failover-")
-        .tempdir_in("/var/tmp")?;
-    // SHINGLE_KEEP_CLUSTER=1 keeps the cluster's folder (node logs, stores) to look into
-    // after a run, failed or not.
-    if std::env::var_os("SHINGLE_KEEP_CLUSTER").is_some() {
-        tmp.disable_cleanup(true);
-        eprintln!("# keeping {}", tmp.path().display());
-    }
-    let spec = LocalSpec {
-        managers: 3,
-        partitions: 32,
-        zones: (32, "32MiB"),
-        log: std::env::var("SHINGLE_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
-        manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
-        meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
-        netns: a.netns.clone(),
-        ..LocalSpec::new(tmp.path().join("cluster"), 8)
-    };
-    eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
-    let mut cluster = LocalCluster::start(&spec)?;
-    let meta = cluster.meta_client().await?;
-    cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
-    let cfg = ClientConfig {
-        ec: (4, 2),
-        unit: a.unit_kib << 10,
-        ..ClientConfig::default()
-    };
-    let client = Client::new(meta.clone(), cfg);
-    let root = Creds::root();
-    let mkdir = |name: &'static str| {
-        let m = meta.clone();
-        let root = root.clone();
-        async move {
-            m.mknod(&root, Ino::ROOT, name.as_bytes(), FileKind::Dir, 0o755, 0, None)
-                .await
-                .map(|a| a.ino)
-                .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))
-        }
-    };
-    let (pre, wdir, iso_dir) = (mkdir("pre").await?, mkdir("w").await?, mkdir("iso").await?);
-    let len = a.file_kib << 10;
-    eprintln!("# loading {} files of {} KiB", a.files, a.file_kib);
-    for i in 0..a.files {
-        write_file(&client, pre, &format!("f{i:04}"), i as u64, len)
-            .await
-            .map_err(|e| anyhow::anyhow!("load file {i}: {e}"))?;
-    }
-
-    // The load: readers, a lookup prober, a writer.
-    let log = Arc::new(Log::default());
-    let stop = Arc::new(AtomicBool::new(false));
-    let t0 = Instant::now();
+    let tmp = scratch_dir()?;
+    let mut rig = Rig::start(&a, tmp.path()).await?;
     let load = Load {
-        log: log.clone(),
-        stop: stop.clone(),
-        t0,
+        log: Arc::new(Log::default()),
+        stop: Arc::new(AtomicBool::new(false)),
+        t0: Instant::now(),
         files: a.files,
-        len,
+        len: rig.len,
     };
-    let mut tasks: Vec<_> = (0..a.readers).map(|r| load.reader(client.clone(), pre, r)).collect();
-    tasks.push(load.prober(meta.clone(), pre));
-    tasks.push(load.writer(client.clone(), wdir));
-
-    let phase_len = Duration::from_secs(a.phase_secs);
-    let mut marks = vec![0.0];
-    let run_phase = async |what: &str| {
-        eprintln!("# {what}");
-        tokio::time::sleep(phase_len).await;
-        t0.elapsed().as_secs_f64()
-    };
-    marks.push(run_phase("phase healthy").await);
-    let managers = cluster.managers.clone();
-    let (va, vb) = (5u64, 6u64);
-    // In the rig, node 5 is cut off instead of killed, with a writer inside it.
-    let iso_acks = tmp.path().join("iso-acks.txt");
-    let mut iso_child = None;
-    if let Some(prefix) = &a.netns {
-        let exe = std::env::current_exe()?;
-        iso_child = Some(
-            std::process::Command::new("ip")
-                .args(["netns", "exec", &format!("{prefix}h{va}")])
-                .arg(exe)
-                .args(["bench", "iso-writer", "--cluster-file"])
-                .arg(&cluster.cluster_file)
-                .arg("--secret-file")
-                .arg(&cluster.secret_file)
-                .arg("--acks")
-                .arg(&iso_acks)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::fs::File::create(tmp.path().join("iso-writer.log"))?)
-                .spawn()
-                .context("start the writer inside the partitioned host")?,
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-    let cut_ms = wall_ms();
-    match &a.netns {
-        Some(prefix) => set_link(prefix, va, false)?,
-        None => cluster.nodes[va as usize - 1].kill(),
-    }
-    let killed_at = t0.elapsed().as_secs_f64();
-    marks.push(
-        run_phase(if a.netns.is_some() {
-            "phase one-data-down: node 5 partitioned"
-        } else {
-            "phase one-data-down: node 5 killed"
-        })
-        .await,
-    );
-    cluster.nodes[vb as usize - 1].kill();
-    marks.push(run_phase("phase two-data-down: node 6 killed").await);
-    let repaired_before = cluster_health(&client).await.repair.bytes_total;
-    eprintln!("# restarting nodes {va}, {vb}");
-    let heal_ms = wall_ms();
-    match &a.netns {
-        Some(prefix) => set_link(prefix, va, true)?,
-        None => cluster.nodes[va as usize - 1].restart(&spec)?,
-    }
-    cluster.nodes[vb as usize - 1].restart(&spec)?;
-    let heal_started = Instant::now();
-    let mut healed = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await;
-    let heal_secs = heal_started.elapsed().as_secs_f64();
-    marks.push(t0.elapsed().as_secs_f64());
-    let lead = leader(&meta, &managers).await.context("no manager leader")?;
-    let lead_kill_ms = wall_ms();
-    cluster.nodes[lead as usize - 1].kill();
-    marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
-    eprintln!("# restarting node {lead}");
-    let lead_restart_ms = wall_ms();
-    cluster.nodes[lead as usize - 1].restart(&spec)?;
-    if let Err(e) = wait_healthy(&client, Duration::from_secs(a.heal_secs)).await {
-        healed = healed.and(Err(e));
-    }
-    marks.push(t0.elapsed().as_secs_f64());
-    stop.store(true, Ordering::Relaxed);
-    let mut hung = Vec::new();
-    for (i, t) in tasks.into_iter().enumerate() {
-        if tokio::time::timeout(Duration::from_secs(60), t).await.is_err() {
-            hung.push(if i == a.readers + 1 {
-                format!(
-                    "writer stuck in {}",
-                    STAGES[usize::from(WRITER_STAGE.load(Ordering::Relaxed)) % 5]
-                )
-            } else {
-                format!("load task {i} stuck")
-            });
-        }
-    }
-    let health_after = cluster_health(&client).await;
-    let rebuilt_bytes = health_after.repair.bytes_total;
-
-    let names = [
-        "healthy",
-        "one-data-down",
-        "two-data-down",
-        "restart-two",
-        "leader-down",
-        "restart-leader",
-    ];
-    let phases: Vec<Phase> = names
-        .iter()
-        .enumerate()
-        .map(|(i, n)| phase(n, &log, marks[i], marks[i + 1]))
+    let mut tasks: Vec<_> = (0..a.readers)
+        .map(|r| load.reader(rig.client.clone(), rig.pre, r))
         .collect();
-    let faults = [&phases[1], &phases[2], &phases[4]];
-    let stall_ms = faults.iter().map(|p| p.read_max_ms).fold(0.0, f64::max);
-    let lookup_stall_ms = faults.iter().map(|p| p.lookup_max_ms).fold(0.0, f64::max);
-    let before: Vec<f64> = log
-        .reads
-        .lock()
-        .iter()
-        .filter(|s| s.at < killed_at)
-        .map(|s| s.ms)
-        .collect();
-    let after: Vec<f64> = log
-        .reads
-        .lock()
-        .iter()
-        .filter(|s| s.at >= killed_at && s.at < marks[3])
-        .map(|s| s.ms)
-        .collect();
-    let (mut before, mut after) = (before, after);
-    // Scan throughput with one and with two nodes down, as a ratio to healthy (the second
-    // phase also sees the first node's shards rebuilt once it is Out).
-    let degraded_ratio = phases[1].read_mib_s / phases[0].read_mib_s.max(1e-9);
-    let degraded2_ratio = phases[2].read_mib_s / phases[0].read_mib_s.max(1e-9);
-
-    // Three down: a clear EIO, promptly; nothing lost once they return.
-    let (three, mut three_err) = if healed.is_ok() {
-        three_down(&mut cluster, &spec, &client, pre, a.files, len, a.heal_secs).await?
-    } else {
-        (serde_json::json!(null), None)
-    };
-
-    // A node joins: it should get about 1/N of the partition replicas and shards,
-    // moved online and throttled by the repair scans.
-    let mut add = serde_json::json!(null);
-    if three_err.is_none() {
-        let (report, err) = add_node(&mut cluster, &spec, &client, a.heal_secs).await?;
-        add = report;
-        three_err = err;
-    }
-
-    // Read everything back.
-    let acked = log.acked.lock().clone();
-    let mut bad = read_back(&client, pre, a.files, len, wdir, &acked).await;
-    // The writer inside the partitioned host: nothing acknowledged while it was cut off
-    // (a write begun just before the cut may finish), and everything it had
-    // acknowledged is there.
-    let mut iso = serde_json::json!(null);
-    if let Some(c) = iso_child.take() {
-        let times = CutTimes {
-            cut_ms,
-            heal_ms,
-            lead,
-            lead_kill_ms,
-            lead_restart_ms,
-        };
-        let log = tmp.path().join("iso-writer.log");
-        let (report, found) = check_iso_writer(c, &iso_acks, &log, &client, iso_dir, &times).await;
-        iso = report;
-        bad.extend(found);
-    }
-
-    // Every name must have its own inode.
-    bad.extend(shared_inodes(&meta, &[pre, wdir]).await);
-    let verified = (a.files + acked.len()).saturating_sub(bad.len());
-    cluster.stop();
+    tasks.push(load.prober(rig.meta.clone(), rig.pre));
+    tasks.push(load.writer(rig.client.clone(), rig.wdir));
+    let mut faults = rig.faults(&a, load.t0, tmp.path()).await?;
+    let hung = load.stop(tasks, a.readers).await;
+    let health_after = cluster_health(&rig.client).await;
+    let figures = Figures::of(&load.log, &faults.marks, faults.killed_at);
+    let checks = rig.checks(&a, &load.log, &mut faults, tmp.path()).await?;
+    rig.cluster.stop();
 
     let machine = crate::bench::transport::machine();
-    println!(
-        "# failover ({machine}): 8 nodes, 3 managers, ec(4,2), {} readers + 1 writer + 1 lookup prober",
-        a.readers
-    );
-    print_phases(&phases);
-    let rebuilt_mib = rebuilt_bytes as f64 / (1u64 << 20) as f64;
-    println!(
-        "longest read stall {stall_ms:.1} ms (target <= 100); median read {:.1} ms before, {:.1} ms after the first kill",
-        super::median(&mut before),
-        super::median(&mut after)
-    );
-    println!(
-        "worst lookup stall {lookup_stall_ms:.1} ms; scan throughput {degraded_ratio:.2}x healthy with one node down, {degraded2_ratio:.2}x with two"
-    );
-    println!(
-        "rebuilt {:.1} MiB at {:.1} MiB/s (repair scan's own rate); healthy {heal_secs:.1} s after restart",
-        rebuilt_mib,
-        health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64
-    );
-    println!("three down: {three}");
-    println!("add node: {add} (ideal share 1/N)");
-    println!(
-        "read-back: {verified} of {} files verified ({} acknowledged writes), {} bad",
-        a.files + acked.len(),
-        acked.len(),
-        bad.len()
-    );
-    for b in &bad {
-        println!("  bad: {b}");
-    }
-    let errors = log.errors.lock().clone();
+    let errors = load.log.errors.lock().clone();
+    figures.print(&machine, a.readers, &faults, &health_after);
+    checks.print(a.files);
     for e in &errors {
         println!("  error: {e}");
     }
     let report = serde_json::json!({
         "bench": "failover", "machine": machine, "files": a.files, "file_kib": a.file_kib,
         "unit_kib": a.unit_kib, "phase_secs": a.phase_secs, "readers": a.readers,
-        "phases": phases, "longest_read_stall_ms": stall_ms,
-        "median_read_before_ms": super::median(&mut before), "median_read_after_ms": super::median(&mut after),
-        "worst_lookup_stall_ms": lookup_stall_ms, "degraded_read_ratio": degraded_ratio, "degraded2_read_ratio": degraded2_ratio,
-        "rebuild": {"bytes": rebuilt_bytes, "bytes_during_faults": repaired_before, "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
-        "healed": healed.is_ok(), "heal_secs": heal_secs, "three_down": three, "add_node": add,
-        "partitioned_writer": iso, "netns": a.netns,
-        "read_back": {"files": a.files + acked.len(), "verified": verified, "acked_writes": acked.len(), "bad": bad},
+        "phases": figures.phases, "longest_read_stall_ms": figures.stall_ms,
+        "median_read_before_ms": figures.median_before_ms, "median_read_after_ms": figures.median_after_ms,
+        "worst_lookup_stall_ms": figures.lookup_stall_ms, "degraded_read_ratio": figures.degraded_ratio,
+        "degraded2_read_ratio": figures.degraded2_ratio,
+        "rebuild": {"bytes": health_after.repair.bytes_total, "bytes_during_faults": faults.repaired_before,
+            "mib_s": health_after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64},
+        "healed": faults.healed.is_ok(), "heal_secs": faults.heal_secs, "three_down": checks.three,
+        "add_node": checks.add, "partitioned_writer": checks.iso, "netns": a.netns,
+        "read_back": {"files": checks.files, "verified": checks.verified(), "acked_writes": checks.acked, "bad": checks.bad},
         "errors": errors, "hung": hung,
     });
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&report)?)?;
         println!("# wrote {}", p.display());
     }
+    verdict(&a, &figures.phases, &errors, faults.healed, hung, checks)
+}
+
+/// The run's scratch folder under /var/tmp; `SHINGLE_KEEP_CLUSTER=1` keeps it (node logs,
+/// stores) to look into after a run, failed or not.
+fn scratch_dir() -> Result<tempfile::TempDir> {
+    let mut tmp = tempfile::Builder::new()
+        .prefix("shingle-failover-")
+        .tempdir_in("/var/tmp")?;
+    if std::env::var_os("SHINGLE_KEEP_CLUSTER").is_some() {
+        tmp.disable_cleanup(true);
+        eprintln!("# keeping {}", tmp.path().display());
+    }
+    Ok(tmp)
+}
+
+/// The cluster under test, its clients, and the three directories of the run: `pre`
+/// (the preloaded files), `w` (the writer's) and `iso` (the partitioned writer's).
+struct Rig {
+    spec: LocalSpec,
+    cluster: LocalCluster,
+    meta: MetaClient,
+    client: Client,
+    pre: Ino,
+    wdir: Ino,
+    iso_dir: Ino,
+    /// Bytes per preloaded file.
+    len: usize,
+}
+
+/// The first data node to fail (partitioned in the rig, killed otherwise) and the second.
+const VICTIMS: (u64, u64) = (5, 6);
+
+impl Rig {
+    /// Starts 8 nodes (3 managers), makes the run's directories and loads the files.
+    async fn start(a: &FailoverBenchArgs, dir: &std::path::Path) -> Result<Rig> {
+        let spec = LocalSpec {
+            managers: 3,
+            partitions: 32,
+            zones: (32, "32MiB"),
+            log: std::env::var("SHINGLE_NODE_LOG").unwrap_or_else(|_| "warn,openraft=error".into()),
+            manager_toml: "down_after_ms = 3000\nheartbeat_pause_ms = 500\nout_after_ms = 6000\n".into(),
+            meta_toml: "repair_interval_ms = 2000\nrebuild_rate = \"1GiB\"\n".into(),
+            netns: a.netns.clone(),
+            ..LocalSpec::new(dir.join("cluster"), 8)
+        };
+        eprintln!("# starting 8 nodes (3 managers) in {}", spec.dir.display());
+        let cluster = LocalCluster::start(&spec)?;
+        let meta = cluster.meta_client().await?;
+        cluster.wait_ready(&meta, Duration::from_secs(90)).await?;
+        let cfg = ClientConfig {
+            ec: (4, 2),
+            unit: a.unit_kib << 10,
+            ..ClientConfig::default()
+        };
+        let client = Client::new(meta.clone(), cfg);
+        let mkdir = async |name: &str| {
+            meta.mknod(
+                &Creds::root(),
+                Ino::ROOT,
+                name.as_bytes(),
+                FileKind::Dir,
+                0o755,
+                0,
+                None,
+            )
+            .await
+            .map(|a| a.ino)
+            .map_err(|e| anyhow::anyhow!("mkdir {name}: {e}"))
+        };
+        let (pre, wdir, iso_dir) = (mkdir("pre").await?, mkdir("w").await?, mkdir("iso").await?);
+        let len = a.file_kib << 10;
+        eprintln!("# loading {} files of {} KiB", a.files, a.file_kib);
+        for i in 0..a.files {
+            write_file(&client, pre, &format!("f{i:04}"), i as u64, len)
+                .await
+                .map_err(|e| anyhow::anyhow!("load file {i}: {e}"))?;
+        }
+        Ok(Rig {
+            spec,
+            cluster,
+            meta,
+            client,
+            pre,
+            wdir,
+            iso_dir,
+            len,
+        })
+    }
+
+    /// The fault schedule under load: healthy, one node down, two down, both back (until
+    /// healthy), the manager leader down, back (until healthy).
+    async fn faults(&mut self, a: &FailoverBenchArgs, t0: Instant, dir: &std::path::Path) -> Result<Faults> {
+        let phase_len = Duration::from_secs(a.phase_secs);
+        let run_phase = async |what: &str| {
+            eprintln!("# {what}");
+            tokio::time::sleep(phase_len).await;
+            t0.elapsed().as_secs_f64()
+        };
+        let (va, vb) = VICTIMS;
+        let mut marks = vec![0.0, run_phase("phase healthy").await];
+        // In the rig, node 5 is cut off instead of killed, with a writer inside it.
+        let iso_child = match &a.netns {
+            Some(prefix) => Some(self.start_iso_writer(prefix, dir).await?),
+            None => None,
+        };
+        let cut_ms = wall_ms();
+        self.set_first_victim(a, false)?;
+        let killed_at = t0.elapsed().as_secs_f64();
+        marks.push(
+            run_phase(if a.netns.is_some() {
+                "phase one-data-down: node 5 partitioned"
+            } else {
+                "phase one-data-down: node 5 killed"
+            })
+            .await,
+        );
+        self.cluster.nodes[vb as usize - 1].kill();
+        marks.push(run_phase("phase two-data-down: node 6 killed").await);
+        let repaired_before = cluster_health(&self.client).await.repair.bytes_total;
+        eprintln!("# restarting nodes {va}, {vb}");
+        let heal_ms = wall_ms();
+        self.set_first_victim(a, true)?;
+        self.cluster.nodes[vb as usize - 1].restart(&self.spec)?;
+        let heal_started = Instant::now();
+        let mut healed = wait_healthy(&self.client, Duration::from_secs(a.heal_secs)).await;
+        let heal_secs = heal_started.elapsed().as_secs_f64();
+        marks.push(t0.elapsed().as_secs_f64());
+        let lead = leader(&self.meta, &self.cluster.managers)
+            .await
+            .context("no manager leader")?;
+        let lead_kill_ms = wall_ms();
+        self.cluster.nodes[lead as usize - 1].kill();
+        marks.push(run_phase(&format!("phase leader-down: manager {lead} killed")).await);
+        eprintln!("# restarting node {lead}");
+        let lead_restart_ms = wall_ms();
+        self.cluster.nodes[lead as usize - 1].restart(&self.spec)?;
+        if let Err(e) = wait_healthy(&self.client, Duration::from_secs(a.heal_secs)).await {
+            healed = healed.and(Err(e));
+        }
+        marks.push(t0.elapsed().as_secs_f64());
+        Ok(Faults {
+            marks,
+            killed_at,
+            healed,
+            heal_secs,
+            repaired_before,
+            times: CutTimes {
+                cut_ms,
+                heal_ms,
+                lead,
+                lead_kill_ms,
+                lead_restart_ms,
+            },
+            iso_child,
+        })
+    }
+
+    /// Takes the first victim away (`up` false) or brings it back: its link in the rig,
+    /// the process otherwise.
+    fn set_first_victim(&mut self, a: &FailoverBenchArgs, up: bool) -> Result<()> {
+        let node = &mut self.cluster.nodes[VICTIMS.0 as usize - 1];
+        match (&a.netns, up) {
+            (Some(prefix), _) => set_link(prefix, VICTIMS.0, up),
+            (None, false) => {
+                node.kill();
+                Ok(())
+            }
+            (None, true) => node.restart(&self.spec),
+        }
+    }
+
+    /// Starts `bench iso-writer` inside the first victim's host and gives it a moment.
+    async fn start_iso_writer(&self, prefix: &str, dir: &std::path::Path) -> Result<std::process::Child> {
+        let exe = std::env::current_exe()?;
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &format!("{prefix}h{}", VICTIMS.0)])
+            .arg(exe)
+            .args(["bench", "iso-writer", "--cluster-file"])
+            .arg(&self.cluster.cluster_file)
+            .arg("--secret-file")
+            .arg(&self.cluster.secret_file)
+            .arg("--acks")
+            .arg(dir.join("iso-acks.txt"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(dir.join("iso-writer.log"))?)
+            .spawn()
+            .context("start the writer inside the partitioned host")?;
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        Ok(child)
+    }
+
+    /// With the load stopped: three nodes down, a node added, everything read back, the
+    /// partitioned writer's acknowledgements checked, every name its own inode.
+    async fn checks(
+        &mut self,
+        a: &FailoverBenchArgs,
+        log: &Log,
+        faults: &mut Faults,
+        dir: &std::path::Path,
+    ) -> Result<Checks> {
+        // Three down: a clear EIO, promptly; nothing lost once they return.
+        let (three, mut err) = if faults.healed.is_ok() {
+            let (pre, len) = (self.pre, self.len);
+            three_down(
+                &mut self.cluster,
+                &self.spec,
+                &self.client,
+                pre,
+                a.files,
+                len,
+                a.heal_secs,
+            )
+            .await?
+        } else {
+            (serde_json::json!(null), None)
+        };
+        // A node joins: it should get about 1/N of the partition replicas and shards,
+        // moved online and throttled by the repair scans.
+        let mut add = serde_json::json!(null);
+        if err.is_none() {
+            let (report, e) = add_node(&mut self.cluster, &self.spec, &self.client, a.heal_secs).await?;
+            add = report;
+            err = e;
+        }
+        let acked = log.acked.lock().clone();
+        let mut bad = read_back(&self.client, self.pre, a.files, self.len, self.wdir, &acked).await;
+        // The writer inside the partitioned host: nothing acknowledged while it was cut
+        // off (a write begun just before the cut may finish), and everything it had
+        // acknowledged is there.
+        let mut iso = serde_json::json!(null);
+        if let Some(c) = faults.iso_child.take() {
+            let (acks, log) = (dir.join("iso-acks.txt"), dir.join("iso-writer.log"));
+            let (report, found) = check_iso_writer(c, &acks, &log, &self.client, self.iso_dir, &faults.times).await;
+            iso = report;
+            bad.extend(found);
+        }
+        bad.extend(shared_inodes(&self.meta, &[self.pre, self.wdir]).await);
+        Ok(Checks {
+            three,
+            three_err: err,
+            add,
+            iso,
+            files: a.files + acked.len(),
+            acked: acked.len(),
+            bad,
+        })
+    }
+}
+
+/// What the fault schedule did and saw.
+struct Faults {
+    /// Seconds since the load started at which each phase ended (the first is 0).
+    marks: Vec<f64>,
+    /// When the first node went.
+    killed_at: f64,
+    /// Whether the cluster became healthy after both returns, and in how long after the
+    /// first.
+    healed: Result<f64>,
+    heal_secs: f64,
+    /// Bytes rebuilt before the nodes returned.
+    repaired_before: u64,
+    times: CutTimes,
+    /// The writer inside the partitioned host, in the rig.
+    iso_child: Option<std::process::Child>,
+}
+
+/// The figures of the loaded phases.
+struct Figures {
+    phases: Vec<Phase>,
+    stall_ms: f64,
+    lookup_stall_ms: f64,
+    median_before_ms: f64,
+    median_after_ms: f64,
+    /// Scan throughput with one and with two nodes down, as a ratio to healthy (the
+    /// second phase also sees the first node's shards rebuilt once it is Out).
+    degraded_ratio: f64,
+    degraded2_ratio: f64,
+}
+
+impl Figures {
+    fn of(log: &Log, marks: &[f64], killed_at: f64) -> Figures {
+        let names = [
+            "healthy",
+            "one-data-down",
+            "two-data-down",
+            "restart-two",
+            "leader-down",
+            "restart-leader",
+        ];
+        let phases: Vec<Phase> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| phase(n, log, marks[i], marks[i + 1]))
+            .collect();
+        let faults = [&phases[1], &phases[2], &phases[4]];
+        let median_of = |from: f64, to: f64| {
+            let mut ms: Vec<f64> = log
+                .reads
+                .lock()
+                .iter()
+                .filter(|s| s.at >= from && s.at < to)
+                .map(|s| s.ms)
+                .collect();
+            super::median(&mut ms)
+        };
+        Figures {
+            stall_ms: faults.iter().map(|p| p.read_max_ms).fold(0.0, f64::max),
+            lookup_stall_ms: faults.iter().map(|p| p.lookup_max_ms).fold(0.0, f64::max),
+            median_before_ms: median_of(f64::MIN, killed_at),
+            median_after_ms: median_of(killed_at, marks[3]),
+            degraded_ratio: phases[1].read_mib_s / phases[0].read_mib_s.max(1e-9),
+            degraded2_ratio: phases[2].read_mib_s / phases[0].read_mib_s.max(1e-9),
+            phases,
+        }
+    }
+
+    fn print(&self, machine: &str, readers: usize, faults: &Faults, after: &crate::cli::Health) {
+        println!(
+            "# failover ({machine}): 8 nodes, 3 managers, ec(4,2), {readers} readers + 1 writer + 1 lookup prober"
+        );
+        print_phases(&self.phases);
+        println!(
+            "longest read stall {:.1} ms (target <= 100); median read {:.1} ms before, {:.1} ms after the first kill",
+            self.stall_ms, self.median_before_ms, self.median_after_ms
+        );
+        println!(
+            "worst lookup stall {:.1} ms; scan throughput {:.2}x healthy with one node down, {:.2}x with two",
+            self.lookup_stall_ms, self.degraded_ratio, self.degraded2_ratio
+        );
+        println!(
+            "rebuilt {:.1} MiB at {:.1} MiB/s (repair scan's own rate); healthy {:.1} s after restart",
+            after.repair.bytes_total as f64 / (1u64 << 20) as f64,
+            after.repair.bytes_per_sec as f64 / (1u64 << 20) as f64,
+            faults.heal_secs
+        );
+    }
+}
+
+/// What the checks after the load found.
+struct Checks {
+    three: serde_json::Value,
+    three_err: Option<String>,
+    add: serde_json::Value,
+    iso: serde_json::Value,
+    /// Files read back (preloaded and acknowledged written) and how many were written.
+    files: usize,
+    acked: usize,
+    /// Lost or corrupt files, acknowledgements broken, names sharing an inode.
+    bad: Vec<String>,
+}
+
+impl Checks {
+    fn verified(&self) -> usize {
+        self.files.saturating_sub(self.bad.len())
+    }
+
+    fn print(&self, preloaded: usize) {
+        println!("three down: {}", self.three);
+        println!("add node: {} (ideal share 1/N)", self.add);
+        println!(
+            "read-back: {} of {} files verified ({} acknowledged writes), {} bad",
+            self.verified(),
+            preloaded + self.acked,
+            self.acked,
+            self.bad.len()
+        );
+        for b in &self.bad {
+            println!("  bad: {b}");
+        }
+    }
+}
+
+/// Fails the run when an invariant broke, or (with a distinct exit) when only the stall
+/// bounds were missed.
+fn verdict(
+    a: &FailoverBenchArgs,
+    phases: &[Phase],
+    errors: &[String],
+    healed: Result<f64>,
+    hung: Vec<String>,
+    checks: Checks,
+) -> Result<()> {
     let failed: usize = phases
         .iter()
         .map(|p| p.failed_reads + p.failed_lookups + p.failed_writes)
@@ -1195,15 +1363,13 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
     if let Err(e) = healed {
         problems.push(e.to_string());
     }
-    problems.extend(hung.iter().cloned());
-    if let Some(e) = three_err {
-        problems.push(e);
-    }
-    if !bad.is_empty() {
+    problems.extend(hung);
+    problems.extend(checks.three_err);
+    if !checks.bad.is_empty() {
         problems.push(format!(
             "{} files lost or corrupt: {:?}",
-            bad.len(),
-            bad.iter().take(5).collect::<Vec<_>>()
+            checks.bad.len(),
+            checks.bad.iter().take(5).collect::<Vec<_>>()
         ));
     }
     if !problems.is_empty() {
