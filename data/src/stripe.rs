@@ -256,8 +256,7 @@ async fn write_stripe_inner<C>(
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
-    let (ino, stripe) = (at.ino, at.stripe);
-    let (k, n) = (usize::from(policy.k), policy.shard_count());
+    let n = policy.shard_count();
     if targets.len() != n {
         return Err(StripeError::WrongGroupSize {
             need: n,
@@ -266,110 +265,158 @@ where
     }
     let shards = policy.encode_stripe_bytes(data)?;
     let suspected = |a: SocketAddr| health.suspected(a);
-    let mut placer = Placer::new(targets, spares, down, rule.share_nodes, &suspected);
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    let sender = ShardSender {
-        client: client.clone(),
-        health: health.clone(),
-        tx,
-        at,
-        k,
+    let (tx, rx) = mpsc::unbounded_channel();
+    let k = usize::from(policy.k);
+    let mut flight = Flight {
+        sender: ShardSender {
+            client: client.clone(),
+            health: health.clone(),
+            tx,
+            at,
+            k,
+        },
+        placer: Placer::new(targets, spares, down, rule.share_nodes, &suspected),
+        placed: vec![None; n],
+        shards,
+        pending: 0,
+        safe: 0,
+        errors: Vec::new(),
     };
-    let mut placed: Vec<Option<SocketAddr>> = vec![None; n];
-    let mut pending = 0usize;
-    let mut safe = 0usize;
-    let suspects = health.suspects(targets);
-    let mut orphans = Vec::new();
-    // Shards with a healthy node of their own go first, so the others can share them.
-    for (i, shard) in shards.iter().enumerate() {
-        if i < k && shard.is_empty() {
-            // An empty data shard of a short stripe is not stored; readers know it is empty.
-            placed[i] = Some(targets[i]);
-            safe += 1;
-        } else if suspects[i] || down.contains(&targets[i]) {
-            orphans.push(i);
-        } else {
-            sender.send(i, targets[i], shard.clone(), "own");
-            placer.add(targets[i], 1);
-            pending += 1;
+    flight.start(targets, down, &health.suspects(targets));
+    flight.gather(rx, rule.tolerate).await;
+    flight.outcome(rule.tolerate)
+}
+
+/// One stripe's shard writes in flight: where each shard is stored once it is, how
+/// many writes are still out, and every failure.
+struct Flight<'a, C> {
+    sender: ShardSender<C>,
+    placer: Placer<'a>,
+    shards: Vec<Bytes>,
+    placed: Vec<Option<SocketAddr>>,
+    pending: usize,
+    /// Empty data shards of a short stripe: not stored, readers know they are empty.
+    safe: usize,
+    errors: Vec<String>,
+}
+
+impl<C> Flight<'_, C>
+where
+    C: RpcChannel + Clone + Send + Sync + 'static,
+{
+    fn send(&mut self, i: usize, node: SocketAddr, how: &'static str) {
+        self.sender.send(i, node, self.shards[i].clone(), how);
+        self.placer.add(node, 1);
+        self.pending += 1;
+    }
+
+    /// Sends every shard: those with a healthy node of their own first, so the others
+    /// can share them.
+    fn start(&mut self, targets: &[SocketAddr], down: &[SocketAddr], suspects: &[bool]) {
+        let k = self.sender.k;
+        let mut orphans = Vec::new();
+        for (i, &target) in targets.iter().enumerate() {
+            if i < k && self.shards[i].is_empty() {
+                self.placed[i] = Some(target);
+                self.safe += 1;
+            } else if suspects[i] || down.contains(&target) {
+                orphans.push(i);
+            } else {
+                self.send(i, target, "own");
+            }
+        }
+        for i in orphans {
+            // A node the map says is down: a spare, else a live node of the stripe. One
+            // that is only suspected (slow, or a request failed): a spare, else its own
+            // node — suspicion may be wrong, and piling the shards of several suspected
+            // nodes onto the few others could leave a stripe that would not survive one
+            // more loss (seen on a loaded machine: six shards on two nodes, the write
+            // failed).
+            let (node, how) = match self.placer.fallback(down.contains(&targets[i])) {
+                Some(f) => {
+                    self.placer.bad.push(targets[i]);
+                    f
+                }
+                None => (targets[i], "own"),
+            };
+            self.send(i, node, how);
         }
     }
-    for i in orphans {
-        // A node the map says is down: a spare, else a live node of the stripe. One that
-        // is only suspected (slow, or a request failed): a spare, else its own node —
-        // suspicion may be wrong, and piling the shards of several suspected nodes onto
-        // the few others could leave a stripe that would not survive one more loss
-        // (seen on a loaded machine: six shards on two nodes, the write failed).
-        let share = down.contains(&targets[i]);
-        let (node, how) = match placer.fallback(share) {
-            Some(f) => {
-                placer.bad.push(targets[i]);
-                f
-            }
-            None => (targets[i], "own"),
-        };
-        sender.send(i, node, shards[i].clone(), how);
-        placer.add(node, 1);
-        pending += 1;
-    }
-    let held = |placed: &[Option<SocketAddr>]| -> Vec<Option<SocketAddr>> {
-        placed
+
+    /// The stored shards' nodes, an empty data shard's as none.
+    fn held(&self) -> Vec<Option<SocketAddr>> {
+        let k = self.sender.k;
+        self.placed
             .iter()
             .enumerate()
-            .map(|(i, p)| p.filter(|_| !(i < k && shards[i].is_empty())))
+            .map(|(i, p)| p.filter(|_| !(i < k && self.shards[i].is_empty())))
             .collect()
-    };
-    let mut errors: Vec<String> = Vec::new();
-    let mut give_up: Option<tokio::time::Instant> = None;
-    while pending > 0 {
-        let next = match give_up {
-            Some(t) => match tokio::time::timeout_at(t, rx.recv()).await {
-                Ok(x) => x,
-                Err(_) => break,
-            },
-            None => rx.recv().await,
-        };
-        let Some((i, node, r)) = next else { break };
-        pending -= 1;
-        match r {
-            Ok(()) => placed[i] = Some(node),
-            Err(e) => {
-                tracing::debug!(ino, stripe, shard = i, %node, error = %e, "shard write failed");
-                errors.push(format!("shard {i} on {node}: {e}"));
-                placer.failed(node);
-                if let Some((other, how)) = placer.fallback(true) {
-                    sender.send(i, other, shards[i].clone(), how);
-                    placer.add(other, 1);
-                    pending += 1;
+    }
+
+    fn survives(&self, tolerate: usize) -> bool {
+        survives(&self.held(), self.safe, self.sender.k, tolerate)
+    }
+
+    /// Takes the answers, sending a failed shard elsewhere, until every write answered
+    /// or, once the stored shards survive `tolerate` losses, [`WRITE_GIVE_UP`] passed.
+    async fn gather(
+        &mut self,
+        mut rx: mpsc::UnboundedReceiver<(usize, SocketAddr, Result<(), String>)>,
+        tolerate: usize,
+    ) {
+        let mut give_up: Option<tokio::time::Instant> = None;
+        while self.pending > 0 {
+            let next = match give_up {
+                Some(t) => match tokio::time::timeout_at(t, rx.recv()).await {
+                    Ok(x) => x,
+                    Err(_) => break,
+                },
+                None => rx.recv().await,
+            };
+            let Some((i, node, r)) = next else { break };
+            self.pending -= 1;
+            match r {
+                Ok(()) => self.placed[i] = Some(node),
+                Err(e) => {
+                    let at = &self.sender.at;
+                    tracing::debug!(ino = at.ino, stripe = at.stripe, shard = i, %node, error = %e, "shard write failed");
+                    self.errors.push(format!("shard {i} on {node}: {e}"));
+                    self.placer.failed(node);
+                    if let Some((other, how)) = self.placer.fallback(true) {
+                        self.send(i, other, how);
+                    }
                 }
             }
-        }
-        if give_up.is_none() && survives(&held(&placed), safe, k, rule.tolerate) {
-            give_up = Some(tokio::time::Instant::now() + WRITE_GIVE_UP);
+            if give_up.is_none() && self.survives(tolerate) {
+                give_up = Some(tokio::time::Instant::now() + WRITE_GIVE_UP);
+            }
         }
     }
-    let stored = placed.iter().flatten().count();
-    let span = Span::current();
-    span.record("stored", stored);
-    span.record("spares", placer.spares_used);
-    span.record("shared", placer.shared);
-    span.record("degraded", stored < n || placer.shared > 0);
-    if !survives(&held(&placed), safe, k, rule.tolerate) {
-        span.record("otel.status_code", "error");
-        return Err(StripeError::WriteFailed {
-            ino,
-            stripe,
-            failed: n - stored,
-            total: n,
-            first: errors.first().cloned().unwrap_or_else(|| {
-                format!(
-                    "the shards stored would not survive {} more node loss(es)",
-                    rule.tolerate
-                )
-            }),
-        });
+
+    /// Records the stripe's placement on the span: the placement, or why it is not safe.
+    fn outcome(self, tolerate: usize) -> Result<Vec<Option<SocketAddr>>, StripeError> {
+        let (n, stored) = (self.placed.len(), self.placed.iter().flatten().count());
+        let span = Span::current();
+        span.record("stored", stored);
+        span.record("spares", self.placer.spares_used);
+        span.record("shared", self.placer.shared);
+        span.record("degraded", stored < n || self.placer.shared > 0);
+        if !self.survives(tolerate) {
+            span.record("otel.status_code", "error");
+            return Err(StripeError::WriteFailed {
+                ino: self.sender.at.ino,
+                stripe: self.sender.at.stripe,
+                failed: n - stored,
+                total: n,
+                first: self
+                    .errors
+                    .first()
+                    .cloned()
+                    .unwrap_or_else(|| format!("the shards stored would not survive {tolerate} more node loss(es)")),
+            });
+        }
+        Ok(self.placed)
     }
-    Ok(placed)
 }
 
 /// What one stripe write knows of where its shards may go, as answers come in: the
