@@ -549,41 +549,7 @@ fn run(ns: &mut Namespace, creds: &Creds, op: &NsOp, id: u64, now: i64) -> Resul
 /// Runs `op` on a (sparse) namespace.
 fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
     Ok(match op {
-        NsOp::Mknod {
-            parent,
-            name,
-            kind,
-            perm,
-            rdev,
-            target,
-            token,
-            reserve,
-        } => {
-            let a = ns.mknod_once(
-                creds,
-                *parent,
-                name,
-                *kind,
-                *perm,
-                *rdev,
-                target.as_deref(),
-                now,
-                *token,
-                reserve.as_ref().map(|r| (&r.policy, r.count)),
-            )?;
-            // A file made with versions reserved, still empty (no stripes: its record
-            // holds all an open reads), is opened from the reply. One a retry found
-            // made before (its token) may have data by now: the creator reads it.
-            let policy = if reserve.is_some() && a.size == 0 {
-                ns.policy(a.ino)?
-            } else {
-                None
-            };
-            match policy {
-                Some(layout) => OpReply::Made(a, layout),
-                None => OpReply::Attr(a),
-            }
-        }
+        NsOp::Mknod { .. } => return run_mknod(ns, creds, op, now),
         NsOp::Link {
             ino,
             newparent,
@@ -623,6 +589,61 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             ns.removexattr(creds, *ino, name, now)?;
             OpReply::Done
         }
+        NsOp::SetLayout { .. }
+        | NsOp::CommitWrite { .. }
+        | NsOp::CommitWriteSetAttr { .. }
+        | NsOp::ReserveVersions { .. } => return run_data_op(ns, creds, op, now),
+        NsOp::HoldPurge { .. } | NsOp::Purged { .. } | NsOp::RelocateShards { .. } => {
+            return run_service_op(ns, creds, op, now);
+        }
+    })
+}
+
+/// Runs a create (file, directory, node or symlink).
+fn run_mknod(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+    let NsOp::Mknod {
+        parent,
+        name,
+        kind,
+        perm,
+        rdev,
+        target,
+        token,
+        reserve,
+    } = op
+    else {
+        return Err(Errno::EINVAL);
+    };
+    let a = ns.mknod_once(
+        creds,
+        *parent,
+        name,
+        *kind,
+        *perm,
+        *rdev,
+        target.as_deref(),
+        now,
+        *token,
+        reserve.as_ref().map(|r| (&r.policy, r.count)),
+    )?;
+    // A file made with versions reserved, still empty (no stripes: its record holds all
+    // an open reads), is opened from the reply. One a retry found made before (its
+    // token) may have data by now: the creator reads it.
+    let policy = if reserve.is_some() && a.size == 0 {
+        ns.policy(a.ino)?
+    } else {
+        None
+    };
+    Ok(match policy {
+        Some(layout) => OpReply::Made(a, layout),
+        None => OpReply::Attr(a),
+    })
+}
+
+/// Runs an operation on a file's layout: its policy, a commit of written stripes,
+/// versions reserved for writes.
+fn run_data_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+    Ok(match op {
         NsOp::SetLayout { ino, policy } => {
             ns.set_layout(creds, *ino, policy, now)?;
             OpReply::Done
@@ -648,33 +669,30 @@ fn run_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpRe
             OpReply::Attr(ns.setattr(creds, *ino, set, now)?)
         }
         NsOp::ReserveVersions { ino, policy, count } => OpReply::Versions(ns.reserve_versions(*ino, policy, *count)?),
-        NsOp::HoldPurge { ino, secs } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
-            ns.hold_purge(*ino, now.saturating_add(i64::from(*secs) * 1_000_000_000))?;
-            OpReply::Done
-        }
-        NsOp::Purged { ino } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
-            ns.purged(*ino)?;
-            OpReply::Done
-        }
+        _ => return Err(Errno::EINVAL),
+    })
+}
+
+/// Runs an operation only the cluster's own services send (as root): holding and
+/// finishing a purge, moving shards.
+fn run_service_op(ns: &mut Namespace, creds: &Creds, op: &NsOp, now: i64) -> Result<OpReply, Errno> {
+    if creds.uid != 0 {
+        return Err(Errno::EPERM);
+    }
+    match op {
+        NsOp::HoldPurge { ino, secs } => ns.hold_purge(*ino, now.saturating_add(i64::from(*secs) * 1_000_000_000))?,
+        NsOp::Purged { ino } => ns.purged(*ino)?,
         NsOp::RelocateShards {
             ino,
             stripe,
             version,
             moves,
         } => {
-            if creds.uid != 0 {
-                return Err(Errno::EPERM);
-            }
             ns.relocate_shards(*ino, *stripe, *version, moves)?;
-            OpReply::Done
         }
-    })
+        _ => return Err(Errno::EINVAL),
+    }
+    Ok(OpReply::Done)
 }
 
 #[cfg(test)]
