@@ -1279,61 +1279,21 @@ impl World {
 
     /// Handles a request; `Err` answers it at once.
     fn request_inner(&mut self, n: NodeId, to: ReplyTo, msg: Msg) -> Result<(), Fail> {
-        if matches!(
-            msg,
-            Msg::Ns { .. }
-                | Msg::Lock { .. }
-                | Msg::Unlock { .. }
-                | Msg::Fetch { .. }
-                | Msg::Settled { .. }
-                | Msg::Quiet { .. }
-        ) {
-            return self.ns_request(n, to, msg);
-        }
-        if let Msg::Read { p, names } = msg {
-            // Any copy that serves answers, whatever the caller's epoch (`on_read`).
-            let slot = self.nodes[&n]
-                .slots
-                .get(&p)
-                .filter(|s| s.r.serving)
-                .ok_or(Fail::Again)?;
-            let missing = names
-                .into_iter()
-                .filter(|name| !slot.r.part.dentries.contains_key(&(Ino::ROOT, name.clone())))
-                .collect();
-            self.respond(n, to, Ok(Body::Missing(missing)));
-            return Ok(());
-        }
-        if let Msg::Fence { epoch } = msg {
-            // `on_fence`: adopt the caller's map if this node is behind, then say which.
-            if self.nodes[&n].view.map.epoch < epoch {
-                let newest = self.view.clone();
-                self.adopt(n, newest);
-            }
-            let mine = self.nodes[&n].view.map.epoch;
-            if mine < epoch {
-                return Err(Fail::Stale);
-            }
-            self.respond(n, to, Ok(Body::Adopted(mine)));
-            return Ok(());
-        }
-        let (p, epoch) = match &msg {
-            Msg::Exec { p, epoch, .. }
-            | Msg::Install { p, epoch, .. }
-            | Msg::SyncMe { p, epoch, .. }
-            | Msg::Pull { p, epoch }
-            | Msg::PullCopy { p, epoch } => (*p, *epoch),
-            Msg::Replicate(r) => (r.partition, r.epoch),
+        let (p, epoch) = match msg {
             Msg::Ns { .. }
             | Msg::Lock { .. }
             | Msg::Unlock { .. }
             | Msg::Fetch { .. }
             | Msg::Settled { .. }
-            | Msg::Quiet { .. }
-            | Msg::Read { .. }
-            | Msg::Fence { .. } => {
-                unreachable!("handled above")
-            }
+            | Msg::Quiet { .. } => return self.ns_request(n, to, msg),
+            Msg::Read { p, names } => return self.on_read(n, to, p, names),
+            Msg::Fence { epoch } => return self.on_fence(n, to, epoch),
+            Msg::Exec { p, epoch, .. }
+            | Msg::Install { p, epoch, .. }
+            | Msg::SyncMe { p, epoch, .. }
+            | Msg::Pull { p, epoch }
+            | Msg::PullCopy { p, epoch } => (p, epoch),
+            Msg::Replicate(ref r) => (r.partition, r.epoch),
         };
         self.check_epoch(n, epoch)?;
         // What makes a copy serve comes from a sender of this very epoch
@@ -1349,37 +1309,7 @@ impl World {
             self.nodes.get_mut(&n).expect("exists").fence.batch_applied(p, r.epoch);
         }
         if let Msg::Exec { op, deadline, .. } = msg {
-            self.primary_check(n, p)?;
-            let (ops, value) = match op {
-                Op::Put(name) => (vec![put(name)], None),
-                Op::Read(_) => unreachable!("reads are not executed"),
-                Op::Batch(ops, from) => {
-                    self.ns_fence(n, from, &ops)?;
-                    (ops, None)
-                }
-                Op::Alloc => {
-                    let (c, raise) = self.slot_or_create(n, p).r.next_counter();
-                    match raise {
-                        None => {
-                            self.respond(n, to, Ok(Body::Exec(Some(c))));
-                            return Ok(());
-                        }
-                        Some(hwm) => (vec![PartOp::Counter(hwm)], Some(c)),
-                    }
-                }
-            };
-            let slot = self.slot_or_create(n, p);
-            if slot.task.is_some() {
-                slot.queue.push_back(Queued::Write {
-                    ops,
-                    reply: Some(to),
-                    value,
-                    deadline,
-                });
-            } else {
-                self.lead(n, p, ops, Some(to), value, deadline);
-            }
-            return Ok(());
+            return self.on_exec(n, to, p, op, deadline);
         }
         if let Msg::SyncMe { .. } = msg {
             self.primary_check(n, p)?;
@@ -1391,6 +1321,79 @@ impl World {
             slot.queue.push_back(Queued::Req(to.0, to.1, msg));
             return Ok(());
         }
+        self.on_copy_request(n, to, p, epoch, msg)
+    }
+
+    /// `on_read` of node.rs: any copy that serves answers, whatever the caller's epoch.
+    fn on_read(&mut self, n: NodeId, to: ReplyTo, p: PartitionId, names: Vec<Vec<u8>>) -> Result<(), Fail> {
+        let slot = self.nodes[&n]
+            .slots
+            .get(&p)
+            .filter(|s| s.r.serving)
+            .ok_or(Fail::Again)?;
+        let missing = names
+            .into_iter()
+            .filter(|name| !slot.r.part.dentries.contains_key(&(Ino::ROOT, name.clone())))
+            .collect();
+        self.respond(n, to, Ok(Body::Missing(missing)));
+        Ok(())
+    }
+
+    /// `on_fence` of node.rs: adopt the caller's map if this node is behind, then say
+    /// which epoch it is in.
+    fn on_fence(&mut self, n: NodeId, to: ReplyTo, epoch: Epoch) -> Result<(), Fail> {
+        if self.nodes[&n].view.map.epoch < epoch {
+            let newest = self.view.clone();
+            self.adopt(n, newest);
+        }
+        let mine = self.nodes[&n].view.map.epoch;
+        if mine < epoch {
+            return Err(Fail::Stale);
+        }
+        self.respond(n, to, Ok(Body::Adopted(mine)));
+        Ok(())
+    }
+
+    /// A client's operation at the partition's primary: led now, or queued behind the
+    /// slot's task.
+    fn on_exec(&mut self, n: NodeId, to: ReplyTo, p: PartitionId, op: Op, deadline: u64) -> Result<(), Fail> {
+        self.primary_check(n, p)?;
+        let (ops, value) = match op {
+            Op::Put(name) => (vec![put(name)], None),
+            Op::Read(_) => unreachable!("reads are not executed"),
+            Op::Batch(ops, from) => {
+                self.ns_fence(n, from, &ops)?;
+                (ops, None)
+            }
+            Op::Alloc => {
+                let (c, raise) = self.slot_or_create(n, p).r.next_counter();
+                match raise {
+                    None => {
+                        self.respond(n, to, Ok(Body::Exec(Some(c))));
+                        return Ok(());
+                    }
+                    Some(hwm) => (vec![PartOp::Counter(hwm)], Some(c)),
+                }
+            }
+        };
+        let slot = self.slot_or_create(n, p);
+        if slot.task.is_some() {
+            slot.queue.push_back(Queued::Write {
+                ops,
+                reply: Some(to),
+                value,
+                deadline,
+            });
+        } else {
+            self.lead(n, p, ops, Some(to), value, deadline);
+        }
+        Ok(())
+    }
+
+    /// A request between the copies of partition `p` (replicate, install, sync, pull),
+    /// with the slot free.
+    fn on_copy_request(&mut self, n: NodeId, to: ReplyTo, p: PartitionId, epoch: Epoch, msg: Msg) -> Result<(), Fail> {
+        let slot = self.slot_or_create(n, p);
         match msg {
             Msg::Exec { .. }
             | Msg::Ns { .. }
@@ -1401,7 +1404,7 @@ impl World {
             | Msg::Quiet { .. }
             | Msg::Read { .. }
             | Msg::Fence { .. } => {
-                unreachable!("handled above")
+                unreachable!("handled by request_inner")
             }
             Msg::Replicate(req) => match slot.r.follow(req.state_epoch, req.lsn, &req.ops) {
                 Follow::Already => self.respond(n, to, Ok(Body::Ack(ReplicaAck::Done))),
@@ -1704,82 +1707,9 @@ impl World {
             Pending::Work(k, attempt, wait) => self.ns_reply(n, k, attempt, wait, res),
             Pending::Settled(p) => self.ns_settled(n, p, res),
             Pending::Fence(m) => self.fence_answer(n, m, res),
-            Pending::Replicate(p, to) => {
-                let epoch = self.nodes[&n].view.map.epoch;
-                let slot = self.slot_or_create(n, p);
-                let Some(Task::Lead { waiting, fail, .. }) = &mut slot.task else {
-                    return;
-                };
-                match res {
-                    Ok(Body::Ack(ReplicaAck::NeedInstall)) => {
-                        // The replica is sent the whole copy (still under the lock).
-                        let msg = install_of(&self.nodes[&n].slots[&p].r, epoch);
-                        self.call(n, to, msg, Pending::Install(p), REPLICATE_TIMEOUT * 5);
-                    }
-                    Ok(_) => {
-                        *waiting -= 1;
-                        self.lead_progress(n, p);
-                    }
-                    Err(e) => {
-                        *waiting -= 1;
-                        fail.get_or_insert(if e == Fail::Stale { Fail::Stale } else { Fail::Again });
-                        self.lead_progress(n, p);
-                    }
-                }
-            }
-            Pending::Install(p) => {
-                let slot = self.slot_or_create(n, p);
-                match &mut slot.task {
-                    Some(Task::Lead { waiting, fail, .. }) => {
-                        *waiting -= 1;
-                        if res.is_err() {
-                            fail.get_or_insert(Fail::Again);
-                        }
-                        self.lead_progress(n, p);
-                    }
-                    Some(Task::Send(to)) => {
-                        let to = *to;
-                        let r = res.map(|_| Body::Done);
-                        self.respond(n, to, r);
-                        self.release(n, p);
-                    }
-                    Some(Task::TakeOver {
-                        stage: Stage::Level,
-                        waiting,
-                        epoch,
-                        ..
-                    }) => {
-                        let epoch = *epoch;
-                        if res.is_err() {
-                            // A member did not take it: not serving; the catch-up tries
-                            // again (with the map that drops the member, if it is gone).
-                            return self.release(n, p);
-                        }
-                        *waiting -= 1;
-                        if *waiting == 0 {
-                            self.takeover_serve(n, p, epoch);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Pending::Pull(p, from) => {
-                if let (Ok(Body::Position(pos)), Some(Task::TakeOver { .. })) = (&res, &self.slot_or_create(n, p).task)
-                {
-                    self.nodes.get_mut(&n).expect("exists").fence.absorb(p, &pos.fence);
-                }
-                let slot = self.slot_or_create(n, p);
-                let Some(Task::TakeOver { tally, waiting, .. }) = &mut slot.task else {
-                    return;
-                };
-                if let Ok(Body::Position(pos)) = res {
-                    let _ = tally.answer(from, &pos);
-                }
-                *waiting -= 1;
-                if *waiting == 0 {
-                    self.takeover_asked(n, p);
-                }
-            }
+            Pending::Replicate(p, to) => self.replicate_answered(n, p, to, res),
+            Pending::Install(p) => self.install_answered(n, p, res),
+            Pending::Pull(p, from) => self.pull_answered(n, p, from, res),
             Pending::PullCopy(p) => {
                 let slot = self.slot_or_create(n, p);
                 let Some(Task::TakeOver { .. }) = &slot.task else {
@@ -1796,6 +1726,90 @@ impl World {
                     _ => self.release(n, p),
                 }
             }
+        }
+    }
+
+    /// A replica answered a batch the slot leads: counted, or sent the whole copy when
+    /// it needs one.
+    fn replicate_answered(&mut self, n: NodeId, p: PartitionId, to: NodeId, res: Result<Body, Fail>) {
+        let epoch = self.nodes[&n].view.map.epoch;
+        let slot = self.slot_or_create(n, p);
+        let Some(Task::Lead { waiting, fail, .. }) = &mut slot.task else {
+            return;
+        };
+        match res {
+            Ok(Body::Ack(ReplicaAck::NeedInstall)) => {
+                // The replica is sent the whole copy (still under the lock).
+                let msg = install_of(&self.nodes[&n].slots[&p].r, epoch);
+                self.call(n, to, msg, Pending::Install(p), REPLICATE_TIMEOUT * 5);
+            }
+            Ok(_) => {
+                *waiting -= 1;
+                self.lead_progress(n, p);
+            }
+            Err(e) => {
+                *waiting -= 1;
+                fail.get_or_insert(if e == Fail::Stale { Fail::Stale } else { Fail::Again });
+                self.lead_progress(n, p);
+            }
+        }
+    }
+
+    /// A member took (or did not take) a whole copy this slot sent: for a batch it
+    /// leads, for a member that asked, or to level a takeover.
+    fn install_answered(&mut self, n: NodeId, p: PartitionId, res: Result<Body, Fail>) {
+        let slot = self.slot_or_create(n, p);
+        match &mut slot.task {
+            Some(Task::Lead { waiting, fail, .. }) => {
+                *waiting -= 1;
+                if res.is_err() {
+                    fail.get_or_insert(Fail::Again);
+                }
+                self.lead_progress(n, p);
+            }
+            Some(Task::Send(to)) => {
+                let to = *to;
+                let r = res.map(|_| Body::Done);
+                self.respond(n, to, r);
+                self.release(n, p);
+            }
+            Some(Task::TakeOver {
+                stage: Stage::Level,
+                waiting,
+                epoch,
+                ..
+            }) => {
+                let epoch = *epoch;
+                if res.is_err() {
+                    // A member did not take it: not serving; the catch-up tries
+                    // again (with the map that drops the member, if it is gone).
+                    return self.release(n, p);
+                }
+                *waiting -= 1;
+                if *waiting == 0 {
+                    self.takeover_serve(n, p, epoch);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// A member told a takeover its position: tallied; once all have, the takeover
+    /// goes on.
+    fn pull_answered(&mut self, n: NodeId, p: PartitionId, from: NodeId, res: Result<Body, Fail>) {
+        if let (Ok(Body::Position(pos)), Some(Task::TakeOver { .. })) = (&res, &self.slot_or_create(n, p).task) {
+            self.nodes.get_mut(&n).expect("exists").fence.absorb(p, &pos.fence);
+        }
+        let slot = self.slot_or_create(n, p);
+        let Some(Task::TakeOver { tally, waiting, .. }) = &mut slot.task else {
+            return;
+        };
+        if let Ok(Body::Position(pos)) = res {
+            let _ = tally.answer(from, &pos);
+        }
+        *waiting -= 1;
+        if *waiting == 0 {
+            self.takeover_asked(n, p);
         }
     }
 }

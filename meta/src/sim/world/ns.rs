@@ -230,6 +230,31 @@ fn root() -> Creds {
     }
 }
 
+/// The removal of `nm` from directory `d`: an rmdir of a directory, else an unlink.
+fn ns_removal(dir: Ino, d: usize, nm: Vec<u8>, there: Option<(Ino, FileKind)>) -> (NsOp, Expect) {
+    match there {
+        Some((_, FileKind::Dir)) => (
+            NsOp::Rmdir {
+                parent: dir,
+                name: nm.clone(),
+            },
+            Expect::Rmdir(d, nm),
+        ),
+        _ => (
+            NsOp::Unlink {
+                parent: dir,
+                name: nm.clone(),
+                keep_secs: 0,
+            },
+            if there.is_some() {
+                Expect::Unlink(d, nm)
+            } else {
+                Expect::Err(Errno::ENOENT)
+            },
+        ),
+    }
+}
+
 fn name(i: u64) -> Vec<u8> {
     format!("e{i}").into_bytes()
 }
@@ -272,29 +297,7 @@ impl World {
         let nm = name(self.rng.below(NAMES));
         let there = m.dirs[d].get(&nm).copied();
         match self.rng.below(10) {
-            0..=2 => {
-                let kind = if self.rng.chance(300) {
-                    FileKind::Dir
-                } else {
-                    FileKind::File
-                };
-                let op = NsOp::Mknod {
-                    parent: dirs[d],
-                    name: nm.clone(),
-                    kind,
-                    perm: 0o644,
-                    rdev: 0,
-                    target: None,
-                    token: 0,
-                    reserve: None,
-                };
-                let e = if there.is_some() {
-                    Expect::Err(Errno::EEXIST)
-                } else {
-                    Expect::Create(d, nm, kind)
-                };
-                (op, e)
-            }
+            0..=2 => self.ns_choose_create(dirs[d], d, nm, there),
             // Its own directory, once (nearly) empty: the unlinks before it answered
             // before their counts applied, and the rmdir must wait for them.
             3 | 4 if m.dirs[d].len() <= 1 && there.is_none() && self.rng.chance(500) => {
@@ -309,51 +312,8 @@ impl World {
                 };
                 (op, e)
             }
-            3 | 4 => match there {
-                Some((_, FileKind::Dir)) => (
-                    NsOp::Rmdir {
-                        parent: dirs[d],
-                        name: nm.clone(),
-                    },
-                    Expect::Rmdir(d, nm),
-                ),
-                _ => (
-                    NsOp::Unlink {
-                        parent: dirs[d],
-                        name: nm.clone(),
-                        keep_secs: 0,
-                    },
-                    if there.is_some() {
-                        Expect::Unlink(d, nm)
-                    } else {
-                        Expect::Err(Errno::ENOENT)
-                    },
-                ),
-            },
-            5 | 6 => {
-                // Across the two directories or within one; the target is missing or of
-                // the same kind (directories here are always empty).
-                let nd = self.rng.below(2) as usize;
-                let nn = name(self.rng.below(NAMES));
-                let target = m.dirs[nd].get(&nn).copied();
-                let op = NsOp::Rename {
-                    parent: dirs[d],
-                    name: nm.clone(),
-                    newparent: dirs[nd],
-                    newname: nn.clone(),
-                    noreplace: false,
-                    exchange: false,
-                };
-                let e = match (there, target) {
-                    (None, _) => Expect::Err(Errno::ENOENT),
-                    _ if (d, &nm) == (nd, &nn) => return self.ns_lookup_free(c, dirs),
-                    (Some((_, FileKind::File)), Some((_, FileKind::Dir))) => Expect::Err(Errno::EISDIR),
-                    (Some((_, FileKind::Dir)), Some((_, FileKind::File))) => Expect::Err(Errno::ENOTDIR),
-                    (Some((a, _)), Some((b, _))) if a == b => return self.ns_lookup_free(c, dirs),
-                    _ => Expect::Rename(d, nm, nd, nn),
-                };
-                (op, e)
-            }
+            3 | 4 => ns_removal(dirs[d], d, nm, there),
+            5 | 6 => self.ns_choose_rename(c, dirs, &m, d, nm, there),
             _ => match there {
                 Some((ino, FileKind::File)) => {
                     let nd = self.rng.below(2) as usize;
@@ -373,6 +333,64 @@ impl World {
                 _ => self.ns_lookup_free(c, dirs),
             },
         }
+    }
+
+    /// A create of `nm` in directory `d` (a file, rarely a directory).
+    fn ns_choose_create(&mut self, dir: Ino, d: usize, nm: Vec<u8>, there: Option<(Ino, FileKind)>) -> (NsOp, Expect) {
+        let kind = if self.rng.chance(300) {
+            FileKind::Dir
+        } else {
+            FileKind::File
+        };
+        let op = NsOp::Mknod {
+            parent: dir,
+            name: nm.clone(),
+            kind,
+            perm: 0o644,
+            rdev: 0,
+            target: None,
+            token: 0,
+            reserve: None,
+        };
+        let e = if there.is_some() {
+            Expect::Err(Errno::EEXIST)
+        } else {
+            Expect::Create(d, nm, kind)
+        };
+        (op, e)
+    }
+
+    /// A rename of `nm` in directory `d` across the two directories or within one; the
+    /// target is missing or of the same kind (directories here are always empty).
+    fn ns_choose_rename(
+        &mut self,
+        c: usize,
+        dirs: [Ino; 2],
+        m: &Model,
+        d: usize,
+        nm: Vec<u8>,
+        there: Option<(Ino, FileKind)>,
+    ) -> (NsOp, Expect) {
+        let nd = self.rng.below(2) as usize;
+        let nn = name(self.rng.below(NAMES));
+        let target = m.dirs[nd].get(&nn).copied();
+        let op = NsOp::Rename {
+            parent: dirs[d],
+            name: nm.clone(),
+            newparent: dirs[nd],
+            newname: nn.clone(),
+            noreplace: false,
+            exchange: false,
+        };
+        let e = match (there, target) {
+            (None, _) => Expect::Err(Errno::ENOENT),
+            _ if (d, &nm) == (nd, &nn) => return self.ns_lookup_free(c, dirs),
+            (Some((_, FileKind::File)), Some((_, FileKind::Dir))) => Expect::Err(Errno::EISDIR),
+            (Some((_, FileKind::Dir)), Some((_, FileKind::File))) => Expect::Err(Errno::ENOTDIR),
+            (Some((a, _)), Some((b, _))) if a == b => return self.ns_lookup_free(c, dirs),
+            _ => Expect::Rename(d, nm, nd, nn),
+        };
+        (op, e)
     }
 
     /// A create of a name free in the first directory, or an unlink of a missing name.
@@ -653,56 +671,7 @@ impl World {
     /// A request of the namespace protocol at node `n`.
     pub(super) fn ns_request(&mut self, n: NodeId, to: ReplyTo, msg: Msg) -> Result<(), Fail> {
         match msg {
-            Msg::Ns { epoch, op, id } => {
-                self.check_epoch(n, epoch)?;
-                let parts = self.cfg.partitions;
-                let anchor = op.anchor(parts);
-                self.primary_check(n, anchor)?;
-                let id = if self.cfg.bug == Some(Bug::ForgetDone) { 0 } else { id };
-                if id != 0
-                    && let Some(k) = self.nodes[&n].ns.running.get(&id).copied()
-                    && let Some(w) = self.coord(n, k)
-                {
-                    w.also.push(to);
-                    return Ok(());
-                }
-                let now_ns = self.now as i64 * 1_000_000;
-                let k = self.new_work(n);
-                let owner = owner_id(n.0, k);
-                let w = CoordWork {
-                    c: Coordination::new(op.clone(), root(), id, now_ns, parts),
-                    client: to,
-                    also: Vec::new(),
-                    op,
-                    id,
-                    owner,
-                    held: Vec::new(),
-                    deadline: self.now + WORK_TIMEOUT,
-                    waiting: 0,
-                    refused: false,
-                    asked: Vec::new(),
-                    read: Vec::new(),
-                    plans: VecDeque::new(),
-                    reply: None,
-                    tails: Vec::new(),
-                    quiet: (BTreeSet::new(), true),
-                    pending: None,
-                    pause: 2,
-                    attempt: 0,
-                };
-                self.note(format!(
-                    "node {} coordinates {} as work {k} (id {id:#x})",
-                    n.0,
-                    brief(&w.op)
-                ));
-                let ns = self.ns_node(n);
-                ns.work.insert(k, Work::Coord(Box::new(w)));
-                if id != 0 {
-                    ns.running.insert(id, k);
-                }
-                self.coord_next(n, k);
-                Ok(())
-            }
+            Msg::Ns { epoch, op, id } => self.on_ns_op(n, to, epoch, op, id),
             Msg::Lock {
                 keys,
                 owner,
@@ -730,49 +699,109 @@ impl World {
                 self.respond(n, to, Ok(Body::Fetched(out)));
                 Ok(())
             }
-            Msg::Settled { epoch, p } => {
-                self.check_epoch(n, epoch)?;
-                let settled = self.primary_check(n, p).is_ok() && {
-                    let inflight = &self.nodes[&n].ns.inflight;
-                    self.nodes[&n].slots[&p]
-                        .r
-                        .part
-                        .intents
-                        .keys()
-                        .all(|id| inflight.contains(id) && !self.nodes[&n].ns.redoing.contains(id))
-                };
-                self.respond(n, to, Ok(Body::Locked(settled)));
-                Ok(())
-            }
-            Msg::Quiet { epoch, dirs } => {
-                self.check_epoch(n, epoch)?;
-                if self.nodes[&n].view.map.epoch != epoch {
-                    return Err(Fail::Again);
-                }
-                let v = self.nodes[&n].view.clone();
-                let ns = &self.nodes[&n].ns;
-                let mut parts = Vec::new();
-                let mut quiet = true;
-                for (p, slot) in &self.nodes[&n].slots {
-                    if v.primary(*p) != Some(n) || !slot.r.serving {
-                        continue;
-                    }
-                    parts.push(*p);
-                    if slot
-                        .r
-                        .part
-                        .intents
-                        .values()
-                        .any(|i| !ns.counted.contains(&i.id) && adjusts_any(i, &dirs))
-                    {
-                        quiet = false;
-                    }
-                }
-                self.respond(n, to, Ok(Body::Quiet(parts, quiet)));
-                Ok(())
-            }
+            Msg::Settled { epoch, p } => self.on_settled(n, to, epoch, p),
+            Msg::Quiet { epoch, dirs } => self.on_quiet(n, to, epoch, dirs),
             _ => unreachable!("only namespace messages come here"),
         }
+    }
+
+    /// A client's namespace operation at its anchor's primary: joins the run of the same
+    /// id, or begins coordinating it.
+    fn on_ns_op(&mut self, n: NodeId, to: ReplyTo, epoch: Epoch, op: NsOp, id: u64) -> Result<(), Fail> {
+        self.check_epoch(n, epoch)?;
+        let parts = self.cfg.partitions;
+        let anchor = op.anchor(parts);
+        self.primary_check(n, anchor)?;
+        let id = if self.cfg.bug == Some(Bug::ForgetDone) { 0 } else { id };
+        if id != 0
+            && let Some(k) = self.nodes[&n].ns.running.get(&id).copied()
+            && let Some(w) = self.coord(n, k)
+        {
+            w.also.push(to);
+            return Ok(());
+        }
+        let now_ns = self.now as i64 * 1_000_000;
+        let k = self.new_work(n);
+        let owner = owner_id(n.0, k);
+        let w = CoordWork {
+            c: Coordination::new(op.clone(), root(), id, now_ns, parts),
+            client: to,
+            also: Vec::new(),
+            op,
+            id,
+            owner,
+            held: Vec::new(),
+            deadline: self.now + WORK_TIMEOUT,
+            waiting: 0,
+            refused: false,
+            asked: Vec::new(),
+            read: Vec::new(),
+            plans: VecDeque::new(),
+            reply: None,
+            tails: Vec::new(),
+            quiet: (BTreeSet::new(), true),
+            pending: None,
+            pause: 2,
+            attempt: 0,
+        };
+        self.note(format!(
+            "node {} coordinates {} as work {k} (id {id:#x})",
+            n.0,
+            brief(&w.op)
+        ));
+        let ns = self.ns_node(n);
+        ns.work.insert(k, Work::Coord(Box::new(w)));
+        if id != 0 {
+            ns.running.insert(id, k);
+        }
+        self.coord_next(n, k);
+        Ok(())
+    }
+
+    /// `on_settled`: whether every intent of `p` is being driven here (none left over).
+    fn on_settled(&mut self, n: NodeId, to: ReplyTo, epoch: Epoch, p: PartitionId) -> Result<(), Fail> {
+        self.check_epoch(n, epoch)?;
+        let settled = self.primary_check(n, p).is_ok() && {
+            let inflight = &self.nodes[&n].ns.inflight;
+            self.nodes[&n].slots[&p]
+                .r
+                .part
+                .intents
+                .keys()
+                .all(|id| inflight.contains(id) && !self.nodes[&n].ns.redoing.contains(id))
+        };
+        self.respond(n, to, Ok(Body::Locked(settled)));
+        Ok(())
+    }
+
+    /// `on_quiet`: the partitions this node leads, and whether none has an uncounted
+    /// intent that adjusts one of `dirs`.
+    fn on_quiet(&mut self, n: NodeId, to: ReplyTo, epoch: Epoch, dirs: Vec<Ino>) -> Result<(), Fail> {
+        self.check_epoch(n, epoch)?;
+        if self.nodes[&n].view.map.epoch != epoch {
+            return Err(Fail::Again);
+        }
+        let v = self.nodes[&n].view.clone();
+        let ns = &self.nodes[&n].ns;
+        let mut parts = Vec::new();
+        let mut quiet = true;
+        for (p, slot) in &self.nodes[&n].slots {
+            if v.primary(*p) != Some(n) || !slot.r.serving {
+                continue;
+            }
+            parts.push(*p);
+            if slot
+                .r
+                .part
+                .intents
+                .values()
+                .any(|i| !ns.counted.contains(&i.id) && adjusts_any(i, &dirs))
+            {
+                quiet = false;
+            }
+        }
+        self.respond(n, to, Ok(Body::Quiet(parts, quiet)));
+        Ok(())
     }
 
     /// Takes the keys of a lock request for its owner if they are free (or its own),
@@ -1245,71 +1274,8 @@ impl World {
             return;
         }
         match (wait, res) {
-            (Wait::Lock(host, keys), res) => {
-                let Some(w) = self.coord(n, k) else { return };
-                w.waiting = w.waiting.saturating_sub(1);
-                // Keys whose answer was lost may be held all the same: released too.
-                match res {
-                    Ok(Body::Locked(true)) => {}
-                    Ok(Body::Granted(read)) => w.read.extend(read),
-                    _ => w.refused = true,
-                }
-                w.held.push((host, keys));
-                if w.waiting > 0 {
-                    return;
-                }
-                if w.refused {
-                    return self.coord_busy(n, k);
-                }
-                let asked = std::mem::take(&mut w.asked);
-                w.c.locked(&asked);
-                for (ino, rec) in std::mem::take(&mut w.read) {
-                    w.c.provide_inode(ino, rec);
-                }
-                let dirs = quiet_dirs(&w.op, &asked);
-                if dirs.is_empty() || self.cfg.bug == Some(Bug::SkipQuiet) {
-                    return self.coord_next(n, k);
-                }
-                // Ask every Up node whether counts are still owed to them.
-                let v = self.nodes[&n].view.clone();
-                let up: Vec<NodeId> = v
-                    .map
-                    .nodes
-                    .values()
-                    .filter(|x| x.roles.meta && v.map.is_up(x.id))
-                    .map(|x| x.id)
-                    .collect();
-                let w = self.coord(n, k).expect("exists");
-                w.quiet = (BTreeSet::new(), true);
-                w.waiting = up.len();
-                for to in up {
-                    let msg = Msg::Quiet {
-                        epoch: v.map.epoch,
-                        dirs: dirs.clone(),
-                    };
-                    self.work_call(n, to, msg, k, Wait::Quiet);
-                }
-            }
-            (Wait::Quiet, res) => {
-                let parts = self.cfg.partitions as usize;
-                let Some(w) = self.coord(n, k) else { return };
-                w.waiting = w.waiting.saturating_sub(1);
-                match res {
-                    Ok(Body::Quiet(covered, quiet)) => {
-                        w.quiet.0.extend(covered);
-                        w.quiet.1 &= quiet;
-                    }
-                    _ => w.quiet.1 = false,
-                }
-                if w.waiting > 0 {
-                    return;
-                }
-                if w.quiet.1 && w.quiet.0.len() == parts {
-                    self.coord_next(n, k);
-                } else {
-                    self.coord_busy(n, k);
-                }
-            }
+            (Wait::Lock(host, keys), res) => self.lock_answered(n, k, host, keys, res),
+            (Wait::Quiet, res) => self.quiet_answered(n, k, res),
             (Wait::Fetch(needs), Ok(Body::Fetched(recs))) if recs.len() == needs.len() => {
                 let Some(w) = self.coord(n, k) else { return };
                 for (need, rec) in needs.into_iter().zip(recs) {
@@ -1332,23 +1298,7 @@ impl World {
                     self.coord_busy(n, k);
                 }
             }
-            (Wait::Id(p), Ok(Body::Exec(Some(counter)))) => {
-                let Some(w) = self.coord(n, k) else { return };
-                let plan = w.pending.take().expect("an id is asked for a pending plan");
-                let Some(id) = Ino::new(p, counter).map(|i| i.0) else {
-                    return self.coord_end(n, k, Ok(Body::Ns(Err(Errno::ENOSPC))));
-                };
-                match plan_run(&plan) {
-                    PlanRun::Batch { .. } => {
-                        let ops = batch_ops(plan.1, id);
-                        self.send_exec(n, k, p, ops);
-                    }
-                    PlanRun::Intent { coord } => {
-                        let intent = Intent { id, steps: plan.1 };
-                        self.drive_start(n, coord, intent, Some(k), true);
-                    }
-                }
-            }
+            (Wait::Id(p), Ok(Body::Exec(Some(counter)))) => self.id_answered(n, k, p, counter),
             (wait @ (Wait::Id(_) | Wait::Exec(..)), Err(Fail::Fenced)) => {
                 let _ = wait;
                 self.work_failed(n, k);
@@ -1360,6 +1310,97 @@ impl World {
             },
             (wait @ (Wait::Id(_) | Wait::Exec(..)), _) => self.work_retry(n, k, wait),
             (Wait::Restart, _) => {}
+        }
+    }
+
+    /// A lock host answered: once all have, the coordination goes on (after asking
+    /// whether counts are owed to the directories it changes) or backs off.
+    fn lock_answered(&mut self, n: NodeId, k: u64, host: NodeId, keys: Vec<u64>, res: Result<Body, Fail>) {
+        let Some(w) = self.coord(n, k) else { return };
+        w.waiting = w.waiting.saturating_sub(1);
+        // Keys whose answer was lost may be held all the same: released too.
+        match res {
+            Ok(Body::Locked(true)) => {}
+            Ok(Body::Granted(read)) => w.read.extend(read),
+            _ => w.refused = true,
+        }
+        w.held.push((host, keys));
+        if w.waiting > 0 {
+            return;
+        }
+        if w.refused {
+            return self.coord_busy(n, k);
+        }
+        let asked = std::mem::take(&mut w.asked);
+        w.c.locked(&asked);
+        for (ino, rec) in std::mem::take(&mut w.read) {
+            w.c.provide_inode(ino, rec);
+        }
+        let dirs = quiet_dirs(&w.op, &asked);
+        if dirs.is_empty() || self.cfg.bug == Some(Bug::SkipQuiet) {
+            return self.coord_next(n, k);
+        }
+        // Ask every Up node whether counts are still owed to them.
+        let v = self.nodes[&n].view.clone();
+        let up: Vec<NodeId> = v
+            .map
+            .nodes
+            .values()
+            .filter(|x| x.roles.meta && v.map.is_up(x.id))
+            .map(|x| x.id)
+            .collect();
+        let w = self.coord(n, k).expect("exists");
+        w.quiet = (BTreeSet::new(), true);
+        w.waiting = up.len();
+        for to in up {
+            let msg = Msg::Quiet {
+                epoch: v.map.epoch,
+                dirs: dirs.clone(),
+            };
+            self.work_call(n, to, msg, k, Wait::Quiet);
+        }
+    }
+
+    /// A node answered whether counts are owed: once all have, the coordination goes on
+    /// if every partition was covered and quiet, else backs off.
+    fn quiet_answered(&mut self, n: NodeId, k: u64, res: Result<Body, Fail>) {
+        let parts = self.cfg.partitions as usize;
+        let Some(w) = self.coord(n, k) else { return };
+        w.waiting = w.waiting.saturating_sub(1);
+        match res {
+            Ok(Body::Quiet(covered, quiet)) => {
+                w.quiet.0.extend(covered);
+                w.quiet.1 &= quiet;
+            }
+            _ => w.quiet.1 = false,
+        }
+        if w.waiting > 0 {
+            return;
+        }
+        if w.quiet.1 && w.quiet.0.len() == parts {
+            self.coord_next(n, k);
+        } else {
+            self.coord_busy(n, k);
+        }
+    }
+
+    /// An intent id (or a new inode's number) arrived: the pending plan runs as one
+    /// batch or as an intent.
+    fn id_answered(&mut self, n: NodeId, k: u64, p: PartitionId, counter: u64) {
+        let Some(w) = self.coord(n, k) else { return };
+        let plan = w.pending.take().expect("an id is asked for a pending plan");
+        let Some(id) = Ino::new(p, counter).map(|i| i.0) else {
+            return self.coord_end(n, k, Ok(Body::Ns(Err(Errno::ENOSPC))));
+        };
+        match plan_run(&plan) {
+            PlanRun::Batch { .. } => {
+                let ops = batch_ops(plan.1, id);
+                self.send_exec(n, k, p, ops);
+            }
+            PlanRun::Intent { coord } => {
+                let intent = Intent { id, steps: plan.1 };
+                self.drive_start(n, coord, intent, Some(k), true);
+            }
         }
     }
 
