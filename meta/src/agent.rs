@@ -223,13 +223,12 @@ async fn follow(
     on_touch: TouchFn,
     history: Arc<parking_lot::Mutex<MapHistory>>,
 ) {
-    let mut last_ok = Instant::now();
-    let mut told_ok = true;
+    let mut touch = Touch {
+        last_ok: Instant::now(),
+        told_ok: true,
+        failing: BTreeMap::new(),
+    };
     let mut last_round = Instant::now();
-    // Per manager: since when its heartbeats fail (while others may answer), and
-    // whether that was logged. Only the leader's ear keeps a node Up: a node that
-    // reaches two managers but never the leader is marked Down and stays Down.
-    let mut failing: BTreeMap<SocketAddr, (Instant, bool)> = BTreeMap::new();
     loop {
         tokio::select! {
             _ = tokio::time::sleep(cfg.interval) => {}
@@ -243,44 +242,58 @@ async fn follow(
         }
         last_round = Instant::now();
         let known = tx.borrow().epoch;
-        let mut newest = known;
-        let mut any = false;
+        let mut by_epoch = touch.heartbeat(&client, &cfg, known).await;
+        touch.tell(&cfg, !by_epoch.is_empty(), &on_touch);
+        let newest = by_epoch.iter().map(|e| e.0).fold(known, Epoch::max);
+        if newest > known {
+            // The map is fetched from a manager that has it, newest first (a manager that
+            // just restarted trails the others for a while).
+            by_epoch.sort_by_key(|e| std::cmp::Reverse(e.0));
+            let order: Vec<SocketAddr> = by_epoch.iter().map(|(_, m)| *m).collect();
+            adopt_newer(&client, &tx, &history, &order, known, newest).await;
+        }
+    }
+}
+
+/// What [`follow`] remembers between rounds about its managers.
+struct Touch {
+    /// When a manager last answered a heartbeat.
+    last_ok: Instant,
+    /// Whether being in touch is what was last logged and told.
+    told_ok: bool,
+    /// Per manager: since when its heartbeats fail (while others may answer), and
+    /// whether that was logged. Only the leader's ear keeps a node Up: a node that
+    /// reaches two managers but never the leader is marked Down and stays Down.
+    failing: BTreeMap<SocketAddr, (Instant, bool)>,
+}
+
+impl Touch {
+    /// Sends every manager the heartbeat (any of them may lead next), in parallel so a
+    /// dead one delays nobody: the managers that answered, with the epoch each has.
+    async fn heartbeat(&mut self, client: &PeerClient, cfg: &WatchConfig, known: Epoch) -> Vec<(Epoch, SocketAddr)> {
         let node_id = cfg.node.as_ref().map_or(0, |n| n.id.0);
-        // Every manager hears the heartbeat (any of them may lead next), in parallel so a
-        // dead one delays nobody.
         let calls = cfg.managers.iter().map(|&m| {
-            let client = &client;
             let req = HeartbeatRequest {
                 node_id,
                 epoch: known.0,
             };
             async move {
-                let r = client
-                    .call::<Heartbeat>(
-                        m,
-                        &req,
-                        CallOptions::timeout(cfg.interval.max(Duration::from_millis(500))),
-                    )
-                    .await;
-                (m, r)
+                let timeout = CallOptions::timeout(cfg.interval.max(Duration::from_millis(500)));
+                (m, client.call::<Heartbeat>(m, &req, timeout).await)
             }
         });
-        // Managers by the epoch they answered, newest first: the map is fetched from one
-        // that has it (a manager that just restarted trails the others for a while).
-        let mut by_epoch: Vec<(Epoch, SocketAddr)> = Vec::with_capacity(cfg.managers.len());
+        let mut by_epoch = Vec::with_capacity(cfg.managers.len());
         for (m, r) in futures_util::future::join_all(calls).await {
             match r {
                 Ok(r) => {
-                    any = true;
-                    newest = newest.max(Epoch(r.epoch));
                     by_epoch.push((Epoch(r.epoch), m));
-                    if failing.remove(&m).is_some_and(|(_, told)| told) {
+                    if self.failing.remove(&m).is_some_and(|(_, told)| told) {
                         info!(manager = %m, "manager answers heartbeats again");
                     }
                 }
                 Err(e) => {
                     debug!(manager = %m, error = %e, "heartbeat failed");
-                    let (since, told) = failing.entry(m).or_insert((Instant::now(), false));
+                    let (since, told) = self.failing.entry(m).or_insert((Instant::now(), false));
                     if node_id != 0 && !*told && since.elapsed() >= cfg.touch_timeout.max(MANAGER_SILENT) {
                         *told = true;
                         warn!(
@@ -293,51 +306,65 @@ async fn follow(
                 }
             }
         }
+        by_epoch
+    }
+
+    /// Tells `on_touch` (and the log) when the node comes back in touch with the
+    /// managers, or has heard none for the touch timeout.
+    fn tell(&mut self, cfg: &WatchConfig, any: bool, on_touch: &TouchFn) {
         if any {
-            last_ok = Instant::now();
-            if !told_ok {
+            self.last_ok = Instant::now();
+            if !self.told_ok {
                 info!("in touch with the managers again");
             }
-            told_ok = true;
+            self.told_ok = true;
             on_touch(true);
-        } else if told_ok && last_ok.elapsed() >= cfg.touch_timeout {
+        } else if self.told_ok && self.last_ok.elapsed() >= cfg.touch_timeout {
             warn!(
-                silent_ms = last_ok.elapsed().as_millis() as u64,
+                silent_ms = self.last_ok.elapsed().as_millis() as u64,
                 "no manager answers heartbeats"
             );
-            told_ok = false;
+            self.told_ok = false;
             on_touch(false);
         }
-        if newest > known {
-            by_epoch.sort_by_key(|e| std::cmp::Reverse(e.0));
-            let order: Vec<SocketAddr> = by_epoch.iter().map(|(_, m)| *m).collect();
-            // Bounded well below the transport's default deadline: the next heartbeat
-            // waits for this fetch, and a node whose heartbeats stop is marked Down.
-            let fetched = tokio::time::timeout(FETCH_LIMIT, fetch_map_since(&client, &order, Some(known), newest))
-                .await
-                .unwrap_or(Err(ManagerError::NoManagers));
-            match fetched {
-                Ok((map, between)) if map.epoch > known => {
-                    debug!(epoch = map.epoch.0, between = between.len(), "newer cluster map");
-                    let map = Arc::new(map);
-                    let mut prev = tx.borrow().clone();
-                    {
-                        let mut h = history.lock();
-                        for m in between.into_iter().map(Arc::new).chain([map.clone()]) {
-                            // Nodes back Up are connected to at once, not after the
-                            // reconnect backoff built up while they were away.
-                            for addr in m.returned_since(&prev) {
-                                client.revive(addr);
-                            }
-                            h.record(m.clone());
-                            prev = m;
-                        }
+    }
+}
+
+/// Fetches the maps after `known` up to (at least) `newest` from the first of `order`
+/// that has them, records each in the history and publishes the newest.
+async fn adopt_newer(
+    client: &PeerClient,
+    tx: &watch::Sender<Arc<ClusterMap>>,
+    history: &parking_lot::Mutex<MapHistory>,
+    order: &[SocketAddr],
+    known: Epoch,
+    newest: Epoch,
+) {
+    // Bounded well below the transport's default deadline: the next heartbeat waits
+    // for this fetch, and a node whose heartbeats stop is marked Down.
+    let fetched = tokio::time::timeout(FETCH_LIMIT, fetch_map_since(client, order, Some(known), newest))
+        .await
+        .unwrap_or(Err(ManagerError::NoManagers));
+    match fetched {
+        Ok((map, between)) if map.epoch > known => {
+            debug!(epoch = map.epoch.0, between = between.len(), "newer cluster map");
+            let map = Arc::new(map);
+            let mut prev = tx.borrow().clone();
+            {
+                let mut h = history.lock();
+                for m in between.into_iter().map(Arc::new).chain([map.clone()]) {
+                    // Nodes back Up are connected to at once, not after the reconnect
+                    // backoff built up while they were away.
+                    for addr in m.returned_since(&prev) {
+                        client.revive(addr);
                     }
-                    let _ = tx.send(map);
+                    h.record(m.clone());
+                    prev = m;
                 }
-                Ok(_) => {}
-                Err(e) => debug!(error = %e, "cannot fetch the newer map"),
             }
+            let _ = tx.send(map);
         }
+        Ok(_) => {}
+        Err(e) => debug!(error = %e, "cannot fetch the newer map"),
     }
 }
