@@ -25,6 +25,67 @@ use crate::ids::{Ino, PartitionId};
 use crate::placement::dentry_partition;
 use std::collections::BTreeMap;
 
+/// What refuses a create once its directory allows it: a directory with `LINK_MAX`
+/// subdirectories, an empty or overlong symlink target, a device made by anyone but
+/// root.
+fn refuse_mknod(creds: &Creds, dir: &Attr, kind: FileKind, target: Option<&[u8]>) -> NsResult<()> {
+    if kind == FileKind::Dir && dir.nlink >= LINK_MAX {
+        return Err(Errno::EMLINK);
+    }
+    if let Some(t) = target {
+        if t.is_empty() {
+            return Err(Errno::ENOENT);
+        }
+        if t.len() >= PATH_MAX {
+            return Err(Errno::ENAMETOOLONG);
+        }
+    }
+    if matches!(kind, FileKind::CharDev | FileKind::BlockDev) && creds.uid != 0 {
+        return Err(Errno::EPERM);
+    }
+    Ok(())
+}
+
+/// A new file's or directory's layout: its directory's policy (or the one `reserve`
+/// names), with versions reserved for the creator's first writes.
+fn new_layout(dir: Option<&Layout>, kind: FileKind, reserve: Option<(&Layout, u32)>) -> Option<Layout> {
+    let mut layout = match kind {
+        FileKind::File | FileKind::Dir => dir.map(Layout::without_stripes),
+        _ => None,
+    };
+    if let Some((policy, count)) = reserve {
+        let l = layout.get_or_insert_with(|| policy.without_stripes());
+        l.next_version = 1 + u64::from(count);
+    }
+    layout
+}
+
+/// The steps of a create of `parent/name`: the inode and its name in the name's
+/// partition `dp`, the directory's counts in its own.
+fn create_steps(dp: PartitionId, rec: InodeRec, parent: Ino, name: &[u8], now: TimeNs) -> Vec<(PartitionId, Mutation)> {
+    let (ino, kind) = (rec.attr.ino, rec.attr.kind);
+    vec![
+        (dp, Mutation::PutInode(Box::new(rec))),
+        (
+            dp,
+            Mutation::PutDentry {
+                parent,
+                name: name.to_vec(),
+                val: DentryVal { ino, kind },
+            },
+        ),
+        (
+            parent.partition(),
+            Mutation::AdjustDir {
+                dir: parent,
+                entries: 1,
+                subdirs: i64::from(kind == FileKind::Dir),
+                time: now,
+            },
+        ),
+    ]
+}
+
 /// `dir`'s parent is now `parent` (a directory's "..", any other inode's home: where
 /// it was made or last moved to, which subtree grants go by), changed now.
 fn reparent(dir: Ino, parent: Ino, now: TimeNs) -> (PartitionId, Mutation) {
@@ -594,42 +655,16 @@ impl Namespace {
         }
         let p = self.dir_for(creds, parent, W | X)?;
         if let Some(e) = self.entry(parent, name) {
-            if token != 0 {
-                let r = self.rec(e.ino)?;
-                if r.created_by == token && r.attr.kind == kind {
-                    return Ok(r.attr.clone());
-                }
-            }
-            return Err(Errno::EEXIST);
+            return self.made_before(e.ino, token, kind);
         }
-        if kind == FileKind::Dir && p.attr.nlink >= LINK_MAX {
-            return Err(Errno::EMLINK);
-        }
-        if let Some(t) = target {
-            if t.is_empty() {
-                return Err(Errno::ENOENT);
-            }
-            if t.len() >= PATH_MAX {
-                return Err(Errno::ENAMETOOLONG);
-            }
-        }
-        if matches!(kind, FileKind::CharDev | FileKind::BlockDev) && creds.uid != 0 {
-            return Err(Errno::EPERM);
-        }
+        refuse_mknod(creds, &p.attr, kind, target)?;
         let (gid, perm) = perm::new_owner(
             creds,
             &p.attr,
             kind,
             if kind == FileKind::Symlink { 0o777 } else { perm },
         );
-        let mut layout = match kind {
-            FileKind::File | FileKind::Dir => p.layout.as_ref().map(Layout::without_stripes),
-            _ => None,
-        };
-        if let Some((policy, count)) = reserve {
-            let l = layout.get_or_insert_with(|| policy.without_stripes());
-            l.next_version = 1 + u64::from(count);
-        }
+        let layout = new_layout(p.layout.as_ref(), kind, reserve);
         let dp = self.dpart(parent, name);
         let ino = self.alloc_ino(dp)?;
         let attr = Attr {
@@ -658,31 +693,20 @@ impl Namespace {
             layout,
             created_by: token,
         };
-        let subdirs = i64::from(kind == FileKind::Dir);
-        self.execute(
-            dp,
-            vec![
-                (dp, Mutation::PutInode(Box::new(rec))),
-                (
-                    dp,
-                    Mutation::PutDentry {
-                        parent,
-                        name: name.to_vec(),
-                        val: DentryVal { ino, kind },
-                    },
-                ),
-                (
-                    parent.partition(),
-                    Mutation::AdjustDir {
-                        dir: parent,
-                        entries: 1,
-                        subdirs,
-                        time: now,
-                    },
-                ),
-            ],
-        )?;
+        self.execute(dp, create_steps(dp, rec, parent, name, now))?;
         Ok(attr)
+    }
+
+    /// A create found its name taken: the record, when this very create made it before
+    /// (a retry, by its `token`), else `EEXIST`.
+    fn made_before(&self, ino: Ino, token: u64, kind: FileKind) -> NsResult<Attr> {
+        if token != 0 {
+            let r = self.rec(ino)?;
+            if r.created_by == token && r.attr.kind == kind {
+                return Ok(r.attr.clone());
+            }
+        }
+        Err(Errno::EEXIST)
     }
 
     /// Creates a hard link `newparent/newname` to `ino`.
