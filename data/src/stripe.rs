@@ -645,7 +645,29 @@ where
         fabric = Some(combine(fabric, f));
     }
     failed.extend(race.failed.into_iter().map(|((i, _), e)| (i, e)));
-    let hedged = race.hedged as usize;
+    finish_read(
+        &policy,
+        (ino, stripe),
+        stripe_len,
+        &shards,
+        failed,
+        race.hedged as usize,
+        fabric,
+    )
+}
+
+/// Decodes a stripe from the shards read (parity among them when data shards failed)
+/// and records on the span how degraded the read was.
+fn finish_read(
+    policy: &EcPolicy,
+    (ino, stripe): (u64, u64),
+    stripe_len: usize,
+    shards: &[Option<Bytes>],
+    failed: Vec<(usize, String)>,
+    hedged: usize,
+    fabric: Option<&'static str>,
+) -> Result<StripeRead, StripeError> {
+    let k = usize::from(policy.k);
     let span = Span::current();
     // Degraded: parity is part of the decode (a data shard failed, was missing, was on
     // a suspected node, or lost a hedge race).
@@ -657,7 +679,7 @@ where
         span.record("fabric", f);
     }
     let data = policy
-        .decode_stripe(stripe_len, &shards)
+        .decode_stripe(stripe_len, shards)
         .map_err(|source| StripeError::Unreadable {
             ino,
             stripe,

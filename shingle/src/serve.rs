@@ -163,20 +163,10 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             .unwrap_or_else(|| ClusterMap::new("standalone", 1, 1, 1, 1)),
     ));
     let node_id = NodeId(cfg.node.id.unwrap_or(0));
-    let meta = match &cfg.meta {
-        Some(m) => {
-            let mut mc = MetaConfig::new(node_id, m.dir.clone())
-                .with_frame_limit(usize::try_from(cfg.node.max_frame_bytes.0).unwrap_or(usize::MAX));
-            mc.dead_coordinator_locks = Duration::from_millis(m.dead_coordinator_locks_ms);
-            mc.caps = Some(caps.clone());
-            let node = MetaNode::open(mc, peers.clone(), map_rx.clone())
-                .await
-                .with_context(|| format!("open metadata store in {}", m.dir.display()))?;
-            router = router.merge(node.router());
-            Some(node)
-        }
-        None => None,
-    };
+    let meta = open_meta(&cfg, node_id, &caps, &peers, &map_rx).await?;
+    if let Some(node) = &meta {
+        router = router.merge(node.router());
+    }
     let slot = ManagerSlot::new();
     if cfg.manager.is_some() {
         router = router.merge(slot.router());
@@ -201,12 +191,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     let _metrics = match metrics_listen(&cfg)? {
         Some(a) => {
             scrape_hooks(store.clone(), manager.clone(), meta.clone(), map_rx.clone());
-            // metrics_listen checked the exposure.
-            let e = shingle_metrics::http::Endpoint::bind(a, true)
-                .await
-                .with_context(|| format!("metrics endpoint on {a}"))?;
-            info!(addr = %e.local_addr(), "metrics at http://{}/metrics", e.local_addr());
-            Some(e)
+            Some(serve_metrics(a).await?)
         }
         None => None,
     };
@@ -224,15 +209,50 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     }
     server.shutdown().await;
     if let Some(s) = store {
-        // The chunk index made durable: the next start replays nothing.
-        if let Err(e) = tokio::task::spawn_blocking(move || s.checkpoint()).await? {
-            warn!(error = %e, "chunk index checkpoint at shutdown failed; the next start replays the zones");
-        }
+        checkpoint(s).await?;
     }
     if let Some(m) = manager {
         m.shutdown().await;
     }
     peers.close();
+    Ok(())
+}
+
+/// Opens the metadata service of a node that has one (before the server binds, so its
+/// handlers are there from the first request); it learns maps through `map_rx`.
+async fn open_meta(
+    cfg: &NodeConfig,
+    node_id: NodeId,
+    caps: &CapKey,
+    peers: &PeerClient,
+    map_rx: &tokio::sync::watch::Receiver<Arc<ClusterMap>>,
+) -> Result<Option<MetaNode>> {
+    let Some(m) = &cfg.meta else { return Ok(None) };
+    let mut mc = MetaConfig::new(node_id, m.dir.clone())
+        .with_frame_limit(usize::try_from(cfg.node.max_frame_bytes.0).unwrap_or(usize::MAX));
+    mc.dead_coordinator_locks = Duration::from_millis(m.dead_coordinator_locks_ms);
+    mc.caps = Some(caps.clone());
+    let node = MetaNode::open(mc, peers.clone(), map_rx.clone())
+        .await
+        .with_context(|| format!("open metadata store in {}", m.dir.display()))?;
+    Ok(Some(node))
+}
+
+/// The Prometheus endpoint on `addr` (`metrics_listen` checked the exposure).
+async fn serve_metrics(addr: std::net::SocketAddr) -> Result<shingle_metrics::http::Endpoint> {
+    let e = shingle_metrics::http::Endpoint::bind(addr, true)
+        .await
+        .with_context(|| format!("metrics endpoint on {addr}"))?;
+    info!(addr = %e.local_addr(), "metrics at http://{}/metrics", e.local_addr());
+    Ok(e)
+}
+
+/// Makes the chunk index durable at shutdown, so the next start replays nothing; a
+/// failure is logged (the next start replays the zones instead).
+async fn checkpoint(store: Store) -> Result<()> {
+    if let Err(e) = tokio::task::spawn_blocking(move || store.checkpoint()).await? {
+        warn!(error = %e, "chunk index checkpoint at shutdown failed; the next start replays the zones");
+    }
     Ok(())
 }
 
