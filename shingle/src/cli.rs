@@ -7,6 +7,7 @@ use shingle_data::wire::{Stat, StatRequest};
 use shingle_meta::ids::Ino;
 use shingle_meta::map::NodeState;
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout};
+use shingle_meta::service::wire::NodeStats;
 use shingle_transport::{CallOptions, RpcChannel};
 use std::io::{Read, Write};
 use std::path::PathBuf;
@@ -473,33 +474,7 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
     let meta = client.meta();
     let v = meta.view();
     let stats = meta.stats().await;
-    let mut nodes = Vec::new();
-    let (mut cap, mut used) = (0u64, 0u64);
-    for n in v.map.nodes.values() {
-        let ms = stats
-            .iter()
-            .find(|(id, _)| *id == n.id)
-            .and_then(|(_, s)| s.as_ref().ok().cloned());
-        let ds = if n.roles.data {
-            meta.transport()
-                .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(2)))
-                .await
-                .ok()
-        } else {
-            None
-        };
-        if let Some(d) = &ds {
-            cap += d.capacity_bytes;
-            used += d.written_bytes;
-        }
-        nodes.push(serde_json::json!({
-            "id": n.id.0, "addr": n.addr.to_string(), "domain": n.domain,
-            "state": format!("{:?}", n.state),
-            "roles": { "manager": n.roles.manager, "meta": n.roles.meta, "data": n.roles.data },
-            "meta": ms.map(|s| serde_json::json!({"partitions": s.partitions, "serving": s.serving, "primary": s.primary, "inodes": s.inodes})),
-            "data": ds.map(|d| serde_json::json!({"zones_total": d.zones_total, "zones_free": d.zones_free, "chunks": d.chunks, "live_bytes": d.live_bytes, "capacity_bytes": d.capacity_bytes})),
-        }));
-    }
+    let (nodes, cap, used) = node_status(meta, &v, &stats).await;
     let primaries: u32 = stats
         .iter()
         .filter_map(|(_, s)| s.as_ref().ok())
@@ -540,8 +515,52 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
         cf.ec_m
     );
     println!("{}", h.progress_line());
+    print_nodes(&nodes);
+    Ok(())
+}
+
+/// Each node's row of the status (its map entry, its metadata service's figures, its
+/// data service's, asked with a short timeout), and the data nodes' raw capacity and
+/// bytes written.
+async fn node_status(
+    meta: &shingle_meta::meta_client::MetaClient,
+    v: &shingle_meta::map::MapView,
+    stats: &[(shingle_meta::ids::NodeId, Result<NodeStats, Errno>)],
+) -> (Vec<serde_json::Value>, u64, u64) {
+    let mut nodes = Vec::new();
+    let (mut cap, mut used) = (0u64, 0u64);
+    for n in v.map.nodes.values() {
+        let ms = stats
+            .iter()
+            .find(|(id, _)| *id == n.id)
+            .and_then(|(_, s)| s.as_ref().ok().cloned());
+        let ds = if n.roles.data {
+            meta.transport()
+                .call::<Stat>(n.addr, &StatRequest {}, CallOptions::timeout(Duration::from_secs(2)))
+                .await
+                .ok()
+        } else {
+            None
+        };
+        if let Some(d) = &ds {
+            cap += d.capacity_bytes;
+            used += d.written_bytes;
+        }
+        nodes.push(serde_json::json!({
+            "id": n.id.0, "addr": n.addr.to_string(), "domain": n.domain,
+            "state": format!("{:?}", n.state),
+            "roles": { "manager": n.roles.manager, "meta": n.roles.meta, "data": n.roles.data },
+            "meta": ms.map(|s| serde_json::json!({"partitions": s.partitions, "serving": s.serving, "primary": s.primary, "inodes": s.inodes})),
+            "data": ds.map(|d| serde_json::json!({"zones_total": d.zones_total, "zones_free": d.zones_free, "chunks": d.chunks, "live_bytes": d.live_bytes, "capacity_bytes": d.capacity_bytes})),
+        }));
+    }
+    (nodes, cap, used)
+}
+
+/// The status's node table.
+fn print_nodes(nodes: &[serde_json::Value]) {
     println!("  id  address               state    roles      meta (p/s/pri) zones free");
-    for n in &nodes {
+    for n in nodes {
         let roles = ["manager", "meta", "data"]
             .iter()
             .filter(|r| n["roles"][**r].as_bool().unwrap_or(false))
@@ -567,5 +586,4 @@ async fn status(client: &Client, cf: &crate::config::ClusterFile, json: bool) ->
             }
         );
     }
-    Ok(())
 }

@@ -18,6 +18,7 @@ use super::transport::machine;
 use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Result, anyhow};
 use shingle_meta::ids::Ino;
+use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Creds, FileKind, Layout, StripeRec, StripeWrite};
 use std::time::{Duration, Instant};
 
@@ -103,17 +104,54 @@ pub async fn run(a: LayoutBenchArgs) -> Result<()> {
         a.samples
     );
     println!("   GiB  stripes   build s  commit p50 ms  open p50 ms  whole layout p50 ms");
-    let root = Creds::root();
     for &gib in &a.gib {
-        let sb = 4u64 << 20;
-        let stripes = (gib << 30) / sb;
+        let mut f = BigFile::build(&client, gib, a.samples).await?;
+        let (c, (o, w)) = (f.commits(&client, a.samples).await?, f.opens(&client, a.samples).await?);
+        println!(
+            "{gib:6} {:8} {:9.2} {c:14.2} {o:12.2} {w:20.2}",
+            f.stripes,
+            f.build.as_secs_f64()
+        );
+        println!(
+            "{}",
+            serde_json::json!({
+                "bench": "layout", "gib": gib, "stripes": f.stripes,
+                "build_s": f.build.as_secs_f64(), "commit_p50_ms": c, "open_p50_ms": o,
+                "whole_layout_p50_ms": w,
+            })
+        );
+    }
+    drop(cluster);
+    Ok(())
+}
+
+/// Bytes per stripe: EC 4+2 of 1 MiB units.
+const STRIPE_BYTES: u64 = 4 << 20;
+
+/// A file of `gib` GiB whose layout was committed, without data.
+struct BigFile {
+    name: String,
+    ino: Ino,
+    stripes: u64,
+    /// The next version reserved for its writes.
+    version: u64,
+    /// How long committing its whole layout took.
+    build: Duration,
+}
+
+impl BigFile {
+    /// Creates the file and commits its layout, `COMMIT_STRIPES` stripes per commit, with
+    /// versions reserved for `samples` rewrites after.
+    async fn build(client: &MetaClient, gib: u64, samples: usize) -> Result<BigFile> {
+        let root = Creds::root();
+        let stripes = (gib << 30) / STRIPE_BYTES;
         let name = format!("file-{gib}g");
         let ino = client
             .mknod(&root, Ino::ROOT, name.as_bytes(), FileKind::File, 0o644, 0, None)
             .await
             .map_err(|e| anyhow!("create: {e}"))?
             .ino;
-        let count = u32::try_from(stripes + COMMIT_STRIPES * a.samples as u64 + 1)?;
+        let count = u32::try_from(stripes + COMMIT_STRIPES * samples as u64 + 1)?;
         let mut version = client
             .reserve_versions(&root, ino, policy(), count)
             .await
@@ -122,64 +160,65 @@ pub async fn run(a: LayoutBenchArgs) -> Result<()> {
         let mut s = 0;
         while s < stripes {
             let to = (s + COMMIT_STRIPES).min(stripes);
-            let w = writes(s, to, &mut version, sb);
+            let w = writes(s, to, &mut version, STRIPE_BYTES);
             client
-                .commit_write(&root, ino, policy(), to * sb, w)
+                .commit_write(&root, ino, policy(), to * STRIPE_BYTES, w)
                 .await
                 .map_err(|e| anyhow!("commit: {e}"))?;
             s = to;
         }
-        let build = start.elapsed();
-        // The steady state: rewriting 16 stripes in the middle of the file.
+        Ok(BigFile {
+            name,
+            ino,
+            stripes,
+            version,
+            build: start.elapsed(),
+        })
+    }
+
+    /// The steady state: p50 ms of a commit rewriting 16 stripes in the middle.
+    async fn commits(&mut self, client: &MetaClient, samples: usize) -> Result<f64> {
         let mut commit = Vec::new();
-        let mid = stripes / 2;
-        for _ in 0..a.samples {
-            let cur = client.get_inode(ino).await.map_err(|e| anyhow!("layout: {e}"))?;
+        let mid = self.stripes / 2;
+        for _ in 0..samples {
+            let cur = client.get_inode(self.ino).await.map_err(|e| anyhow!("layout: {e}"))?;
             let Some(layout) = cur.layout else {
-                return Err(anyhow!("file {name} has no layout"));
+                return Err(anyhow!("file {} has no layout", self.name));
             };
-            let mut w = writes(mid, mid + COMMIT_STRIPES, &mut version, sb);
+            let mut w = writes(mid, mid + COMMIT_STRIPES, &mut self.version, STRIPE_BYTES);
             for x in &mut w {
                 x.base = layout.stripes.get(&x.stripe).map_or(0, |r| r.version);
             }
             let t = Instant::now();
             client
-                .commit_write(&root, ino, policy(), stripes * sb, w)
+                .commit_write(&Creds::root(), self.ino, policy(), self.stripes * STRIPE_BYTES, w)
                 .await
                 .map_err(|e| anyhow!("commit: {e}"))?;
             commit.push(ms(t.elapsed()));
         }
+        Ok(median(&mut commit))
+    }
+
+    /// p50 ms of an open (the head of the file) and of reading its whole layout, each
+    /// checked against what was built.
+    async fn opens(&self, client: &MetaClient, samples: usize) -> Result<(f64, f64)> {
         let mut open = Vec::new();
         let mut whole = Vec::new();
-        for _ in 0..a.samples {
+        for _ in 0..samples {
             let t = Instant::now();
-            let head = client.head(ino).await.map_err(|e| anyhow!("open: {e}"))?;
+            let head = client.head(self.ino).await.map_err(|e| anyhow!("open: {e}"))?;
             open.push(ms(t.elapsed()));
-            if head.attr.size != stripes * sb {
-                return Err(anyhow!("{name}: size {} after the build", head.attr.size));
+            if head.attr.size != self.stripes * STRIPE_BYTES {
+                return Err(anyhow!("{}: size {} after the build", self.name, head.attr.size));
             }
             let t = Instant::now();
-            let all = client.get_inode(ino).await.map_err(|e| anyhow!("layout: {e}"))?;
+            let all = client.get_inode(self.ino).await.map_err(|e| anyhow!("layout: {e}"))?;
             whole.push(ms(t.elapsed()));
             let n = all.layout.map_or(0, |l| l.stripes.len() as u64);
-            if n != stripes {
-                return Err(anyhow!("{name}: {n} stripe records, {stripes} written"));
+            if n != self.stripes {
+                return Err(anyhow!("{}: {n} stripe records, {} written", self.name, self.stripes));
             }
         }
-        let (c, o, w) = (median(&mut commit), median(&mut open), median(&mut whole));
-        println!(
-            "{gib:6} {stripes:8} {:9.2} {c:14.2} {o:12.2} {w:20.2}",
-            build.as_secs_f64()
-        );
-        println!(
-            "{}",
-            serde_json::json!({
-                "bench": "layout", "gib": gib, "stripes": stripes,
-                "build_s": build.as_secs_f64(), "commit_p50_ms": c, "open_p50_ms": o,
-                "whole_layout_p50_ms": w,
-            })
-        );
+        Ok((median(&mut open), median(&mut whole)))
     }
-    drop(cluster);
-    Ok(())
 }

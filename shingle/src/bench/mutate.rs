@@ -361,6 +361,12 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
         );
     }
     let (local, shingle, lines) = result?;
+    report(&a, &local, &shingle, &lines);
+    Ok(())
+}
+
+/// The table, the per-operation breakdown and the JSON line on stdout.
+fn report(a: &MutateBenchArgs, local: &Side, shingle: &Side, lines: &[String]) {
     println!(
         "# metadata mutations ({}), 6-node dev cluster, R = 3, through FUSE",
         machine()
@@ -393,28 +399,30 @@ pub async fn run(a: MutateBenchArgs) -> Result<()> {
     println!("creates/s     {:17.0}     {:17.0}", local.creates_s, shingle.creates_s);
     println!("unlinks/s     {:17.0}     {:17.0}", local.unlinks_s, shingle.unlinks_s);
     println!("# where the time goes, per operation (cp -a, ls -lR, rm -rf: per entry) on the mount: count x mean ms");
-    for l in &lines {
+    for l in lines {
         println!("{l}");
     }
-    let side = |s: &Side| {
-        let lat: serde_json::Map<String, serde_json::Value> = OPS
-            .iter()
-            .zip(&s.latency)
-            .map(|(op, (p50, p99))| (op.to_string(), serde_json::json!([p50, p99])))
-            .collect();
-        serde_json::json!({
-            "latency_us": lat, "cp_s": s.cp_s, "ls_s": s.ls_s, "rm_s": s.rm_s, "space_s": s.space_s,
-            "creates_s": s.creates_s, "unlinks_s": s.unlinks_s,
-        })
-    };
     println!(
         "{}",
         serde_json::json!({
             "bench": "mutate", "ops": a.ops, "tree": a.tree, "threads": a.threads, "files": a.files,
-            "local": side(&local), "shingle": side(&shingle),
+            "local": local.json(), "shingle": shingle.json(),
         })
     );
-    Ok(())
+}
+
+impl Side {
+    fn json(&self) -> serde_json::Value {
+        let lat: serde_json::Map<String, serde_json::Value> = OPS
+            .iter()
+            .zip(&self.latency)
+            .map(|(op, (p50, p99))| (op.to_string(), serde_json::json!([p50, p99])))
+            .collect();
+        serde_json::json!({
+            "latency_us": lat, "cp_s": self.cp_s, "ls_s": self.ls_s, "rm_s": self.rm_s, "space_s": self.space_s,
+            "creates_s": self.creates_s, "unlinks_s": self.unlinks_s,
+        })
+    }
 }
 
 /// Sums and counts of every histogram series (and counter values, as sums), by

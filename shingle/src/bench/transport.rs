@@ -107,6 +107,45 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
         "{:>9} {:>8} {:>16} {:>16} {:>7}",
         "size", "streams", "remote-read MB/s", "plain TCP MB/s", "ratio"
     );
+    let to = Target { addr, key, plain };
+    let throughput = throughput_table(&args, &cfg, &secret, to, dur).await?;
+
+    let latency = latency_table(&args, &cfg, &secret, addr, dur).await?;
+    server.shutdown().await;
+
+    let report = Report {
+        machine: machine(),
+        seconds_per_point: args.seconds,
+        throughput,
+        latency_64b: latency,
+    };
+    if let Some(path) = args.json {
+        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("write {}", path.display()))?;
+        println!("\nwrote {}", path.display());
+    }
+    Ok(())
+}
+
+/// The transport server's address and the region it exports, and the plain TCP
+/// server's address (the baseline).
+#[derive(Clone, Copy)]
+struct Target {
+    addr: SocketAddr,
+    key: shingle_transport::RegionKey,
+    plain: SocketAddr,
+}
+
+/// Remote-read throughput against plain TCP for every size and stream count, printed
+/// as it goes.
+async fn throughput_table(
+    args: &TransportBenchArgs,
+    cfg: &TransportConfig,
+    secret: &ClusterSecret,
+    to: Target,
+    dur: Duration,
+) -> Result<Vec<ThroughputRow>> {
+    let Target { addr, key, plain } = to;
     let mut throughput = Vec::new();
     for &size_kib in &args.sizes_kib {
         for &streams in &args.streams {
@@ -152,6 +191,17 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
         }
     }
 
+    Ok(throughput)
+}
+
+/// 64-byte RPC latency for every number of callers, printed as it goes.
+async fn latency_table(
+    args: &TransportBenchArgs,
+    cfg: &TransportConfig,
+    secret: &ClusterSecret,
+    addr: SocketAddr,
+    dur: Duration,
+) -> Result<Vec<LatencyRow>> {
     println!("\n64-byte RPC latency ({}s per point)", args.seconds);
     println!(
         "{:>8} {:>10} {:>9} {:>9} {:>9}",
@@ -168,20 +218,7 @@ pub async fn run(args: TransportBenchArgs) -> Result<()> {
         latency.push(row);
     }
     client.close();
-    server.shutdown().await;
-
-    let report = Report {
-        machine: machine(),
-        seconds_per_point: args.seconds,
-        throughput,
-        latency_64b: latency,
-    };
-    if let Some(path) = args.json {
-        std::fs::write(&path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("write {}", path.display()))?;
-        println!("\nwrote {}", path.display());
-    }
-    Ok(())
+    Ok(latency)
 }
 
 async fn remote_read_rate(
