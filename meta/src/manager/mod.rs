@@ -1078,44 +1078,7 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
                 }
             }
         }
-        let mut changes = Vec::new();
-        {
-            let seen = m.last_seen.lock();
-            let mut refused = m.refused.lock();
-            refused.retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(10));
-            for n in map.nodes.values() {
-                let s = seen.get(&n.id.0);
-                let last = s.map_or(since, |s| s.last).max(since);
-                let silent = now.saturating_duration_since(last);
-                let fresh = s.is_some_and(|s| {
-                    now.saturating_duration_since(s.last) < Duration::from_secs(1)
-                        && refused.get(&n.id.0).is_none_or(|t| s.last > *t)
-                });
-                match n.state {
-                    NodeState::Up => {
-                        let phi = s.map_or(0.0, |s| s.phi(now, m.pause));
-                        let grace = now.saturating_duration_since(since) >= m.down_after;
-                        // Never before the node itself notices lost touch (1.5 s) and
-                        // stops serving: 2 s at least.
-                        let floor = silent >= Duration::from_secs(2);
-                        if silent >= m.down_after || (grace && floor && phi >= m.down_phi) {
-                            changes.push((n.id, NodeState::Down, silent, phi));
-                        }
-                    }
-                    NodeState::Down | NodeState::Out if fresh => changes.push((n.id, NodeState::Up, silent, 0.0)),
-                    NodeState::Down => {
-                        let at = *down_since.entry(n.id.0).or_insert(now);
-                        if !m.out_after.is_zero() && now.saturating_duration_since(at) >= m.out_after {
-                            changes.push((n.id, NodeState::Out, silent, 0.0));
-                        }
-                    }
-                    NodeState::Out => {}
-                }
-                if n.state != NodeState::Down {
-                    down_since.remove(&n.id.0);
-                }
-            }
-        }
+        let changes = liveness_changes(&m, &map, since, now, &mut down_since);
         for (id, state, silent, phi) in changes {
             info!(
                 node = id.0,
@@ -1129,6 +1092,57 @@ async fn watch_liveness(inner: std::sync::Weak<Inner>) {
             }
         }
     }
+}
+
+/// The liveness changes the leader should record now (leading since `since`): a node
+/// silent for `down_after` (or, after a grace, suspected by its phi) goes Down, one
+/// heard from again comes Up, one Down for `out_after` goes Out. `down_since` keeps
+/// when each node was first seen Down by this leader.
+fn liveness_changes(
+    m: &Inner,
+    map: &ClusterMap,
+    since: Instant,
+    now: Instant,
+    down_since: &mut BTreeMap<u64, Instant>,
+) -> Vec<(NodeId, crate::map::NodeState, Duration, f64)> {
+    use crate::map::NodeState;
+    let mut changes = Vec::new();
+    let seen = m.last_seen.lock();
+    let mut refused = m.refused.lock();
+    refused.retain(|_, t| now.saturating_duration_since(*t) < Duration::from_secs(10));
+    for n in map.nodes.values() {
+        let s = seen.get(&n.id.0);
+        let last = s.map_or(since, |s| s.last).max(since);
+        let silent = now.saturating_duration_since(last);
+        let fresh = s.is_some_and(|s| {
+            now.saturating_duration_since(s.last) < Duration::from_secs(1)
+                && refused.get(&n.id.0).is_none_or(|t| s.last > *t)
+        });
+        match n.state {
+            NodeState::Up => {
+                let phi = s.map_or(0.0, |s| s.phi(now, m.pause));
+                let grace = now.saturating_duration_since(since) >= m.down_after;
+                // Never before the node itself notices lost touch (1.5 s) and
+                // stops serving: 2 s at least.
+                let floor = silent >= Duration::from_secs(2);
+                if silent >= m.down_after || (grace && floor && phi >= m.down_phi) {
+                    changes.push((n.id, NodeState::Down, silent, phi));
+                }
+            }
+            NodeState::Down | NodeState::Out if fresh => changes.push((n.id, NodeState::Up, silent, 0.0)),
+            NodeState::Down => {
+                let at = *down_since.entry(n.id.0).or_insert(now);
+                if !m.out_after.is_zero() && now.saturating_duration_since(at) >= m.out_after {
+                    changes.push((n.id, NodeState::Out, silent, 0.0));
+                }
+            }
+            NodeState::Out => {}
+        }
+        if n.state != NodeState::Down {
+            down_since.remove(&n.id.0);
+        }
+    }
+    changes
 }
 
 /// On a follower: when the leader's heartbeats stop and its address refuses
