@@ -908,27 +908,50 @@ impl MetaNode {
         self.fence_dropped_holders(p, &v).await?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
-        let mut finishing = self.take_finishing(p);
-        let stale: Vec<Finishing>;
-        let (write, req) = {
-            let mut st = slot.write_state();
-            if !st.serving {
+        let finishing = self.take_finishing(p);
+        let (write, req, finishing) = match self.lead_batch(&slot, p, &v, ops, finishing) {
+            Ok(led) => led,
+            Err(finishing) => {
                 // A map change stopped the copy after the check above (adopt does not
                 // wait for the write lock): the caller retries with the new primary.
-                drop(st);
                 self.queue_forgets(p, forgets);
                 self.abandon_finishing(finishing);
                 return Err(errno_status(Errno::EAGAIN));
             }
-            // Only intents led in this reign finish here: one from an earlier reign may
-            // have been redone and finished by another primary meanwhile. Those are
-            // abandoned once the copy's lock is released: `inflight` is taken before a
-            // copy's lock elsewhere ([`MetaNode::settled_here`]), never after.
+        };
+        if let Err(e) = self.persist_everywhere(&slot, p, &v, write, &req).await {
+            self.queue_forgets(p, forgets);
+            self.abandon_finishing(finishing);
+            return Err(e);
+        }
+        slot.write_state().acknowledged(&req.ops);
+        self.finished(finishing);
+        Ok(())
+    }
+
+    /// Leads `ops`, with the finishes of the intents led in this reign, as the copy's
+    /// next batch: its write, its replication request and the finishes it carries.
+    /// Finishes of an earlier reign may have been redone and finished by another primary
+    /// meanwhile: they are abandoned once the copy's lock is released (`inflight` is
+    /// taken before a copy's lock elsewhere, [`MetaNode::settled_here`], never after).
+    /// A copy that stopped serving leads nothing and gives every finish back.
+    fn lead_batch(
+        &self,
+        slot: &Slot,
+        p: PartitionId,
+        v: &MapView,
+        mut ops: Vec<PartOp>,
+        finishing: Vec<Finishing>,
+    ) -> Result<(Write, Replicate, Vec<Finishing>), Vec<Finishing>> {
+        let (led, stale) = {
+            let mut st = slot.write_state();
+            if !st.serving {
+                drop(st);
+                return Err(finishing);
+            }
             let reign = st.meta.state_epoch;
-            let ours;
-            (ours, stale) = finishing.drain(..).partition(|f| f.reign == reign);
-            finishing = ours;
-            ops.extend(finishing.iter().flat_map(|f| finish_ops(f.id)));
+            let (ours, stale): (Vec<Finishing>, Vec<Finishing>) = finishing.into_iter().partition(|f| f.reign == reign);
+            ops.extend(ours.iter().flat_map(|f| finish_ops(f.id)));
             let (keys, lsn) = st.lead(&ops);
             // Counts announced to settled reads are in the copy now: drop them in the
             // same moment (a read holds the copy's lock too), or one would count twice.
@@ -940,9 +963,23 @@ impl MetaNode {
                 lsn,
                 ops,
             };
-            (Write::batch(p, &st, &keys), req)
+            ((Write::batch(p, &st, &keys), req, ours), stale)
         };
         self.abandon_finishing(stale);
+        Ok(led)
+    }
+
+    /// Persists a led batch here and replicates it to the other members in parallel.
+    /// When this copy cannot persist it, or a member may have missed it, the copy stops
+    /// serving until a catch-up repairs it.
+    async fn persist_everywhere(
+        &self,
+        slot: &Slot,
+        p: PartitionId,
+        v: &MapView,
+        write: Write,
+        req: &Replicate,
+    ) -> Result<(), Status> {
         let others: Vec<SocketAddr> = v
             .members(p)
             .into_iter()
@@ -951,35 +988,27 @@ impl MetaNode {
             .collect();
         Span::current().record("replicas", others.len());
         let local = self.inner.store.commit(vec![write]);
-        let remote =
-            futures_util::future::join_all(others.into_iter().map(|addr| self.replicate_to(addr, &req, &slot)));
+        let remote = futures_util::future::join_all(others.into_iter().map(|addr| self.replicate_to(addr, req, slot)));
         let (local, remote) = tokio::join!(local, remote);
         if let Err(e) = local {
             // Memory is ahead of disk: stop serving until a catch-up repairs the copy.
             slot.write_state().serving = false;
             self.inner.catch_up_now.notify_one();
             warn!(partition = p.0, error = %e, "cannot persist a batch; partition stops serving here");
-            self.queue_forgets(p, forgets);
-            self.abandon_finishing(finishing);
             return Err(store_failed(e));
         }
-        let failed = remote.into_iter().find_map(Result::err);
-        if let Some(e) = failed {
+        if let Some(e) = remote.into_iter().find_map(Result::err) {
             // A member may have missed the batch this copy holds: until every member
             // has it, nothing here may be read as if it were durable (a retry would find
             // its operation "done" in a batch the next primary never saw). The copy
             // stops serving; the catch-up takes over again, which makes every member
             // install this copy in a new reign. The markers may not have been forgotten
-            // on every member either: say it again.
+            // on every member either: the caller says it again.
             let now = self.view().map.epoch;
             slot.write_state().batch_missed_a_member(v.map.epoch, now);
             self.inner.catch_up_now.notify_one();
-            self.queue_forgets(p, forgets);
-            self.abandon_finishing(finishing);
             return Err(e);
         }
-        slot.write_state().acknowledged(&req.ops);
-        self.finished(finishing);
         Ok(())
     }
 
