@@ -1331,39 +1331,59 @@ impl OpenFile {
                         let cell = cached.unwrap_or_else(|| st.cell(*stripe, rec.version, c.inner.cfg.cache_stripes));
                         cells.insert(*stripe, cell);
                     }
-                    last_remote = Some((*stripe, rec.clone()));
+                    last_remote = Some(*stripe);
                 }
             }
             // Readahead: a sequential reader gets the next stripe started now.
-            if sequential
-                && c.inner.cfg.cache_stripes > 1
-                && let Some((last, _)) = last_remote
-                && st.content.known(last + 1)
-                && let Some(Piece::Remote { stripe, rec, .. }) =
-                    st.content.read_plan((last + 1) * sb, 1).into_iter().next()
-                && st.cached(stripe, rec.version).is_none()
-            {
-                let cell = st.cell(stripe, rec.version, c.inner.cfg.cache_stripes);
-                let (c2, policy, ino, cap) = (c.clone(), st.policy.clone(), self.ino, st.cap_bytes());
-                let span = tracing::info_span!(
-                    "fs.readahead",
-                    ino = ino.0,
-                    stripe,
-                    degraded = false,
-                    hedged = false,
-                    fabric = tracing::field::Empty,
-                );
-                tokio::spawn(
-                    async move {
-                        let _ = cell
-                            .get_or_try_init(|| c2.fetch_stripe(ino, &policy, stripe, &rec, &cap))
-                            .await;
-                    }
-                    .instrument(span),
-                );
+            if sequential && let Some(last) = last_remote {
+                self.read_ahead(c, &mut st, last + 1);
             }
             (plan, st.policy.clone(), cells, st.cap_bytes())
         };
+        self.assemble(c, plan, &policy, &cells, &cap, len).await
+    }
+
+    /// Starts fetching stripe `next` into the cache (when it is known, stored, and not
+    /// cached yet), without waiting for it.
+    fn read_ahead(&self, c: &Client, st: &mut FileState, next: u64) {
+        let sb = st.content.stripe_bytes();
+        if c.inner.cfg.cache_stripes > 1
+            && st.content.known(next)
+            && let Some(Piece::Remote { stripe, rec, .. }) = st.content.read_plan(next * sb, 1).into_iter().next()
+            && st.cached(stripe, rec.version).is_none()
+        {
+            let cell = st.cell(stripe, rec.version, c.inner.cfg.cache_stripes);
+            let (c2, policy, ino, cap) = (c.clone(), st.policy.clone(), self.ino, st.cap_bytes());
+            let span = tracing::info_span!(
+                "fs.readahead",
+                ino = ino.0,
+                stripe,
+                degraded = false,
+                hedged = false,
+                fabric = tracing::field::Empty,
+            );
+            tokio::spawn(
+                async move {
+                    let _ = cell
+                        .get_or_try_init(|| c2.fetch_stripe(ino, &policy, stripe, &rec, &cap))
+                        .await;
+                }
+                .instrument(span),
+            );
+        }
+    }
+
+    /// The bytes of a read from its plan: zeros, bytes in memory, and stored stripes —
+    /// from their cache cells (fetched whole once), else as a byte range.
+    async fn assemble(
+        &self,
+        c: &Client,
+        plan: Vec<Piece>,
+        policy: &Layout,
+        cells: &HashMap<u64, StripeCell>,
+        cap: &Bytes,
+        len: u32,
+    ) -> Result<Bytes, Errno> {
         let mut out = BytesMut::with_capacity(len as usize);
         for p in plan {
             match p {
@@ -1372,17 +1392,17 @@ impl OpenFile {
                 Piece::Remote { stripe, rec, range } => {
                     let data = match cells.get(&stripe) {
                         Some(cell) => cell
-                            .get_or_try_init(|| c.fetch_stripe(self.ino, &policy, stripe, &rec, &cap))
+                            .get_or_try_init(|| c.fetch_stripe(self.ino, policy, stripe, &rec, cap))
                             .await
                             .cloned()
                             .map_err(|_| Errno::ESTALE)?,
-                        None => match c.read_range(self.ino, &policy, stripe, &rec, range.clone(), &cap).await {
+                        None => match c.read_range(self.ino, policy, stripe, &rec, range.clone(), cap).await {
                             Some(b) => {
                                 out.extend_from_slice(&b);
                                 continue;
                             }
                             None => c
-                                .fetch_stripe(self.ino, &policy, stripe, &rec, &cap)
+                                .fetch_stripe(self.ino, policy, stripe, &rec, cap)
                                 .await
                                 .map_err(|_| Errno::ESTALE)?,
                         },
