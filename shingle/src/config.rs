@@ -477,25 +477,8 @@ impl NodeConfig {
         if let Some(t) = &self.trace {
             t.validate()?;
         }
-        let f = self.node.max_frame_bytes.0;
-        if !(4096..=1 << 30).contains(&f) {
-            bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
-        }
         let clustered = self.node.cluster_file.is_some();
-        if clustered && self.node.id.is_none_or(|i| i == 0) {
-            bail!("node.id (a positive integer) is required with node.cluster_file");
-        }
-        if let Some(a) = self.node.advertise
-            && (a.ip().is_unspecified() || a.port() == 0)
-        {
-            bail!("node.advertise must be an address other nodes can reach (a real IP and port), got {a}");
-        }
-        if clustered && self.node.listen.ip().is_unspecified() && self.node.advertise.is_none() {
-            bail!(
-                "node.listen is {} (every interface): set node.advertise to the address other nodes use to reach this one",
-                self.node.listen
-            );
-        }
+        self.node.validate()?;
         if let Some(level) = self.log.as_ref().and_then(|l| l.level.as_deref()) {
             crate::logging::parse_filter(level).context("log.level")?;
         }
@@ -503,67 +486,113 @@ impl NodeConfig {
             bail!("[manager] and [meta] need node.cluster_file (run `shingle format` first)");
         }
         if let Some(m) = &self.manager {
-            if !(m.down_phi > 0.0 && m.down_phi.is_finite()) {
-                bail!("manager.down_phi must be a positive number, got {}", m.down_phi);
-            }
-            if m.down_after_ms < 500 {
-                bail!("manager.down_after_ms must be at least 500, got {}", m.down_after_ms);
-            }
-            if m.out_after_ms != 0 && m.out_after_ms < m.down_after_ms {
-                bail!(
-                    "manager.out_after_ms ({}) must be 0 (never) or at least down_after_ms ({})",
-                    m.out_after_ms,
-                    m.down_after_ms
-                );
-            }
+            m.validate()?;
         }
         if let Some(m) = &self.meta {
-            if m.rebuild_rate.0 == 0 {
-                bail!("meta.rebuild_rate must be more than 0 (it is a bandwidth limit; 0 would stall rebuilds)");
-            }
-            if m.purge_interval_ms < 100 {
-                bail!(
-                    "meta.purge_interval_ms must be at least 100, got {}",
-                    m.purge_interval_ms
-                );
-            }
-            if m.repair_interval_ms < 100 {
-                bail!(
-                    "meta.repair_interval_ms must be at least 100, got {}",
-                    m.repair_interval_ms
-                );
-            }
+            m.validate()?;
         }
         if let Some(d) = &self.data {
-            if d.scrub_interval_ms < 1_000 {
-                bail!(
-                    "data.scrub_interval_ms must be at least 1000, got {}",
-                    d.scrub_interval_ms
-                );
-            }
-            if d.sweep_interval_ms < 1_000 {
-                bail!(
-                    "data.sweep_interval_ms must be at least 1000, got {}",
-                    d.sweep_interval_ms
-                );
-            }
-            let bs = d.block_size.0;
-            if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
-                bail!("data.block_size must be a power of two between 512 and 65536, got {bs}");
-            }
-            if d.zone_size.0 < 16 * bs || d.zone_size.0 % bs != 0 {
-                bail!(
-                    "data.zone_size must be a multiple of block_size and at least 16 blocks, got {}",
-                    d.zone_size.0
-                );
-            }
-            if d.zones < d.reserved_zones + 2 {
-                bail!(
-                    "data.zones ({}) must exceed data.reserved_zones ({}) by at least 2",
-                    d.zones,
-                    d.reserved_zones
-                );
-            }
+            d.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl NodeSection {
+    fn validate(&self) -> Result<()> {
+        let f = self.max_frame_bytes.0;
+        if !(4096..=1 << 30).contains(&f) {
+            bail!("node.max_frame_bytes must be between 4KiB and 1GiB, got {f}");
+        }
+        let clustered = self.cluster_file.is_some();
+        if clustered && self.id.is_none_or(|i| i == 0) {
+            bail!("node.id (a positive integer) is required with node.cluster_file");
+        }
+        if let Some(a) = self.advertise
+            && (a.ip().is_unspecified() || a.port() == 0)
+        {
+            bail!("node.advertise must be an address other nodes can reach (a real IP and port), got {a}");
+        }
+        if clustered && self.listen.ip().is_unspecified() && self.advertise.is_none() {
+            bail!(
+                "node.listen is {} (every interface): set node.advertise to the address other nodes use to reach this one",
+                self.listen
+            );
+        }
+        Ok(())
+    }
+}
+
+impl ManagerSection {
+    fn validate(&self) -> Result<()> {
+        if !(self.down_phi > 0.0 && self.down_phi.is_finite()) {
+            bail!("manager.down_phi must be a positive number, got {}", self.down_phi);
+        }
+        if self.down_after_ms < 500 {
+            bail!("manager.down_after_ms must be at least 500, got {}", self.down_after_ms);
+        }
+        if self.out_after_ms != 0 && self.out_after_ms < self.down_after_ms {
+            bail!(
+                "manager.out_after_ms ({}) must be 0 (never) or at least down_after_ms ({})",
+                self.out_after_ms,
+                self.down_after_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+impl MetaSection {
+    fn validate(&self) -> Result<()> {
+        if self.rebuild_rate.0 == 0 {
+            bail!("meta.rebuild_rate must be more than 0 (it is a bandwidth limit; 0 would stall rebuilds)");
+        }
+        if self.purge_interval_ms < 100 {
+            bail!(
+                "meta.purge_interval_ms must be at least 100, got {}",
+                self.purge_interval_ms
+            );
+        }
+        if self.repair_interval_ms < 100 {
+            bail!(
+                "meta.repair_interval_ms must be at least 100, got {}",
+                self.repair_interval_ms
+            );
+        }
+        Ok(())
+    }
+}
+
+impl DataSection {
+    fn validate(&self) -> Result<()> {
+        if self.scrub_interval_ms < 1_000 {
+            bail!(
+                "data.scrub_interval_ms must be at least 1000, got {}",
+                self.scrub_interval_ms
+            );
+        }
+        if self.sweep_interval_ms < 1_000 {
+            bail!(
+                "data.sweep_interval_ms must be at least 1000, got {}",
+                self.sweep_interval_ms
+            );
+        }
+        let bs = self.block_size.0;
+        if !bs.is_power_of_two() || !(512..=65536).contains(&bs) {
+            bail!("data.block_size must be a power of two between 512 and 65536, got {bs}");
+        }
+        if self.zone_size.0 < 16 * bs || self.zone_size.0 % bs != 0 {
+            bail!(
+                "data.zone_size must be a multiple of block_size and at least 16 blocks, got {}",
+                self.zone_size.0
+            );
+        }
+        if self.zones < self.reserved_zones + 2 {
+            bail!(
+                "data.zones ({}) must exceed data.reserved_zones ({}) by at least 2",
+                self.zones,
+                self.reserved_zones
+            );
         }
         Ok(())
     }
