@@ -8,6 +8,9 @@
 //! its layout and loading the others before an operation touches them (the core panics
 //! if asked about a stripe it does not know). Replay a failure with SHINGLE_SEED=<seed>.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 use shingle_client::content::{Blocked, Content, Piece};
 use shingle_meta::namespace::{Errno, StripeRec};
 use std::collections::{BTreeMap, HashMap};

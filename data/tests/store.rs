@@ -1,6 +1,9 @@
 //! Chunk store: durability, group commit, GC, full devices, injected faults, crashes,
 //! index rebuild and corruption — against the file-emulated zoned device.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 use shingle_data::chunk::ChunkKey;
 use shingle_data::store::{ChunkStore, StoreError, StoreOptions};
 use shingle_data::zone::faulty::{Faults, FaultyDevice};

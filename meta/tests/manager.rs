@@ -1,6 +1,9 @@
 //! The manager role over real TCP servers on 127.0.0.1: one manager that restarts from its
 //! directory, and a group of three that elects, forwards, fails over and catches up.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 use shingle_meta::ids::{Epoch, NodeId};
 use shingle_meta::manager::{self, Manager, ManagerConfig, ManagerError, ManagerSlot, Role, rpc};
 use shingle_meta::map::{ClusterMap, MapCommand, MapError, NodeInfo, NodeState, Roles};

@@ -4,6 +4,9 @@
 //! (value or errno) and the whole tree must agree. Replay a failure with
 //! SHINGLE_SEED=<seed>.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 use shingle_meta::ids::Ino;
 use shingle_meta::namespace::perm;
 use shingle_meta::namespace::types::{Attr, Creds, Errno, FileKind, NAME_MAX, S_ISVTX, SetAttr};

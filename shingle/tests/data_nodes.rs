@@ -3,6 +3,9 @@
 //! verb, nodes killed with SIGKILL, shards corrupted on disk and repaired, a full
 //! device refusing writes with ENOSPC.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use bytes::Bytes;

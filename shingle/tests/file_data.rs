@@ -4,6 +4,9 @@
 //! close-to-open visibility, a reader that never sees an error while the other client
 //! rewrites the file, and a lost commit race reported to the loser, not swallowed.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::{Cluster, Spec};

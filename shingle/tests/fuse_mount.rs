@@ -1,6 +1,9 @@
 //! Real-mount tests: `shingle dev` (six real node processes and a FUSE mount) driven
 //! through the kernel with ordinary file calls and shell processes.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::{DevMount, SecondMount, pattern};

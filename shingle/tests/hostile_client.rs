@@ -17,6 +17,9 @@
 //! `SHINGLE_HOSTILE_SEED=N` replays a run; `SHINGLE_HOSTILE_ROUNDS=N` sets the requests
 //! per kind (default 300). The counts are printed for docs/benchmarks.md.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use bytes::Bytes;

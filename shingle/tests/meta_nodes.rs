@@ -1,6 +1,9 @@
 //! Multi-process tests of the metadata service: real `shingle serve` processes (managers
 //! and meta nodes) over TCP, a namespace client in the test, nodes killed with SIGKILL.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::{Cluster, Spec};

@@ -7,6 +7,9 @@
 //! (coordinator and replicas). The batch delay is ten minutes, so every span here
 //! arrives through the flush at exit (serve's SIGTERM path, the mount's unmount path).
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::DevMount;

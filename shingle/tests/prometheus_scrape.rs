@@ -9,6 +9,9 @@
 //! Needs root and /dev/fuse (as the other mount tests) and the `prometheus` binary
 //! (`apt install prometheus`; scripts/setup.sh installs it). Without it the test fails.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::DevMount;

@@ -223,6 +223,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // one table of rules, read top to bottom
     fn chmod_chown_truncate_rules() {
         let f = attr(FileKind::File, 0o6755, 10, 10);
         let owner = user(10, 10, &[20]);
