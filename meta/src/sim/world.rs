@@ -422,41 +422,7 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
         map.nodes.insert(id, info(id));
         map.epoch = Epoch(map.epoch.0 + 1);
     }
-    let view = Arc::new(MapView::new(map.clone()));
-    let mut views = Views {
-        by_epoch: BTreeMap::new(),
-    };
-    views.add(view.clone());
-    let mut w = World {
-        rng: Rng::new(cfg.seed),
-        cfg: cfg.clone(),
-        now: 0,
-        seq: 0,
-        heap: BinaryHeap::new(),
-        events: BTreeMap::new(),
-        map,
-        view: view.clone(),
-        views,
-        nodes: BTreeMap::new(),
-        heard: BTreeMap::new(),
-        clients: Vec::new(),
-        ns_clients: Vec::new(),
-        ns_inos: BTreeSet::new(),
-        issued: 0,
-        finished: 0,
-        next_name: 0,
-        acked: BTreeMap::new(),
-        counters: BTreeMap::new(),
-        by_epoch: BTreeMap::new(),
-        by_reign: BTreeMap::new(),
-        report: Report::default(),
-        log: VecDeque::new(),
-        failure: None,
-        faults_on: cfg.faults,
-        next_node: cfg.nodes + 1,
-        victims: BTreeSet::new(),
-        mass_at: None,
-    };
+    let mut w = World::new(cfg, map);
     for i in 1..=cfg.nodes {
         w.add_node(NodeId(u64::from(i)));
     }
@@ -466,44 +432,97 @@ pub fn run(cfg: &Config) -> Result<Report, Failure> {
     w.settle("the cluster to form")?;
     w.report.bootstrap_messages = w.report.total_messages();
     w.report.messages.clear();
-    for c in 0..(cfg.clients + cfg.readers) as usize {
-        w.clients.push(Client {
-            view: view.clone(),
-            op: None,
-            call: 0,
-            reader: c >= cfg.clients as usize,
-            asked: None,
-        });
-        let at = w.rng.below(50);
-        w.at(at, Ev::Client(c));
-    }
-    for c in 0..cfg.ns_clients as usize {
-        w.ns_clients.push(ns::NsClient::new(view.clone()));
-        let at = w.rng.below(50);
-        w.at(at, Ev::NsClient(c));
-    }
-    if cfg.faults {
-        let at = 500 + w.rng.below(1500);
-        w.at(at, Ev::Fault);
-    }
-    for i in 0..u64::from(cfg.joins) {
-        let at = 1000 + i * 2500 + w.rng.below(1000);
-        w.at(at, Ev::Join);
-    }
+    w.start_load();
     w.main_loop()?;
     w.heal()?;
     w.final_checks()?;
     w.report.virtual_ms = w.now;
-    let counts: Vec<u64> = w
-        .nodes
-        .values()
-        .filter(|n| n.alive)
-        .map(|n| w.views.of(w.view.map.epoch, n.id).len() as u64)
-        .collect();
-    let max = counts.iter().copied().max().unwrap_or(0);
-    let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
-    w.report.balance = (max, mean);
+    w.report.balance = w.balance();
     Ok(w.report)
+}
+
+impl World {
+    /// A world of `map`'s nodes, before any of them runs.
+    fn new(cfg: &Config, map: ClusterMap) -> World {
+        let view = Arc::new(MapView::new(map.clone()));
+        let mut views = Views {
+            by_epoch: BTreeMap::new(),
+        };
+        views.add(view.clone());
+        World {
+            rng: Rng::new(cfg.seed),
+            cfg: cfg.clone(),
+            now: 0,
+            seq: 0,
+            heap: BinaryHeap::new(),
+            events: BTreeMap::new(),
+            map,
+            view: view.clone(),
+            views,
+            nodes: BTreeMap::new(),
+            heard: BTreeMap::new(),
+            clients: Vec::new(),
+            ns_clients: Vec::new(),
+            ns_inos: BTreeSet::new(),
+            issued: 0,
+            finished: 0,
+            next_name: 0,
+            acked: BTreeMap::new(),
+            counters: BTreeMap::new(),
+            by_epoch: BTreeMap::new(),
+            by_reign: BTreeMap::new(),
+            report: Report::default(),
+            log: VecDeque::new(),
+            failure: None,
+            faults_on: cfg.faults,
+            next_node: cfg.nodes + 1,
+            victims: BTreeSet::new(),
+            mass_at: None,
+        }
+    }
+
+    /// Schedules the load: the clients' and namespace clients' first operations, the
+    /// first fault, the joins.
+    fn start_load(&mut self) {
+        let view = self.view.clone();
+        for c in 0..(self.cfg.clients + self.cfg.readers) as usize {
+            self.clients.push(Client {
+                view: view.clone(),
+                op: None,
+                call: 0,
+                reader: c >= self.cfg.clients as usize,
+                asked: None,
+            });
+            let at = self.rng.below(50);
+            self.at(at, Ev::Client(c));
+        }
+        for c in 0..self.cfg.ns_clients as usize {
+            self.ns_clients.push(ns::NsClient::new(view.clone()));
+            let at = self.rng.below(50);
+            self.at(at, Ev::NsClient(c));
+        }
+        if self.cfg.faults {
+            let at = 500 + self.rng.below(1500);
+            self.at(at, Ev::Fault);
+        }
+        for i in 0..u64::from(self.cfg.joins) {
+            let at = 1000 + i * 2500 + self.rng.below(1000);
+            self.at(at, Ev::Join);
+        }
+    }
+
+    /// Copies held per live node: (max, mean).
+    fn balance(&self) -> (u64, f64) {
+        let counts: Vec<u64> = self
+            .nodes
+            .values()
+            .filter(|n| n.alive)
+            .map(|n| self.views.of(self.view.map.epoch, n.id).len() as u64)
+            .collect();
+        let max = counts.iter().copied().max().unwrap_or(0);
+        let mean = counts.iter().sum::<u64>() as f64 / counts.len().max(1) as f64;
+        (max, mean)
+    }
 }
 
 impl World {

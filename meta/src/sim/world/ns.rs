@@ -912,86 +912,8 @@ impl World {
         let v = self.nodes[&n].view.clone();
         let Some(w) = self.coord(n, k) else { return };
         match w.c.step() {
-            Next::Lock(keys) => {
-                let mut by_host: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
-                for key in &keys {
-                    match v.primary(Ino(*key).partition()) {
-                        Some(h) => by_host.entry(h).or_default().push(*key),
-                        None => return self.coord_busy(n, k),
-                    }
-                }
-                let w = self.coord(n, k).expect("exists");
-                w.waiting = by_host.len();
-                w.refused = false;
-                w.asked = keys;
-                w.read.clear();
-                let owner = w.owner;
-                let anchor = w.c.anchor();
-                for (host, keys) in by_host {
-                    // A remote host reads the locked inodes once held (`Lock::fetch`).
-                    let inos: Vec<Ino> = keys.iter().filter_map(|k| key_inode(*k)).collect();
-                    let read = (host != n && !inos.is_empty()).then(|| (v.map.epoch, inos));
-                    let msg = Msg::Lock {
-                        keys: keys.clone(),
-                        owner,
-                        anchor,
-                        read,
-                    };
-                    self.work_call(n, host, msg, k, Wait::Lock(host, keys));
-                }
-            }
-            Next::Fetch(needs) => {
-                let parts = self.cfg.partitions;
-                let mut by_host: BTreeMap<NodeId, Vec<Need>> = BTreeMap::new();
-                let mut calls = 0;
-                for need in needs {
-                    match &need {
-                        Need::Counter(p) => {
-                            calls += 1;
-                            let p = *p;
-                            self.send_alloc(n, k, p, Wait::Counter(p));
-                        }
-                        Need::Done(p, op) => {
-                            // The anchor: this node is its serving primary, or the client
-                            // retries at the new one.
-                            if self.primary_check(n, *p).is_err() {
-                                return self.coord_busy(n, k);
-                            }
-                            let part = &self.nodes[&n].slots[p].r.part;
-                            if part.done_pending(*op) && self.cfg.bug != Some(Bug::DoneBeforeFinished) {
-                                return self.coord_busy(n, k);
-                            }
-                            let rec = part.done.get(op).copied();
-                            let (p, op) = (*p, *op);
-                            self.coord(n, k).expect("exists").c.provide_done(p, op, rec);
-                        }
-                        Need::Inode(ino) | Need::Stripe(ino, _) => match v.primary(ino.partition()) {
-                            Some(h) => by_host.entry(h).or_default().push(need),
-                            None => return self.coord_busy(n, k),
-                        },
-                        Need::Dentry(parent, nm) => {
-                            match v.primary(crate::placement::dentry_partition(*parent, nm, parts)) {
-                                Some(h) => by_host.entry(h).or_default().push(need),
-                                None => return self.coord_busy(n, k),
-                            }
-                        }
-                    }
-                }
-                let epoch = v.map.epoch;
-                for (host, needs) in by_host {
-                    calls += 1;
-                    let msg = Msg::Fetch {
-                        epoch,
-                        needs: needs.clone(),
-                    };
-                    self.work_call(n, host, msg, k, Wait::Fetch(needs));
-                }
-                let w = self.coord(n, k).expect("exists");
-                w.waiting += calls;
-                if w.waiting == 0 {
-                    self.coord_next(n, k);
-                }
-            }
+            Next::Lock(keys) => self.coord_lock(n, k, &v, keys),
+            Next::Fetch(needs) => self.coord_fetch(n, k, &v, needs),
             Next::Commit(plans, reply) => {
                 let what: Vec<String> = plans.iter().map(|(c, steps)| format!("{}:{:?}", c.0, steps)).collect();
                 w.plans = plans.into();
@@ -1001,6 +923,90 @@ impl World {
                 self.coord_plan(n, k);
             }
             Next::Fail(e) => self.coord_end(n, k, Ok(Body::Ns(Err(e)))),
+        }
+    }
+
+    /// Asks each key's host (its partition's primary) for the locks coordination `k`
+    /// needs, remote hosts reading the locked inodes once held.
+    fn coord_lock(&mut self, n: NodeId, k: u64, v: &crate::map::MapView, keys: Vec<u64>) {
+        let mut by_host: BTreeMap<NodeId, Vec<u64>> = BTreeMap::new();
+        for key in &keys {
+            match v.primary(Ino(*key).partition()) {
+                Some(h) => by_host.entry(h).or_default().push(*key),
+                None => return self.coord_busy(n, k),
+            }
+        }
+        let w = self.coord(n, k).expect("exists");
+        w.waiting = by_host.len();
+        w.refused = false;
+        w.asked = keys;
+        w.read.clear();
+        let owner = w.owner;
+        let anchor = w.c.anchor();
+        for (host, keys) in by_host {
+            // A remote host reads the locked inodes once held (`Lock::fetch`).
+            let inos: Vec<Ino> = keys.iter().filter_map(|k| key_inode(*k)).collect();
+            let read = (host != n && !inos.is_empty()).then_some((v.map.epoch, inos));
+            let msg = Msg::Lock {
+                keys: keys.clone(),
+                owner,
+                anchor,
+                read,
+            };
+            self.work_call(n, host, msg, k, Wait::Lock(host, keys));
+        }
+    }
+
+    /// Gets what coordination `k` needs: counters allocated, done records read here (the
+    /// anchor), records fetched from their hosts; goes on at once when nothing is out.
+    fn coord_fetch(&mut self, n: NodeId, k: u64, v: &crate::map::MapView, needs: Vec<Need>) {
+        let parts = self.cfg.partitions;
+        let mut by_host: BTreeMap<NodeId, Vec<Need>> = BTreeMap::new();
+        let mut calls = 0;
+        for need in needs {
+            match &need {
+                Need::Counter(p) => {
+                    calls += 1;
+                    let p = *p;
+                    self.send_alloc(n, k, p, Wait::Counter(p));
+                }
+                Need::Done(p, op) => {
+                    // The anchor: this node is its serving primary, or the client
+                    // retries at the new one.
+                    if self.primary_check(n, *p).is_err() {
+                        return self.coord_busy(n, k);
+                    }
+                    let part = &self.nodes[&n].slots[p].r.part;
+                    if part.done_pending(*op) && self.cfg.bug != Some(Bug::DoneBeforeFinished) {
+                        return self.coord_busy(n, k);
+                    }
+                    let rec = part.done.get(op).copied();
+                    let (p, op) = (*p, *op);
+                    self.coord(n, k).expect("exists").c.provide_done(p, op, rec);
+                }
+                Need::Inode(ino) | Need::Stripe(ino, _) => match v.primary(ino.partition()) {
+                    Some(h) => by_host.entry(h).or_default().push(need),
+                    None => return self.coord_busy(n, k),
+                },
+                Need::Dentry(parent, nm) => match v.primary(crate::placement::dentry_partition(*parent, nm, parts)) {
+                    Some(h) => by_host.entry(h).or_default().push(need),
+                    None => return self.coord_busy(n, k),
+                },
+            }
+        }
+        let epoch = v.map.epoch;
+        for (host, needs) in by_host {
+            calls += 1;
+            let msg = Msg::Fetch {
+                epoch,
+                needs: needs.clone(),
+            };
+            self.work_call(n, host, msg, k, Wait::Fetch(needs));
+        }
+        let w = self.coord(n, k).expect("exists");
+        w.waiting += calls;
+        if w.waiting == 0 {
+            self.coord_next(n, k);
         }
     }
 
@@ -1531,6 +1537,14 @@ impl World {
             self.send_exec(n, k, coord, finish_ops(id));
         }
         let v = self.nodes[&n].view.clone();
+        let anchors = self.tick_locks(n, &v);
+        self.tick_tails(n, &v, anchors);
+        self.tick_redo(n, &v);
+    }
+
+    /// Frees the locks of coordinators Down long enough and of partitions no longer
+    /// led here: the anchors of dead coordinators' operations still holding locks.
+    fn tick_locks(&mut self, n: NodeId, v: &crate::map::MapView) -> BTreeSet<PartitionId> {
         let now = self.now;
         let ns = self.ns_node(n);
         for node in v.map.nodes.values() {
@@ -1557,15 +1571,19 @@ impl World {
             !long_dead && v.primary(Ino(key).partition()) == Some(n)
         });
         // Ask the partitions of dead coordinators' operations whether they settled.
-        let anchors: BTreeSet<PartitionId> = ns
-            .locks
+        ns.locks
             .holds()
             .filter(|(_, h)| dead(h).is_some())
             .map(|(_, h)| PartitionId(h.anchor))
-            .collect();
-        // Answered coordinations whose counts failed wait for their intents' redo:
-        // gone from this node's serving copy, or the partition settled at its primary.
+            .collect()
+    }
+
+    /// Answered coordinations whose counts failed wait for their intents' redo: gone
+    /// from this node's serving copy, or the partition settled at its primary (asked
+    /// here, with the `anchors` of dead coordinators).
+    fn tick_tails(&mut self, n: NodeId, v: &crate::map::MapView, anchors: BTreeSet<PartitionId>) {
         let mut asked = anchors;
+        let ns = &self.nodes[&n].ns;
         let waiting: Vec<u64> = ns
             .work
             .iter()
@@ -1595,6 +1613,10 @@ impl World {
                 self.call(n, primary, msg, Pending::Settled(p), 500);
             }
         }
+    }
+
+    /// Redoes the intents of partitions led here that no coordination here drives.
+    fn tick_redo(&mut self, n: NodeId, v: &crate::map::MapView) {
         let mut redo = Vec::new();
         for (p, slot) in &self.nodes[&n].slots {
             if !slot.r.serving || v.primary(*p) != Some(n) {
