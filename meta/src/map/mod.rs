@@ -261,17 +261,7 @@ impl ClusterMap {
             _ => Some(self.clone()),
         };
         let changed = match cmd {
-            MapCommand::Register(info) => {
-                if let Some(other) = self.nodes.values().find(|n| n.addr == info.addr && n.id != info.id) {
-                    return Err(MapError::AddressInUse {
-                        addr: info.addr,
-                        other: other.id,
-                    });
-                }
-                let mut info = info.clone();
-                info.state = NodeState::Up;
-                self.nodes.insert(info.id, info.clone()) != Some(info)
-            }
+            MapCommand::Register(info) => self.register(info)?,
             MapCommand::SetState { id, state } => {
                 let n = self.nodes.get_mut(id).ok_or(MapError::UnknownNode(*id))?;
                 let changed = n.state != *state;
@@ -302,21 +292,15 @@ impl ClusterMap {
                 act_as,
                 subtree,
             } => {
-                let serial = self.clients.get(name).map_or(0, |g| g.serial) + 1;
-                shingle_transport::auth::Identity::new(name, serial)
-                    .map_err(|_| MapError::BadClientName(name.chars().take(64).collect()))?;
-                self.clients.insert(
-                    name.clone(),
-                    ClientGrant {
-                        serial,
-                        revoked: false,
-                        write: *write,
-                        root_squash: *root_squash,
-                        act_as: *act_as,
-                        subtree: subtree.clone(),
-                    },
-                );
-                true
+                let grant = ClientGrant {
+                    serial: self.clients.get(name).map_or(0, |g| g.serial) + 1,
+                    revoked: false,
+                    write: *write,
+                    root_squash: *root_squash,
+                    act_as: *act_as,
+                    subtree: subtree.clone(),
+                };
+                self.grant(name, grant)?
             }
             MapCommand::RevokeClient { name } => {
                 let g = self
@@ -340,6 +324,29 @@ impl ClusterMap {
             }
         }
         Ok(self.epoch)
+    }
+
+    /// Registers a node (Up), refusing an address another node has: whether the map
+    /// changed.
+    fn register(&mut self, info: &NodeInfo) -> Result<bool, MapError> {
+        if let Some(other) = self.nodes.values().find(|n| n.addr == info.addr && n.id != info.id) {
+            return Err(MapError::AddressInUse {
+                addr: info.addr,
+                other: other.id,
+            });
+        }
+        let mut info = info.clone();
+        info.state = NodeState::Up;
+        Ok(self.nodes.insert(info.id, info.clone()) != Some(info))
+    }
+
+    /// Grants client key `name` (a new serial: keys of the old one stop working), if
+    /// the name makes a valid identity.
+    fn grant(&mut self, name: &str, grant: ClientGrant) -> Result<bool, MapError> {
+        shingle_transport::auth::Identity::new(name, grant.serial)
+            .map_err(|_| MapError::BadClientName(name.chars().take(64).collect()))?;
+        self.clients.insert(name.to_string(), grant);
+        Ok(true)
     }
 
     /// The metadata candidates: nodes with the meta role that are not Out.

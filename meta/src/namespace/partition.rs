@@ -431,18 +431,7 @@ impl Partition {
             Mutation::DelDentry { parent, name } => {
                 self.dentries.remove(&(*parent, name.clone()));
             }
-            Mutation::PutInode(rec) => {
-                let mut rec = (**rec).clone();
-                // Stripes are records of their own; an inode record never carries them.
-                if let Some(l) = rec.layout.as_mut()
-                    && !l.stripes.is_empty()
-                {
-                    for (s, r) in std::mem::take(&mut l.stripes) {
-                        self.stripes.insert((rec.attr.ino, s), r);
-                    }
-                }
-                self.inodes.insert(rec.attr.ino, rec);
-            }
+            Mutation::PutInode(rec) => self.put_inode(rec),
             Mutation::DelInode(ino) => {
                 self.inodes.remove(ino);
                 self.cut_stripes(*ino, 0);
@@ -468,30 +457,7 @@ impl Partition {
                     r.attr.ctime = *time;
                 }
             }
-            Mutation::AdjustLinks { ino, delta, time } => {
-                let remove = match self.inodes.get_mut(ino) {
-                    Some(r) => {
-                        r.attr.nlink = add_links(r.attr.nlink, *delta);
-                        r.attr.ctime = *time;
-                        (r.attr.nlink == 0 && r.attr.kind != FileKind::Dir).then_some(r.attr.kind)
-                    }
-                    None => None,
-                };
-                if let Some(kind) = remove {
-                    self.inodes.remove(ino);
-                    self.cut_stripes(*ino, 0);
-                    if kind == FileKind::File {
-                        // Its shards go once no client holds it open (see `HoldPurge`).
-                        self.purges.insert(
-                            *ino,
-                            Purge {
-                                since: *time,
-                                held_until: time.saturating_add(PURGE_DELAY_NS),
-                            },
-                        );
-                    }
-                }
-            }
+            Mutation::AdjustLinks { ino, delta, time } => self.adjust_links(*ino, *delta, *time),
             Mutation::HoldPurge { ino, until } => {
                 if let Some(p) = self.purges.get_mut(ino) {
                     p.held_until = *until;
@@ -509,6 +475,47 @@ impl Partition {
                     r.parent = Some(*parent);
                     r.attr.ctime = *time;
                 }
+            }
+        }
+    }
+
+    /// Stores an inode record; its stripes (records of their own) go to the stripe
+    /// table, so an inode record never carries them.
+    fn put_inode(&mut self, rec: &InodeRec) {
+        let mut rec = rec.clone();
+        if let Some(l) = rec.layout.as_mut()
+            && !l.stripes.is_empty()
+        {
+            for (s, r) in std::mem::take(&mut l.stripes) {
+                self.stripes.insert((rec.attr.ino, s), r);
+            }
+        }
+        self.inodes.insert(rec.attr.ino, rec);
+    }
+
+    /// Adds `delta` to an inode's link count at `time`. A file or node left with no
+    /// link is removed with its stripes; a file's shards go once no client holds it
+    /// open (see `HoldPurge`).
+    fn adjust_links(&mut self, ino: Ino, delta: i64, time: TimeNs) {
+        let remove = match self.inodes.get_mut(&ino) {
+            Some(r) => {
+                r.attr.nlink = add_links(r.attr.nlink, delta);
+                r.attr.ctime = time;
+                (r.attr.nlink == 0 && r.attr.kind != FileKind::Dir).then_some(r.attr.kind)
+            }
+            None => None,
+        };
+        if let Some(kind) = remove {
+            self.inodes.remove(&ino);
+            self.cut_stripes(ino, 0);
+            if kind == FileKind::File {
+                self.purges.insert(
+                    ino,
+                    Purge {
+                        since: time,
+                        held_until: time.saturating_add(PURGE_DELAY_NS),
+                    },
+                );
             }
         }
     }
