@@ -2489,79 +2489,92 @@ impl MetaNode {
                 return;
             }
             let v = self.view();
-            let me = self.me();
-            // A node that came back meanwhile lost its coordinations with its memory:
-            // the locks it took before it was seen down go too (not those it took since).
-            let now = Instant::now();
-            for n in v.map.nodes.values() {
-                let up = v.map.is_up(n.id);
-                match down_since.get_mut(&n.id.0) {
-                    // Down again after coming back: the newest life ended now.
-                    Some((t, back)) if !up && *back => (*t, *back) = (now, false),
-                    Some((_, back)) => *back |= up,
-                    None if !up => {
-                        down_since.insert(n.id.0, (now, false));
-                    }
-                    None => {}
+            self.release_dead_coordinators(&v, &mut down_since).await;
+            self.redo_left_intents(&v).await;
+        }
+    }
+
+    /// Releases the locks of coordinators seen down (`down_since`: node → when it was
+    /// seen down, whether seen up since): once their operations' anchors settled, or
+    /// after `dead_coordinator_locks`.
+    async fn release_dead_coordinators(&self, v: &MapView, down_since: &mut HashMap<u64, (Instant, bool)>) {
+        let me = self.me();
+        // A node that came back meanwhile lost its coordinations with its memory:
+        // the locks it took before it was seen down go too (not those it took since).
+        let now = Instant::now();
+        for n in v.map.nodes.values() {
+            let up = v.map.is_up(n.id);
+            match down_since.get_mut(&n.id.0) {
+                // Down again after coming back: the newest life ended now.
+                Some((t, back)) if !up && *back => (*t, *back) = (now, false),
+                Some((_, back)) => *back |= up,
+                None if !up => {
+                    down_since.insert(n.id.0, (now, false));
+                }
+                None => {}
+            }
+        }
+        let dead: HashMap<u64, Instant> = down_since
+            .iter()
+            .filter(|(n, _)| **n != me.0)
+            .map(|(n, (t, _))| (*n, *t))
+            .collect();
+        let is_dead = |n: u64, taken: Instant| dead.get(&n).is_some_and(|seen| taken <= *seen);
+        let anchors = self.inner.locks.anchors_of(is_dead);
+        if !anchors.is_empty() {
+            let mut settled = BTreeSet::new();
+            for a in anchors {
+                if self.settled(v, PartitionId(a)).await {
+                    settled.insert(a);
                 }
             }
-            let dead: HashMap<u64, Instant> = down_since
-                .iter()
-                .filter(|(n, _)| **n != me.0)
-                .map(|(n, (t, _))| (*n, *t))
-                .collect();
-            let is_dead = |n: u64, taken: Instant| dead.get(&n).is_some_and(|seen| taken <= *seen);
-            let anchors = self.inner.locks.anchors_of(is_dead);
-            if !anchors.is_empty() {
-                let mut settled = BTreeSet::new();
-                for a in anchors {
-                    if self.settled(&v, PartitionId(a)).await {
-                        settled.insert(a);
-                    }
-                }
-                let limit = self.inner.cfg.dead_coordinator_locks;
-                let freed = self.inner.locks.release_coordinators(|n, taken, anchor| {
-                    dead.get(&n).is_some_and(|seen| {
-                        taken <= *seen && (settled.contains(&anchor) || now.saturating_duration_since(*seen) >= limit)
-                    })
-                });
-                if freed > 0 {
-                    info!(locks = freed, nodes = ?dead.keys().collect::<Vec<_>>(), "released locks of coordinators that were down");
-                }
-            }
-            // Done with a node once it is up again and its old locks are released.
-            down_since.retain(|n, (seen, _)| {
-                !v.map.is_up(NodeId(*n))
-                    || !self
-                        .inner
-                        .locks
-                        .anchors_of(|m, taken| m == *n && taken <= *seen)
-                        .is_empty()
-            });
-            let pending: Vec<(PartitionId, Intent)> = self
-                .primary_slots(&v)
-                .into_iter()
-                .flat_map(|(p, s)| {
-                    let st = s.read();
-                    if !st.serving {
-                        return Vec::new();
-                    }
-                    st.part.intents.values().map(|i| (p, i.clone())).collect()
+            let limit = self.inner.cfg.dead_coordinator_locks;
+            let freed = self.inner.locks.release_coordinators(|n, taken, anchor| {
+                dead.get(&n).is_some_and(|seen| {
+                    taken <= *seen && (settled.contains(&anchor) || now.saturating_duration_since(*seen) >= limit)
                 })
-                .collect();
-            let inflight = self.inner.inflight.lock().clone();
-            for (p, intent) in pending {
-                if inflight.contains(&intent.id) {
-                    continue;
+            });
+            if freed > 0 {
+                info!(locks = freed, nodes = ?dead.keys().collect::<Vec<_>>(), "released locks of coordinators that were down");
+            }
+        }
+        // Done with a node once it is up again and its old locks are released.
+        down_since.retain(|n, (seen, _)| {
+            !v.map.is_up(NodeId(*n))
+                || !self
+                    .inner
+                    .locks
+                    .anchors_of(|m, taken| m == *n && taken <= *seen)
+                    .is_empty()
+        });
+    }
+
+    /// Redoes the intents of partitions led here that no coordination here drives (their
+    /// coordinator died or gave up).
+    async fn redo_left_intents(&self, v: &MapView) {
+        let pending: Vec<(PartitionId, Intent)> = self
+            .primary_slots(v)
+            .into_iter()
+            .flat_map(|(p, s)| {
+                let st = s.read();
+                if !st.serving {
+                    return Vec::new();
                 }
-                info!(
-                    partition = p.0,
-                    intent = intent.id,
-                    "redoing an operation its coordinator left unfinished"
-                );
-                if let Err(e) = self.drive_intent(p, &intent, false).await {
-                    warn!(intent = intent.id, error = %e, "redo failed; will retry");
-                }
+                st.part.intents.values().map(|i| (p, i.clone())).collect()
+            })
+            .collect();
+        let inflight = self.inner.inflight.lock().clone();
+        for (p, intent) in pending {
+            if inflight.contains(&intent.id) {
+                continue;
+            }
+            info!(
+                partition = p.0,
+                intent = intent.id,
+                "redoing an operation its coordinator left unfinished"
+            );
+            if let Err(e) = self.drive_intent(p, &intent, false).await {
+                warn!(intent = intent.id, error = %e, "redo failed; will retry");
             }
         }
     }
