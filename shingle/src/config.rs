@@ -324,6 +324,17 @@ pub struct ManagerEntry {
 }
 
 impl ClusterFile {
+    /// The map a cluster starts from: its geometry, no nodes yet.
+    pub fn initial_map(&self) -> shingle_meta::map::ClusterMap {
+        shingle_meta::map::ClusterMap::new(
+            self.cluster_id.clone(),
+            self.partitions,
+            self.pgs,
+            self.replication,
+            self.pg_width,
+        )
+    }
+
     /// Reads and checks a cluster file.
     pub fn load(path: &Path) -> Result<Self> {
         let text = std::fs::read_to_string(path).with_context(|| format!("read cluster file {}", path.display()))?;

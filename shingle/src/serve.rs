@@ -123,12 +123,7 @@ impl Background {
 /// Runs a node (its config loaded and validated) until SIGINT or SIGTERM, then shuts
 /// down gracefully.
 pub async fn run(cfg: NodeConfig) -> Result<()> {
-    let secret = ClusterSecret::from_file(&cfg.node.secret_file)
-        .with_context(|| format!("load cluster secret {}", cfg.node.secret_file.display()))?;
-    let transport = TransportConfig {
-        max_frame_bytes: u32::try_from(cfg.node.max_frame_bytes.0).unwrap_or(u32::MAX),
-        ..TransportConfig::default()
-    };
+    let (secret, transport) = secret_and_transport(&cfg)?;
     let regions = Arc::new(RegionTable::new());
     let peers = PeerClient::new(transport.clone(), secret.clone());
     // Signs (meta) and checks (data) the shard capabilities of client keys.
@@ -148,13 +143,8 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
             .push(tokio::spawn(gc_loop(s.clone(), d.gc_when_free_below)));
         store = Some(s);
     }
-    let cluster = match &cfg.node.cluster_file {
-        Some(f) => Some(ClusterFile::load(f)?),
-        None => None,
-    };
-    let initial_map = cluster
-        .as_ref()
-        .map(|c| ClusterMap::new(c.cluster_id.clone(), c.partitions, c.pgs, c.replication, c.pg_width));
+    let cluster = cfg.node.cluster_file.as_deref().map(ClusterFile::load).transpose()?;
+    let initial_map = cluster.as_ref().map(ClusterFile::initial_map);
     // The meta service is opened before the server binds, so that its handlers are there
     // from the first request; it learns maps through this channel.
     let (map_tx, map_rx) = tokio::sync::watch::channel(Arc::new(
@@ -216,6 +206,17 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
     }
     peers.close();
     Ok(())
+}
+
+/// The cluster secret and the transport's settings (the node's frame limit).
+fn secret_and_transport(cfg: &NodeConfig) -> Result<(ClusterSecret, TransportConfig)> {
+    let secret = ClusterSecret::from_file(&cfg.node.secret_file)
+        .with_context(|| format!("load cluster secret {}", cfg.node.secret_file.display()))?;
+    let transport = TransportConfig {
+        max_frame_bytes: u32::try_from(cfg.node.max_frame_bytes.0).unwrap_or(u32::MAX),
+        ..TransportConfig::default()
+    };
+    Ok((secret, transport))
 }
 
 /// Opens the metadata service of a node that has one (before the server binds, so its

@@ -16,7 +16,7 @@ use crate::local::{LocalCluster, LocalSpec};
 use anyhow::{Context, Result, bail};
 use shingle_client::{Client, ClientConfig};
 use shingle_meta::ids::Ino;
-use shingle_meta::namespace::{Creds, FileKind};
+use shingle_meta::namespace::{Attr, Creds, FileKind};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -104,33 +104,7 @@ pub async fn run(a: FabricBenchArgs) -> Result<()> {
     };
     crate::fabric::attach(&off, meta.transport())?;
     let tcp_client = Client::new(meta.clone(), cfg.clone());
-    let root = Creds::root();
-    let d = tcp_client
-        .meta()
-        .mknod(&root, Ino::ROOT, b"fabric", FileKind::Dir, 0o755, 0, None)
-        .await
-        .map_err(|e| anyhow::anyhow!("mkdir: {e}"))?;
-    let t = Instant::now();
-    for i in 0..a.files {
-        let name = format!("f{i}");
-        let at = tcp_client
-            .meta()
-            .mknod(&root, d.ino, name.as_bytes(), FileKind::File, 0o644, 0, None)
-            .await
-            .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
-        let f = tcp_client
-            .open(&root, at.ino)
-            .await
-            .map_err(|e| anyhow::anyhow!("open {name}: {e}"))?;
-        let data = content(i as u64, len);
-        for (n, chunk) in data.chunks(1 << 20).enumerate() {
-            f.write((n << 20) as u64, chunk)
-                .await
-                .map_err(|e| anyhow::anyhow!("write {name}: {e}"))?;
-        }
-        f.flush().await.map_err(|e| anyhow::anyhow!("flush {name}: {e}"))?;
-    }
-    let write_mib_s = (a.files * len) as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64();
+    let (d, write_mib_s) = write_files(&tcp_client, a.files, len).await?;
     eprintln!("wrote {} files of {} KiB ({write_mib_s:.1} MiB/s)", a.files, a.file_kib);
 
     // The RDMA reader: its own transport, RDMA required.
@@ -171,6 +145,38 @@ pub async fn run(a: FabricBenchArgs) -> Result<()> {
     }
     cluster.stop();
     Ok(())
+}
+
+/// Makes `/fabric` and writes `files` files of `len` bytes in it: the directory and the
+/// write rate in MiB/s.
+async fn write_files(client: &Client, files: usize, len: usize) -> Result<(Attr, f64)> {
+    let root = Creds::root();
+    let d = client
+        .meta()
+        .mknod(&root, Ino::ROOT, b"fabric", FileKind::Dir, 0o755, 0, None)
+        .await
+        .map_err(|e| anyhow::anyhow!("mkdir: {e}"))?;
+    let t = Instant::now();
+    for i in 0..files {
+        let name = format!("f{i}");
+        let at = client
+            .meta()
+            .mknod(&root, d.ino, name.as_bytes(), FileKind::File, 0o644, 0, None)
+            .await
+            .map_err(|e| anyhow::anyhow!("create {name}: {e}"))?;
+        let f = client
+            .open(&root, at.ino)
+            .await
+            .map_err(|e| anyhow::anyhow!("open {name}: {e}"))?;
+        let data = content(i as u64, len);
+        for (n, chunk) in data.chunks(1 << 20).enumerate() {
+            f.write((n << 20) as u64, chunk)
+                .await
+                .map_err(|e| anyhow::anyhow!("write {name}: {e}"))?;
+        }
+        f.flush().await.map_err(|e| anyhow::anyhow!("flush {name}: {e}"))?;
+    }
+    Ok((d, (files * len) as f64 / (1 << 20) as f64 / t.elapsed().as_secs_f64()))
 }
 
 impl RdmaSettings {

@@ -262,6 +262,25 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
     let _ = tokio::task::spawn_blocking(move || session.umount_and_join()).await?;
     cluster.stop();
     let (local, shingle) = result?;
+    print_table(&a, &local, &shingle);
+    let json = serde_json::json!({
+        "bench": "loader", "machine": machine(), "files": a.files, "file_mib": a.file_mib,
+        "dirs": a.dirs, "workers": a.workers, "storm_seconds": a.seconds,
+        "local": local, "shingle": shingle,
+        "scan_ratio": shingle.scan_mb_s / local.scan_mb_s.max(1e-9),
+    });
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&json)?)?;
+        println!(
+            "# wrote {} (plot: python3 scripts/plot-loader.py {0} loader.png)",
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// The comparison table on stdout.
+fn print_table(a: &LoaderBenchArgs, local: &Side, shingle: &Side) {
     println!("# DataLoader workload ({}), 6-node dev cluster, ec(4,2)", machine());
     println!(
         "# {} files x {} MiB in {} dirs, {} worker processes, storm {} s",
@@ -297,18 +316,4 @@ pub async fn run(a: LoaderBenchArgs) -> Result<()> {
     ] {
         println!("{name:<11} p50/p99/p999 us  local {:?}  shingle {:?}", l, s);
     }
-    let json = serde_json::json!({
-        "bench": "loader", "machine": machine(), "files": a.files, "file_mib": a.file_mib,
-        "dirs": a.dirs, "workers": a.workers, "storm_seconds": a.seconds,
-        "local": local, "shingle": shingle,
-        "scan_ratio": shingle.scan_mb_s / local.scan_mb_s.max(1e-9),
-    });
-    if let Some(p) = &a.json {
-        std::fs::write(p, serde_json::to_string_pretty(&json)?)?;
-        println!(
-            "# wrote {} (plot: python3 scripts/plot-loader.py {0} loader.png)",
-            p.display()
-        );
-    }
-    Ok(())
 }
