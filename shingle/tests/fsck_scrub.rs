@@ -4,6 +4,9 @@
 //! three data nodes down under 4+2, fsck fails promptly with a clear report instead of
 //! hanging. A node's own scrub rebuilds a corrupt shard from its stripe.
 
+// A scenario test reads top to bottom as the steps it runs (clippy.toml).
+#![allow(clippy::too_many_lines)]
+
 mod common;
 
 use common::{Cluster, Spec, corrupt_first_record, json, tool};

@@ -780,6 +780,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // a scenario, step by step
     fn a_create_with_versions_answers_the_layout_its_file_takes() {
         let (mut whole, _, policy) = root_file();
         let create = |parent, name: &str| NsOp::Mknod {

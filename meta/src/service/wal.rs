@@ -281,6 +281,7 @@ mod tests {
     /// acknowledged group, in order, and maybe the one in flight — never less, never a
     /// mix. Thousands of seeds.
     #[test]
+    #[allow(clippy::too_many_lines)] // a scenario, step by step
     fn recovery_keeps_every_acknowledged_group() {
         for seed in 0..2000u64 {
             let mut rng = shingle_testkit::Rng::seeded(seed);
