@@ -34,9 +34,10 @@ use crate::content::{Blocked, CommitPlan, Content, Garbage, Piece};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use shingle_data::shard::read_shard_range;
-use shingle_data::stripe::{StripeAt, StripeError, WriteRule, read_stripe, write_stripe};
+use shingle_data::stripe::{ShardHome, StripeAt, StripeError, WriteRule, read_stripe, write_stripe};
 use shingle_data::wire::{DeleteShard, DeleteShardRequest, ShardId};
 use shingle_meta::ids::{Ino, NodeId};
+use shingle_meta::map::MapView;
 use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Attr, Creds, Errno, FileKind, Layout, SetAttr, StripeRec, TimeNs};
 use shingle_meta::placement::stripe_pg;
@@ -229,6 +230,33 @@ pub struct OpenFile {
     write_seen: Mutex<u64>,
     /// Where a sequential reader will read next.
     next_expected: AtomicU64,
+}
+
+/// A data node as stripe reads and writes carry it: its id, which the file's layout
+/// records, and its address, which the shard calls use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Home {
+    id: NodeId,
+    addr: SocketAddr,
+}
+
+impl Home {
+    /// Node `id` of the map, if the map knows its address.
+    fn of(v: &MapView, id: NodeId) -> Option<Home> {
+        v.addr(id).map(|addr| Home { id, addr })
+    }
+}
+
+impl std::fmt::Display for Home {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.id, self.addr)
+    }
+}
+
+impl ShardHome for Home {
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
 }
 
 fn stripe_err(e: StripeError) -> Errno {
@@ -734,7 +762,7 @@ impl Client {
     /// shard that was never stored (hint 0) or whose node is down or out of the cluster,
     /// so a read goes to parity at once instead of waiting for it. A hint naming a node
     /// no longer in the map falls back to the group's current node at that index.
-    fn shard_sources(&self, ino: Ino, s: u64, n: usize, hint: &[Option<NodeId>]) -> Vec<Option<SocketAddr>> {
+    fn shard_sources(&self, ino: Ino, s: u64, n: usize, hint: &[Option<NodeId>]) -> Vec<Option<Home>> {
         let v = self.inner.meta.view();
         let group = v.placement.pg(stripe_pg(ino, s, v.map.pgs));
         (0..n)
@@ -745,7 +773,7 @@ impl Client {
                     Some(Some(h)) if v.map.nodes.contains_key(&h) => h,
                     _ => *group.get(i)?,
                 };
-                v.map.is_up(id).then(|| v.addr(id)).flatten()
+                v.map.is_up(id).then(|| Home::of(&v, id)).flatten()
             })
             .collect()
     }
@@ -823,13 +851,13 @@ impl Client {
             } else {
                 spares.pop_front().unwrap_or(*id)
             };
-            let addr = v.addr(id).ok_or(Errno::EIO)?;
+            let home = Home::of(&v, id).ok_or(Errno::EIO)?;
             if !v.map.is_up(id) {
-                down.push(addr);
+                down.push(home);
             }
-            targets.push(addr);
+            targets.push(home);
         }
-        let spare_addrs: Vec<SocketAddr> = spares.iter().filter_map(|id| v.addr(*id)).collect();
+        let spares: Vec<Home> = spares.iter().filter_map(|id| Home::of(&v, *id)).collect();
         let len = data.len() as u64;
         // A full cluster may be getting space back (files removed a moment ago are
         // purged within seconds, then their zones collected): ENOSPC is retried for a
@@ -843,7 +871,7 @@ impl Client {
                 &self.inner.health,
                 policy,
                 &targets,
-                &spare_addrs,
+                &spares,
                 &down,
                 rule,
                 at.clone(),
@@ -863,11 +891,7 @@ impl Client {
                 Ok(placed) => break placed,
             }
         };
-        let by_addr: HashMap<SocketAddr, NodeId> = v.map.nodes.values().map(|n| (n.addr, n.id)).collect();
-        let nodes: Vec<Option<NodeId>> = placed
-            .iter()
-            .map(|a| a.and_then(|a| by_addr.get(&a)).copied())
-            .collect();
+        let nodes: Vec<Option<NodeId>> = placed.iter().map(|h| h.map(|h| h.id)).collect();
         if nodes.contains(&None) {
             Span::current().record("degraded", true);
             debug!(
@@ -1221,7 +1245,7 @@ impl Client {
         while pos < range.end {
             let shard = pos / unit;
             let end = range.end.min((shard + 1) * unit);
-            let node = (*sources.get(shard)?)?;
+            let node = (*sources.get(shard)?)?.addr;
             if self.inner.health.suspected(node) {
                 return None;
             }

@@ -18,6 +18,10 @@
 //!   scanner fills gaps and moves shared shards to their own nodes later. Where each
 //!   shard went is returned, for the file's layout.
 //!
+//! Nodes are named by the caller's handle ([`ShardHome`]: the client's is a node id
+//! with its address) from the placement down to each shard call and back; only the
+//! transport and the health table key by address.
+//!
 //! Traces: a `stripe.read` / `stripe.write` span (ino, stripe, bytes; degraded, failed
 //! shards, hedged reads, fabric; shards stored, spares used) with one `shard.read` /
 //! `shard.write` span per shard request (shard, node, parity, hedge, fabric, bytes), the
@@ -35,6 +39,21 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::field::Empty;
 use tracing::{Instrument, Span, info_span};
+
+/// A node that holds shards, as the caller names it: a cluster node id with its
+/// address, or a bare address. Stripe reads and writes carry it down to each shard call
+/// and back, so the caller learns where each shard went in its own terms; only the
+/// transport and the health table see the address.
+pub trait ShardHome: Copy + Eq + std::fmt::Display + Send + Sync + 'static {
+    /// Where the node's chunk service listens.
+    fn addr(&self) -> SocketAddr;
+}
+
+impl ShardHome for SocketAddr {
+    fn addr(&self) -> SocketAddr {
+        *self
+    }
+}
 
 /// Which fabric remote reads of a peer use now (`"rdma"` or `"tcp"`), for traces.
 pub trait Fabric {
@@ -209,17 +228,17 @@ impl StripeAt {
 /// Shards whose node is in `down` (the map says so) are placed like those of suspected
 /// nodes: elsewhere first, on their own node only when nothing else takes them.
 #[allow(clippy::too_many_arguments)]
-pub async fn write_stripe<C>(
+pub async fn write_stripe<C, N: ShardHome>(
     client: &C,
     health: &Arc<Health>,
     policy: EcPolicy,
-    targets: &[SocketAddr],
-    spares: &[SocketAddr],
-    down: &[SocketAddr],
+    targets: &[N],
+    spares: &[N],
+    down: &[N],
     rule: WriteRule,
     at: StripeAt,
     data: Bytes,
-) -> Result<Vec<Option<SocketAddr>>, StripeError>
+) -> Result<Vec<Option<N>>, StripeError>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
@@ -242,17 +261,17 @@ where
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn write_stripe_inner<C>(
+async fn write_stripe_inner<C, N: ShardHome>(
     client: &C,
     health: &Arc<Health>,
     policy: EcPolicy,
-    targets: &[SocketAddr],
-    spares: &[SocketAddr],
-    down: &[SocketAddr],
+    targets: &[N],
+    spares: &[N],
+    down: &[N],
     rule: WriteRule,
     at: StripeAt,
     data: Bytes,
-) -> Result<Vec<Option<SocketAddr>>, StripeError>
+) -> Result<Vec<Option<N>>, StripeError>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
@@ -264,7 +283,7 @@ where
         });
     }
     let shards = policy.encode_stripe_bytes(data)?;
-    let suspected = |a: SocketAddr| health.suspected(a);
+    let suspected = |a: N| health.suspected(a.addr());
     let (tx, rx) = mpsc::unbounded_channel();
     let k = usize::from(policy.k);
     let mut flight = Flight {
@@ -282,29 +301,30 @@ where
         safe: 0,
         errors: Vec::new(),
     };
-    flight.start(targets, down, &health.suspects(targets));
+    let addrs: Vec<SocketAddr> = targets.iter().map(ShardHome::addr).collect();
+    flight.start(targets, down, &health.suspects(&addrs));
     flight.gather(rx, rule.tolerate).await;
     flight.outcome(rule.tolerate)
 }
 
 /// One stripe's shard writes in flight: where each shard is stored once it is, how
 /// many writes are still out, and every failure.
-struct Flight<'a, C> {
-    sender: ShardSender<C>,
-    placer: Placer<'a>,
+struct Flight<'a, C, N> {
+    sender: ShardSender<C, N>,
+    placer: Placer<'a, N>,
     shards: Vec<Bytes>,
-    placed: Vec<Option<SocketAddr>>,
+    placed: Vec<Option<N>>,
     pending: usize,
     /// Empty data shards of a short stripe: not stored, readers know they are empty.
     safe: usize,
     errors: Vec<String>,
 }
 
-impl<C> Flight<'_, C>
+impl<C, N: ShardHome> Flight<'_, C, N>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
-    fn send(&mut self, i: usize, node: SocketAddr, how: &'static str) {
+    fn send(&mut self, i: usize, node: N, how: &'static str) {
         self.sender.send(i, node, self.shards[i].clone(), how);
         self.placer.add(node, 1);
         self.pending += 1;
@@ -312,7 +332,7 @@ where
 
     /// Sends every shard: those with a healthy node of their own first, so the others
     /// can share them.
-    fn start(&mut self, targets: &[SocketAddr], down: &[SocketAddr], suspects: &[bool]) {
+    fn start(&mut self, targets: &[N], down: &[N], suspects: &[bool]) {
         let k = self.sender.k;
         let mut orphans = Vec::new();
         for (i, &target) in targets.iter().enumerate() {
@@ -344,7 +364,7 @@ where
     }
 
     /// The stored shards' nodes, an empty data shard's as none.
-    fn held(&self) -> Vec<Option<SocketAddr>> {
+    fn held(&self) -> Vec<Option<N>> {
         let k = self.sender.k;
         self.placed
             .iter()
@@ -359,11 +379,7 @@ where
 
     /// Takes the answers, sending a failed shard elsewhere, until every write answered
     /// or, once the stored shards survive `tolerate` losses, [`WRITE_GIVE_UP`] passed.
-    async fn gather(
-        &mut self,
-        mut rx: mpsc::UnboundedReceiver<(usize, SocketAddr, Result<(), String>)>,
-        tolerate: usize,
-    ) {
+    async fn gather(&mut self, mut rx: mpsc::UnboundedReceiver<(usize, N, Result<(), String>)>, tolerate: usize) {
         let mut give_up: Option<tokio::time::Instant> = None;
         while self.pending > 0 {
             let next = match give_up {
@@ -394,7 +410,7 @@ where
     }
 
     /// Records the stripe's placement on the span: the placement, or why it is not safe.
-    fn outcome(self, tolerate: usize) -> Result<Vec<Option<SocketAddr>>, StripeError> {
+    fn outcome(self, tolerate: usize) -> Result<Vec<Option<N>>, StripeError> {
         let (n, stored) = (self.placed.len(), self.placed.iter().flatten().count());
         let span = Span::current();
         span.record("stored", stored);
@@ -423,31 +439,31 @@ where
 /// shards sent to each node and not failed there (every target, then each spare used,
 /// in that order), the nodes that failed one, and the spares left. Pure: the health
 /// it consults is a function.
-struct Placer<'a> {
-    spares: std::collections::VecDeque<SocketAddr>,
-    load: Vec<(SocketAddr, usize)>,
-    bad: Vec<SocketAddr>,
-    down: &'a [SocketAddr],
+struct Placer<'a, N> {
+    spares: std::collections::VecDeque<N>,
+    load: Vec<(N, usize)>,
+    bad: Vec<N>,
+    down: &'a [N],
     share_nodes: bool,
-    suspected: &'a (dyn Fn(SocketAddr) -> bool + Sync),
+    suspected: &'a (dyn Fn(N) -> bool + Sync),
     spares_used: usize,
     shared: usize,
 }
 
-impl<'a> Placer<'a> {
+impl<'a, N: ShardHome> Placer<'a, N> {
     fn new(
-        targets: &[SocketAddr],
-        spares: &[SocketAddr],
-        down: &'a [SocketAddr],
+        targets: &[N],
+        spares: &[N],
+        down: &'a [N],
         share_nodes: bool,
-        suspected: &'a (dyn Fn(SocketAddr) -> bool + Sync),
+        suspected: &'a (dyn Fn(N) -> bool + Sync),
     ) -> Self {
         let spares = spares
             .iter()
             .copied()
             .filter(|a| !targets.contains(a) && !down.contains(a) && !suspected(*a))
             .collect();
-        let mut load: Vec<(SocketAddr, usize)> = Vec::new();
+        let mut load: Vec<(N, usize)> = Vec::new();
         for t in targets {
             if !load.iter().any(|(a, _)| a == t) {
                 load.push((*t, 0));
@@ -467,7 +483,7 @@ impl<'a> Placer<'a> {
 
     /// A node for a shard that lost its own: the next spare, else (if the rule allows
     /// and `share`) the live node of this stripe with the fewest of its shards.
-    fn fallback(&mut self, share: bool) -> Option<(SocketAddr, &'static str)> {
+    fn fallback(&mut self, share: bool) -> Option<(N, &'static str)> {
         if let Some(a) = self.spares.pop_front() {
             self.spares_used += 1;
             return Some((a, "spare"));
@@ -485,7 +501,7 @@ impl<'a> Placer<'a> {
     }
 
     /// `node` was sent `d` more shards (or holds `-d` fewer).
-    fn add(&mut self, node: SocketAddr, d: isize) {
+    fn add(&mut self, node: N, d: isize) {
         match self.load.iter_mut().find(|(a, _)| *a == node) {
             Some((_, c)) => *c = c.saturating_add_signed(d),
             None => self.load.push((node, d.max(0) as usize)),
@@ -493,7 +509,7 @@ impl<'a> Placer<'a> {
     }
 
     /// A shard write to `node` failed: it holds one fewer, and gets no more.
-    fn failed(&mut self, node: SocketAddr) {
+    fn failed(&mut self, node: N) {
         self.add(node, -1);
         if !self.bad.contains(&node) {
             self.bad.push(node);
@@ -503,19 +519,19 @@ impl<'a> Placer<'a> {
 
 /// Sends the shards of one stripe version, each in a task of its own, and reports
 /// each outcome (shard index, node, result) on `tx`.
-struct ShardSender<C> {
+struct ShardSender<C, N> {
     client: C,
     health: Arc<Health>,
-    tx: mpsc::UnboundedSender<(usize, SocketAddr, Result<(), String>)>,
+    tx: mpsc::UnboundedSender<(usize, N, Result<(), String>)>,
     at: StripeAt,
     k: usize,
 }
 
-impl<C> ShardSender<C>
+impl<C, N: ShardHome> ShardSender<C, N>
 where
     C: RpcChannel + Clone + Send + Sync + 'static,
 {
-    fn send(&self, i: usize, node: SocketAddr, shard: Bytes, how: &'static str) {
+    fn send(&self, i: usize, node: N, shard: Bytes, how: &'static str) {
         let (c, h, tx, cap) = (
             self.client.clone(),
             self.health.clone(),
@@ -531,8 +547,8 @@ where
         let span = info_span!("shard.write", shard = i, %node, bytes = shard.len(), parity = i >= self.k, placed = how, otel.status_code = Empty);
         tokio::spawn(
             async move {
-                let ticket = h.start(node);
-                let r = write_shard(&c, node, id, version, shard, cap).await;
+                let ticket = h.start(node.addr());
+                let r = write_shard(&c, node.addr(), id, version, shard, cap).await;
                 ticket.finish(r.as_ref().map_or_else(|e| e.status().is_some(), |_| true));
                 if r.is_err() {
                     Span::current().record("otel.status_code", "error");
@@ -549,11 +565,11 @@ where
 /// or missing nodes, in place of failures, and raced against shards still unanswered
 /// after the hedge delay.
 #[allow(clippy::too_many_arguments)]
-pub async fn read_stripe<C>(
+pub async fn read_stripe<C, N: ShardHome>(
     client: &C,
     health: &Arc<Health>,
     policy: EcPolicy,
-    nodes: &[Option<SocketAddr>],
+    nodes: &[Option<N>],
     at: StripeAt,
     stripe_len: usize,
 ) -> Result<StripeRead, StripeError>
@@ -578,11 +594,11 @@ where
         .await
 }
 
-async fn read_stripe_inner<C>(
+async fn read_stripe_inner<C, N: ShardHome>(
     client: &C,
     health: &Arc<Health>,
     policy: EcPolicy,
-    nodes: &[Option<SocketAddr>],
+    nodes: &[Option<N>],
     at: StripeAt,
     stripe_len: usize,
 ) -> Result<StripeRead, StripeError>
@@ -609,17 +625,13 @@ where
     for s in shards.iter_mut().take(k).skip(used) {
         *s = Some(Bytes::new());
     }
-    let addrs: Vec<SocketAddr> = nodes
-        .iter()
-        .map(|a| a.unwrap_or(SocketAddr::from(([0, 0, 0, 0], 0))))
-        .collect();
-    let (order, missing) = read_order(nodes, &health.suspects(&addrs), used, k);
+    let (order, missing) = read_order(nodes, &suspects(health, nodes), used, k);
     failed.extend(missing);
     // The data shards the stripe uses are wanted (k of them, counting the empty ones).
     let race = hedge::race(
         order,
         used,
-        |(_, node)| health.hedge_delay(*node),
+        |(_, node)| health.hedge_delay(node.addr()),
         |(i, node), hedging| {
             let id = ShardId {
                 ino,
@@ -702,20 +714,30 @@ fn finish_read(
     })
 }
 
+/// Whether each shard's node is suspected (a shard no node holds is not).
+fn suspects<N: ShardHome>(health: &Health, nodes: &[Option<N>]) -> Vec<bool> {
+    let addrs: Vec<SocketAddr> = nodes.iter().flatten().map(ShardHome::addr).collect();
+    let mut known = health.suspects(&addrs).into_iter();
+    nodes
+        .iter()
+        .map(|n| n.is_some() && known.next().unwrap_or(false))
+        .collect()
+}
+
 /// A shard index and the node asked for it.
-type ShardAt = (usize, SocketAddr);
+type ShardAt<N> = (usize, N);
 /// A shard index and why it could not be had.
 type ShardFailure = (usize, String);
 
 /// The shards a stripe read asks for, best first — healthy data shards, healthy
 /// parity, then those on suspected nodes — and the shards no node holds. Only the
 /// first `used` data shards are read (a short stripe leaves the rest empty).
-fn read_order(
-    nodes: &[Option<SocketAddr>],
+fn read_order<N: Copy>(
+    nodes: &[Option<N>],
     suspects: &[bool],
     used: usize,
     k: usize,
-) -> (Vec<ShardAt>, Vec<ShardFailure>) {
+) -> (Vec<ShardAt<N>>, Vec<ShardFailure>) {
     let mut order = Vec::new();
     let mut missing = Vec::new();
     for pass in 0..2 {
@@ -735,10 +757,10 @@ fn read_order(
 /// The span is made when the read is asked for, under the stripe read's span (the race
 /// may poll it elsewhere).
 #[allow(clippy::too_many_arguments)]
-fn read_one<C>(
+fn read_one<C, N: ShardHome>(
     c: C,
     h: Arc<Health>,
-    node: SocketAddr,
+    node: N,
     id: ShardId,
     version: u64,
     cap: Bytes,
@@ -759,11 +781,11 @@ where
         otel.status_code = Empty,
     );
     async move {
-        let ticket = h.start(node);
-        let r = read_shard(&c, node, id, version, &cap).await;
+        let ticket = h.start(node.addr());
+        let r = read_shard(&c, node.addr(), id, version, &cap).await;
         ticket.finish(answered(&r));
         // After the read: a failed RDMA read was redone over TCP, and says so.
-        let fabric = c.fabric(node);
+        let fabric = c.fabric(node.addr());
         let span = Span::current();
         span.record("fabric", fabric);
         match r {
@@ -890,6 +912,58 @@ mod tests {
         assert!(placed[5].is_some_and(|a| targets[..5].contains(&a)));
         let held: Vec<_> = placed.iter().map(|p| p.map(|a| a.port())).collect();
         assert!(survives(&held, 0, 4, 1));
+    }
+
+    /// A caller's node handle: an id the transport never sees, beside the address.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    struct Named(u64, std::net::SocketAddr);
+
+    impl std::fmt::Display for Named {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "node {} at {}", self.0, self.1)
+        }
+    }
+
+    impl super::ShardHome for Named {
+        fn addr(&self) -> std::net::SocketAddr {
+            self.1
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_answers_in_the_callers_node_handles() {
+        use super::{WriteRule, write_stripe};
+        let policy = crate::ec::EcPolicy::new(4, 2, 4096).expect("policy");
+        let home = |i: u16| Named(100 + u64::from(i), node(i));
+        let targets: Vec<Named> = (0..6).map(home).collect();
+        let rule = WriteRule {
+            tolerate: 1,
+            share_nodes: false,
+        };
+        // Node 2 is down: its shard goes to the spare, and the answer names the spare.
+        let placed = write_stripe(
+            &AcceptAll,
+            &std::sync::Arc::default(),
+            policy,
+            &targets,
+            &[home(9)],
+            &[home(2)],
+            rule,
+            StripeAt::new(1, 0, 1),
+            bytes::Bytes::from(vec![1u8; 4 * 4096]),
+        )
+        .await
+        .expect("stored");
+        let ids: Vec<Option<u64>> = placed.iter().map(|h| h.map(|h| h.0)).collect();
+        assert_eq!(ids, [Some(100), Some(101), Some(109), Some(103), Some(104), Some(105)]);
+    }
+
+    #[test]
+    fn a_shard_no_node_holds_takes_no_other_shards_suspicion() {
+        let health = std::sync::Arc::new(shingle_transport::health::Health::default());
+        health.start(node(2)).finish(false);
+        let nodes = [None, Some(node(1)), Some(node(2)), None, Some(node(4))];
+        assert_eq!(super::suspects(&health, &nodes), [false, false, true, false, false]);
     }
 
     #[test]
