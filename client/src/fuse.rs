@@ -16,6 +16,7 @@
 use crate::absent::AbsentXattrs;
 use crate::dirattrs::{Change, DirAttrs};
 use crate::fs::{Client, OpenFile};
+use crate::groups::{Groups, parse_status};
 use fuser::{
     FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, InitFlags, KernelConfig, LockOwner,
     OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty,
@@ -60,6 +61,60 @@ macro_rules! op_span {
 tokio::task_local! {
     /// The operation a request's task runs (its errors are counted under it).
     static OP: &'static str;
+}
+
+/// The supplementary groups /proc lists for process `pid`; `None` when it is gone.
+fn read_groups(pid: u32) -> Option<Arc<[u32]>> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    parse_status(&status).map(Arc::from)
+}
+
+/// The caller of a request that only reads ([`ShingleFs::asker`]), with groups the
+/// mount may have kept from before a `setgroups`. The kernel checked the request with
+/// the caller's current groups first (`default_permissions`), so kept groups can only
+/// make the service refuse what it should allow: such a refusal is asked again with
+/// groups read afresh ([`Asker::again`]).
+#[derive(Clone)]
+struct Asker {
+    creds: Creds,
+    pid: u32,
+    /// The groups are kept ones, not read for this request.
+    kept: bool,
+    groups: Arc<Mutex<Groups>>,
+    ttl: Duration,
+}
+
+impl Asker {
+    /// Credentials to ask again with after the service answered `e`: when it is a
+    /// refusal and the groups were kept ones that /proc no longer lists. `None`: the
+    /// answer stands.
+    fn again(&self, e: Errno) -> Option<Creds> {
+        if !self.kept || !matches!(e, Errno::EACCES | Errno::EPERM) {
+            return None;
+        }
+        let (uid, gid) = (self.creds.uid, self.creds.gid);
+        let fresh = read_groups(self.pid)?;
+        self.groups
+            .lock()
+            .put(self.pid, uid, gid, fresh.clone(), Instant::now(), self.ttl);
+        (*fresh != *self.creds.groups).then(|| Creds {
+            uid,
+            gid,
+            groups: fresh.to_vec(),
+        })
+    }
+}
+
+/// [`DirHandle::fill`] for `who`, asked again with groups read afresh after a refusal
+/// its kept groups may explain ([`Asker::again`]; the pages already read stay).
+async fn fill(h: &mut DirHandle, c: &Client, who: &Asker, want: usize) -> Result<(), Errno> {
+    match h.fill(c, &who.creds, want).await {
+        Err(e) => match who.again(e) {
+            Some(cr) => h.fill(c, &cr, want).await,
+            None => Err(e),
+        },
+        ok => ok,
+    }
 }
 
 /// Mount settings.
@@ -193,6 +248,8 @@ pub struct ShingleFs {
     /// Directories' attributes with this mount's changes applied (see
     /// [`crate::dirattrs`]): the kernel's re-read after each change is answered here.
     dirs_kept: Arc<Mutex<DirAttrs>>,
+    /// Callers' supplementary groups, kept for `ttl` (see [`crate::groups`]).
+    groups: Arc<Mutex<Groups>>,
 }
 
 /// A change of this mount in flight ([`ShingleFs::changing`]): told what it did to
@@ -338,23 +395,6 @@ fn negative_entry() -> FileAttr {
     }
 }
 
-/// The caller's credentials, with supplementary groups from /proc.
-fn creds(req: &Request) -> Creds {
-    let groups = std::fs::read_to_string(format!("/proc/{}/status", req.pid()))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("Groups:"))
-                .map(|l| l[7..].split_whitespace().filter_map(|g| g.parse().ok()).collect())
-        })
-        .unwrap_or_default();
-    Creds {
-        uid: req.uid(),
-        gid: req.gid(),
-        groups,
-    }
-}
-
 fn when(t: Option<TimeOrNow>) -> Option<i64> {
     t.map(|t| match t {
         // The metadata service's now: allowed with write permission alone.
@@ -367,6 +407,42 @@ fn when(t: Option<TimeOrNow>) -> Option<i64> {
 }
 
 impl ShingleFs {
+    /// The caller's credentials, with its supplementary groups read from /proc now
+    /// (none when the process is already gone): for a change, which the service checks
+    /// with them. What is read is kept for [`ShingleFs::asker`].
+    fn creds(&self, req: &Request) -> Creds {
+        let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
+        let groups = read_groups(pid).map(|g| {
+            self.groups
+                .lock()
+                .put(pid, uid, gid, g.clone(), Instant::now(), self.ttl);
+            g.to_vec()
+        });
+        Creds {
+            uid,
+            gid,
+            groups: groups.unwrap_or_default(),
+        }
+    }
+
+    /// The caller of a request that only reads, with the groups kept for it when they
+    /// are younger than `ttl` (see [`crate::groups`]), read from /proc otherwise.
+    fn asker(&self, req: &Request) -> Asker {
+        let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
+        let kept = self.groups.lock().get(pid, uid, gid, Instant::now());
+        let (groups, kept) = match kept {
+            Some(g) => (g.to_vec(), true),
+            None => (self.creds(req).groups, false),
+        };
+        Asker {
+            creds: Creds { uid, gid, groups },
+            pid,
+            kept,
+            groups: self.groups.clone(),
+            ttl: self.ttl,
+        }
+    }
+
     /// A filesystem over `client`, running requests on `rt`.
     pub fn new(client: Client, rt: Handle, cfg: &MountConfig) -> Self {
         ShingleFs {
@@ -379,6 +455,7 @@ impl ShingleFs {
             dirs: Arc::default(),
             next_fh: AtomicU64::new(1),
             absent: Arc::default(),
+            groups: Arc::default(),
             root: cfg.root,
             dirs_kept: Arc::default(),
         }
@@ -449,7 +526,7 @@ impl ShingleFs {
         reply: ReplyEntry,
     ) {
         let parent = self.ino(parent);
-        let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
+        let (c, cr, name, ttl) = (self.client.clone(), self.creds(req), name.as_bytes().to_vec(), self.ttl);
         let changing = self.changing();
         self.run(
             op_span!(
@@ -489,15 +566,19 @@ impl Filesystem for ShingleFs {
 
     fn lookup(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
         let parent = self.ino(parent);
-        let (c, cr, name, ttl, negative) = (
+        let (c, who, name, ttl, negative) = (
             self.client.clone(),
-            creds(req),
+            self.asker(req),
             name.as_bytes().to_vec(),
             self.ttl,
             self.negative_ttl,
         );
         self.run(op_span!("fs.lookup", "lookup", parent.0), async move {
-            match c.lookup(&cr, parent, &name).await {
+            let mut r = c.lookup(&who.creds, parent, &name).await;
+            if let Some(cr) = r.as_ref().err().and_then(|e| who.again(*e)) {
+                r = c.lookup(&cr, parent, &name).await;
+            }
+            match r {
                 Ok(a) => reply.entry(&ttl, &file_attr(&a), Generation(0)),
                 // Node id 0 is "no such name" that the kernel keeps for the entry TTL
                 // (Python's import path probes, a build's header search ask again and
@@ -558,7 +639,7 @@ impl Filesystem for ShingleFs {
         reply: ReplyAttr,
     ) {
         let ino = self.ino(ino);
-        let (c, mut cr, ttl) = (self.client.clone(), creds(req), self.ttl);
+        let (c, mut cr, ttl) = (self.client.clone(), self.creds(req), self.ttl);
         // ftruncate on a descriptor open for writing: permission was checked at open
         // (a file created with mode 0 can still be truncated through it).
         let writable = fh.is_some_and(|fh| self.writable.lock().contains(&fh.0));
@@ -649,7 +730,7 @@ impl Filesystem for ShingleFs {
 
     fn unlink(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let parent = self.ino(parent);
-        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let (c, cr, name) = (self.client.clone(), self.creds(req), name.as_bytes().to_vec());
         let changing = self.changing();
         self.run(op_span!("fs.unlink", "unlink", parent.0), async move {
             let r = c.unlink_at(&cr, parent, &name).await;
@@ -664,7 +745,7 @@ impl Filesystem for ShingleFs {
 
     fn rmdir(&self, req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let parent = self.ino(parent);
-        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let (c, cr, name) = (self.client.clone(), self.creds(req), name.as_bytes().to_vec());
         let changing = self.changing();
         self.run(op_span!("fs.rmdir", "rmdir", parent.0), async move {
             // The removed directory may be kept too, under a number not known here.
@@ -700,7 +781,7 @@ impl Filesystem for ShingleFs {
         }
         let noreplace = flags.contains(RenameFlags::RENAME_NOREPLACE);
         let exchange = flags.contains(RenameFlags::RENAME_EXCHANGE);
-        let (c, cr) = (self.client.clone(), creds(req));
+        let (c, cr) = (self.client.clone(), self.creds(req));
         let (name, newname) = (name.as_bytes().to_vec(), newname.as_bytes().to_vec());
         let changing = self.changing();
         self.run(
@@ -722,7 +803,12 @@ impl Filesystem for ShingleFs {
     fn link(&self, req: &Request, ino: INodeNo, newparent: INodeNo, newname: &OsStr, reply: ReplyEntry) {
         let ino = self.ino(ino);
         let newparent = self.ino(newparent);
-        let (c, cr, name, ttl) = (self.client.clone(), creds(req), newname.as_bytes().to_vec(), self.ttl);
+        let (c, cr, name, ttl) = (
+            self.client.clone(),
+            self.creds(req),
+            newname.as_bytes().to_vec(),
+            self.ttl,
+        );
         let changing = self.changing();
         self.run(
             op_span!("fs.link", "link", ino.0, newparent = newparent.0),
@@ -739,14 +825,18 @@ impl Filesystem for ShingleFs {
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let ino = self.ino(ino);
-        let (c, cr, files, fh) = (self.client.clone(), creds(req), self.files.clone(), self.fh());
+        let (c, who, files, fh) = (self.client.clone(), self.asker(req), self.files.clone(), self.fh());
         if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
             self.writable.lock().insert(fh);
         }
         self.run(
             op_span!("fs.open", "open", ino.0, keep_cache = tracing::field::Empty),
             async move {
-                match c.open_cached(&cr, ino).await {
+                let mut r = c.open_cached(&who.creds, ino).await;
+                if let Some(cr) = r.as_ref().err().and_then(|e| who.again(*e)) {
+                    r = c.open_cached(&cr, ino).await;
+                }
+                match r {
                     Ok((f, unchanged)) => {
                         files.lock().insert(fh, f);
                         // Unchanged since this client last saw it: keep the cached pages.
@@ -931,7 +1021,7 @@ impl Filesystem for ShingleFs {
             reply.error(fuser::Errno::EBADF);
             return;
         };
-        let (c, cr, root) = (self.client.clone(), creds(req), self.root);
+        let (c, who, root) = (self.client.clone(), self.asker(req), self.root);
         self.run(op_span!("fs.readdir", "readdir", _ino.0, offset), async move {
             let mut h = h.lock().await;
             let parent = match h.start(&c, root).await {
@@ -954,7 +1044,7 @@ impl Filesystem for ShingleFs {
             }
             let mut i = (off - 2) as usize;
             loop {
-                if let Err(e) = h.fill(&c, &cr, i + 1).await {
+                if let Err(e) = fill(&mut h, &c, &who, i + 1).await {
                     return reply.error(errno(e));
                 }
                 let Some(e) = h.entries.get(i) else { break };
@@ -984,7 +1074,7 @@ impl Filesystem for ShingleFs {
             reply.error(fuser::Errno::EBADF);
             return;
         };
-        let (c, cr, root, ttl) = (self.client.clone(), creds(req), self.root, self.ttl);
+        let (c, who, root, ttl) = (self.client.clone(), self.asker(req), self.root, self.ttl);
         self.run(op_span!("fs.readdirplus", "readdirplus", _ino.0, offset), async move {
             let mut h = h.lock().await;
             let parent = match h.start(&c, root).await {
@@ -1024,7 +1114,7 @@ impl Filesystem for ShingleFs {
             loop {
                 // Attributes for the entries one reply may hold (a reply is a page of
                 // about 25 entries).
-                if let Err(e) = h.fill(&c, &cr, i + PLUS_AHEAD).await {
+                if let Err(e) = fill(&mut h, &c, &who, i + PLUS_AHEAD).await {
                     return reply.error(errno(e));
                 }
                 if let Err(e) = h.fresh_attrs(&c, i..i + PLUS_AHEAD, ttl).await {
@@ -1108,7 +1198,7 @@ impl Filesystem for ShingleFs {
         };
         let (c, cr, name, value) = (
             self.client.clone(),
-            creds(req),
+            self.creds(req),
             name.as_bytes().to_vec(),
             value.to_vec(),
         );
@@ -1129,7 +1219,7 @@ impl Filesystem for ShingleFs {
 
     fn getxattr(&self, req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         let ino = self.ino(ino);
-        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let (c, who, name) = (self.client.clone(), self.asker(req), name.as_bytes().to_vec());
         let (absent, ttl) = (self.absent.clone(), self.ttl);
         self.run(op_span!("fs.getxattr", "getxattr", ino.0), async move {
             // The kernel checked the caller's permission before asking (VFS xattr
@@ -1143,7 +1233,11 @@ impl Filesystem for ShingleFs {
                 return;
             }
             let at = std::time::Instant::now();
-            match c.meta().getxattr(&cr, ino, &name).await {
+            let mut r = c.meta().getxattr(&who.creds, ino, &name).await;
+            if let Some(cr) = r.as_ref().err().and_then(|e| who.again(*e)) {
+                r = c.meta().getxattr(&cr, ino, &name).await;
+            }
+            match r {
                 Ok(v) if size == 0 => reply.size(v.len() as u32),
                 Ok(v) if v.len() > size as usize => reply.error(fuser::Errno::ERANGE),
                 Ok(v) => reply.data(&v),
@@ -1158,9 +1252,13 @@ impl Filesystem for ShingleFs {
 
     fn listxattr(&self, req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
         let ino = self.ino(ino);
-        let (c, cr) = (self.client.clone(), creds(req));
+        let (c, who) = (self.client.clone(), self.asker(req));
         self.run(op_span!("fs.listxattr", "listxattr", ino.0), async move {
-            match c.meta().listxattr(&cr, ino).await {
+            let mut r = c.meta().listxattr(&who.creds, ino).await;
+            if let Some(cr) = r.as_ref().err().and_then(|e| who.again(*e)) {
+                r = c.meta().listxattr(&cr, ino).await;
+            }
+            match r {
                 Ok(names) => {
                     let mut buf = Vec::new();
                     for n in names {
@@ -1182,7 +1280,7 @@ impl Filesystem for ShingleFs {
 
     fn removexattr(&self, req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let ino = self.ino(ino);
-        let (c, cr, name) = (self.client.clone(), creds(req), name.as_bytes().to_vec());
+        let (c, cr, name) = (self.client.clone(), self.creds(req), name.as_bytes().to_vec());
         let absent = self.absent.clone();
         let changing = self.changing();
         self.run(op_span!("fs.removexattr", "removexattr", ino.0), async move {
@@ -1207,7 +1305,7 @@ impl Filesystem for ShingleFs {
         reply: ReplyCreate,
     ) {
         let parent = self.ino(parent);
-        let (c, cr, name, ttl) = (self.client.clone(), creds(req), name.as_bytes().to_vec(), self.ttl);
+        let (c, cr, name, ttl) = (self.client.clone(), self.creds(req), name.as_bytes().to_vec(), self.ttl);
         let (files, fh) = (self.files.clone(), self.fh());
         self.writable.lock().insert(fh);
         let k = FileKind::from_mode(mode).unwrap_or(FileKind::File);

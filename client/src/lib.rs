@@ -13,6 +13,9 @@
 //!   answer to the kernel's `security.capability` probe before every write).
 //! - [`dirattrs`]: attributes of directories with this mount's own changes applied
 //!   (the mount's answer to the kernel's re-read of a directory after each change).
+//! - [`groups`]: callers' supplementary groups read from /proc, kept for the
+//!   attribute TTL for requests that only read (reading them was a sixth of the
+//!   mount's CPU in a storm of opens).
 //!
 //! It talks to servers only through `shingle-transport` (via the meta and data
 //! client helpers); it knows nothing of zones or Raft. The nodes' own background work
@@ -23,6 +26,7 @@ pub mod content;
 pub mod dirattrs;
 pub mod fs;
 pub mod fuse;
+pub mod groups;
 
 pub use fs::{Client, ClientConfig, OpenFile, StatFs};
 pub use fuse::{MountConfig, ShingleFs};

@@ -117,6 +117,7 @@ async fn client_keys_do_what_their_grant_says_and_stop_when_revoked() {
     // Read-only: the mount is read-only, and the nodes refuse changes anyway.
     let reader = SecondMount::with_key(&root, &reader_key, &tmp.path().join("r"), &[]);
     assert!(std::fs::read(reader.mount.join("shared/f.bin")).expect("read") == data);
+    kept_groups_never_refuse_what_current_ones_allow(&admin, &reader.mount, shared.ino).await;
     let e = std::fs::write(reader.mount.join("shared/g"), b"x").expect_err("read-only");
     assert_eq!(e.raw_os_error(), Some(30), "EROFS: {e}");
     let (reader_tcp, reader_meta) = client_with(&cluster, &reader_key).await;
@@ -500,6 +501,44 @@ async fn shards_need_a_capability_for_their_file(cluster: &Cluster, admin: &Meta
             .map(|s| s.code),
         Some(Code::PermissionDenied)
     );
+}
+
+/// With a key, the nodes check reads with the caller's groups, which the mount keeps
+/// for its TTL per process, uid and gid (`client::groups`). A process that adds a group
+/// (`setgroups`, keeping its uid and gid, as test suites switch users) and then looks
+/// into a directory only that group may search must get in: the kernel lets it, and
+/// the nodes' refusal under the kept groups is asked again with fresh ones. Perl (in
+/// every Debian) sets groups mid-process: `$)` is setgroups, `$>` the euid.
+async fn kept_groups_never_refuse_what_current_ones_allow(admin: &MetaClient, mount: &Path, shared: Ino) {
+    let root = Creds::root();
+    let g = admin
+        .mknod(&root, shared, b"grp", FileKind::Dir, 0o710, 0, None)
+        .await
+        .expect("mkdir /shared/grp");
+    let set = |gid| shingle_meta::namespace::SetAttr {
+        gid: Some(gid),
+        ..Default::default()
+    };
+    admin.setattr(&root, g.ino, set(4242)).await.expect("chgrp grp");
+    let f = admin
+        .mknod(&root, g.ino, b"file", FileKind::File, 0o640, 0, None)
+        .await
+        .expect("create grp/file");
+    admin.setattr(&root, f.ino, set(4242)).await.expect("chgrp grp/file");
+    let script = r#"
+        my $d = $ARGV[0];
+        $) = "4000 4000"; $> = 4000;
+        die "probe exists\n" if -e "$d/probe";
+        -e "$d/grp/file" and die "grp/file seen without group 4242\n";
+        $> = 0; $) = "4000 4000 4242"; $> = 4000;
+        -e "$d/grp/file" or die "grp/file as a member of 4242: $!\n";
+    "#;
+    let out = std::process::Command::new("perl")
+        .args(["-e", script])
+        .arg(mount.join("shared"))
+        .output()
+        .expect("perl");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
 fn libc_eacces() -> i32 {
