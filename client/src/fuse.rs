@@ -826,7 +826,8 @@ impl Filesystem for ShingleFs {
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let ino = self.ino(ino);
         let (c, who, files, fh) = (self.client.clone(), self.asker(req), self.files.clone(), self.fh());
-        if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+        let read_only = flags.0 & libc::O_ACCMODE == libc::O_RDONLY;
+        if !read_only {
             self.writable.lock().insert(fh);
         }
         self.run(
@@ -841,11 +842,18 @@ impl Filesystem for ShingleFs {
                         files.lock().insert(fh, f);
                         // Unchanged since this client last saw it: keep the cached pages.
                         Span::current().record("keep_cache", unchanged);
-                        let flags = if unchanged {
+                        let mut flags = if unchanged {
                             FopenFlags::FOPEN_KEEP_CACHE
                         } else {
                             FopenFlags::empty()
                         };
+                        // A read-only handle has nothing to flush at close: the kernel
+                        // then sends no FLUSH, one request less that close waits for
+                        // (NFS skips it too; errors of other handles' writes are theirs
+                        // to report, as on a local filesystem).
+                        if read_only {
+                            flags |= FopenFlags::FOPEN_NOFLUSH;
+                        }
                         reply.opened(FileHandle(fh), flags);
                     }
                     Err(e) => reply.error(errno(e)),

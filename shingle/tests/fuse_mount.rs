@@ -548,7 +548,7 @@ fn fs_ops(addr: std::net::SocketAddr, op: &str) -> f64 {
 fn listings_carry_attributes_and_stats_after_them_ask_nothing() {
     let tmp = tempfile::tempdir().expect("tmp");
     let (data, mnt) = (tmp.path().join("data"), tmp.path().join("mnt"));
-    let _dev = start_dev(&data, &mnt);
+    let dev = start_dev(&data, &mnt);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("a free port")
@@ -623,5 +623,25 @@ fn listings_carry_attributes_and_stats_after_them_ask_nothing() {
     let asked = fs_ops(metrics, "lookup") - lookups;
     assert!(asked < 5.0, "rm -rf made {asked} lookups");
     assert!(!dir.exists());
+
+    // A read-only handle asks for no flush at close (FOPEN_NOFLUSH); one open for
+    // writing still does, and its close makes the data visible.
+    // (A request is counted just after its answer: wait for the writer's count.)
+    let file = m.mount.join("read-often");
+    let before = fs_ops(metrics, "flush");
+    std::fs::write(&file, b"shard").expect("write");
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while fs_ops(metrics, "flush") <= before {
+        assert!(std::time::Instant::now() < deadline, "a writer's close made no flush");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let flushes = fs_ops(metrics, "flush");
+    for _ in 0..20 {
+        assert_eq!(std::fs::read(&file).expect("read"), b"shard");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(fs_ops(metrics, "flush"), flushes, "read-only closes flushed");
+    assert_eq!(std::fs::read(dev.path("read-often")).expect("read elsewhere"), b"shard");
     drop(m);
 }
