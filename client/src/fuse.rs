@@ -63,10 +63,13 @@ tokio::task_local! {
     static OP: &'static str;
 }
 
-/// The supplementary groups /proc lists for process `pid`; `None` when it is gone.
-fn read_groups(pid: u32) -> Option<Arc<[u32]>> {
+/// The supplementary groups /proc lists for process `pid` (`None` when it is gone),
+/// kept in `groups` for `ttl` under (pid, uid, gid).
+fn read_and_keep(groups: &Mutex<Groups>, (pid, uid, gid): (u32, u32, u32), ttl: Duration) -> Option<Arc<[u32]>> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    parse_status(&status).map(Arc::from)
+    let read: Arc<[u32]> = parse_status(&status)?.into();
+    groups.lock().put(pid, uid, gid, read.clone(), Instant::now(), ttl);
+    Some(read)
 }
 
 /// The caller of a request that only reads ([`ShingleFs::asker`]), with groups the
@@ -74,7 +77,6 @@ fn read_groups(pid: u32) -> Option<Arc<[u32]>> {
 /// the caller's current groups first (`default_permissions`), so kept groups can only
 /// make the service refuse what it should allow: such a refusal is asked again with
 /// groups read afresh ([`Asker::again`]).
-#[derive(Clone)]
 struct Asker {
     creds: Creds,
     pid: u32,
@@ -93,10 +95,7 @@ impl Asker {
             return None;
         }
         let (uid, gid) = (self.creds.uid, self.creds.gid);
-        let fresh = read_groups(self.pid)?;
-        self.groups
-            .lock()
-            .put(self.pid, uid, gid, fresh.clone(), Instant::now(), self.ttl);
+        let fresh = read_and_keep(&self.groups, (self.pid, uid, gid), self.ttl)?;
         (*fresh != *self.creds.groups).then(|| Creds {
             uid,
             gid,
@@ -412,16 +411,11 @@ impl ShingleFs {
     /// with them. What is read is kept for [`ShingleFs::asker`].
     fn creds(&self, req: &Request) -> Creds {
         let (pid, uid, gid) = (req.pid(), req.uid(), req.gid());
-        let groups = read_groups(pid).map(|g| {
-            self.groups
-                .lock()
-                .put(pid, uid, gid, g.clone(), Instant::now(), self.ttl);
-            g.to_vec()
-        });
+        let groups = read_and_keep(&self.groups, (pid, uid, gid), self.ttl);
         Creds {
             uid,
             gid,
-            groups: groups.unwrap_or_default(),
+            groups: groups.map(|g| g.to_vec()).unwrap_or_default(),
         }
     }
 
