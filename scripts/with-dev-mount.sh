@@ -7,7 +7,7 @@
 # Builds nothing: the binary is $SHINGLE_BIN (default target/release/shingle of this
 # repository; build it first with `cargo build --release -p shingle`). The cluster's data
 # and the mount point are new temporary directories; the command runs with the mount
-# point in $SHINGLE_MNT (the cluster data in $SHINGLE_DATA) and its exit code is this script's. Needs root (or fusermount3)
+# point in $SHINGLE_MNT (the cluster data in $SHINGLE_DATA, the binary in $SHINGLE_BIN) and its exit code is this script's. Needs root (or fusermount3)
 # and /dev/fuse, like `shingle dev`.
 #
 # Environment:
@@ -130,7 +130,7 @@ mounted || die "shingle dev said it mounted $MNT, but it is not a mount point"
 echo "with-dev-mount: mounted at $MNT after ${SECONDS}s; running: $*"
 
 set +e
-SHINGLE_MNT=$MNT SHINGLE_DATA=$DATA "$@" <&0 &   # explicit stdin: a background command would get /dev/null
+SHINGLE_MNT=$MNT SHINGLE_DATA=$DATA SHINGLE_BIN=$SHINGLE_BIN "$@" <&0 &   # explicit stdin: a background command would get /dev/null
 CMD_PID=$!
 wait "$CMD_PID"
 rc=$?

@@ -145,6 +145,12 @@ pub struct Metrics {
     pub meta_store_checkpoints: Counter,
     /// Partition writes (a batch's records, or an install) persisted by group commits.
     pub meta_store_writes: Counter,
+    /// Batches this node led as a partition's primary (each persisted here and
+    /// replicated to the other members).
+    pub meta_batches: Counter,
+    /// Callers' writes those batches carried: writes to one partition that arrive
+    /// while its batch is out share the next one.
+    pub meta_batch_writes: Counter,
     /// Map epochs a meta node learned of together and adopted one by one from the
     /// managers' history (its copies that stayed members kept serving).
     pub meta_map_epochs_stepped: Counter,
@@ -215,6 +221,8 @@ impl Metrics {
             purges_pending: Gauge::default(),
             meta_store_commit_seconds: latency(),
             meta_store_writes: Counter::default(),
+            meta_batches: Counter::default(),
+            meta_batch_writes: Counter::default(),
             meta_store_checkpoints: Counter::default(),
             meta_map_epochs_stepped: Counter::default(),
             meta_map_epochs_skipped: Counter::default(),
@@ -231,6 +239,7 @@ impl Metrics {
         m.register_client(&mut r);
         m.register_data(&mut r);
         m.register_meta(&mut r);
+        m.register_repair(&mut r);
         m.register_cluster(&mut r);
         m.build_info
             .get_or_create(&Version {
@@ -369,8 +378,8 @@ impl Metrics {
         );
     }
 
-    /// Registers a meta node's store, maps, read fences, repair and purges.
-    fn register_meta(&self, r: &mut Registry) {
+    /// Registers a meta node's repair progress.
+    fn register_repair(&self, r: &mut Registry) {
         r.register(
             "repair_shards_todo",
             "Shards to rebuild in the current repair pass",
@@ -406,6 +415,15 @@ impl Metrics {
             "1 while a repair pass runs",
             self.repair_running.clone(),
         );
+        r.register(
+            "repair_passes",
+            "Repair passes finished since start",
+            self.repair_passes.clone(),
+        );
+    }
+
+    /// Registers a meta node's store, batches, maps, read fences and purges.
+    fn register_meta(&self, r: &mut Registry) {
         r.register_with_unit(
             "meta_store_commit",
             "Group commits of the metadata store (a log frame and its fdatasync, or a checkpoint)",
@@ -416,6 +434,16 @@ impl Metrics {
             "meta_store_writes",
             "Partition writes persisted by the metadata store's group commits",
             self.meta_store_writes.clone(),
+        );
+        r.register(
+            "meta_batches",
+            "Batches this node led as a partition's primary",
+            self.meta_batches.clone(),
+        );
+        r.register(
+            "meta_batch_writes",
+            "Callers' writes carried by the batches this node led (several share one when they arrive together)",
+            self.meta_batch_writes.clone(),
         );
         r.register(
             "meta_store_checkpoints",
@@ -441,11 +469,6 @@ impl Metrics {
             "purges_pending",
             "Removed files whose data waits for its purge (held open, or a data node unreachable)",
             self.purges_pending.clone(),
-        );
-        r.register(
-            "repair_passes",
-            "Repair passes finished since start",
-            self.repair_passes.clone(),
         );
     }
 

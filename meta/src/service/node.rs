@@ -20,7 +20,7 @@
 //! map, so a partitioned old primary cannot get a write acknowledged.
 //!
 //! **Traces**: the handlers of reads, operations, batches and replication run in
-//! `meta.read`, `meta.op`, `meta.execute`, `meta.replicate` (and `meta.fetch`,
+//! `meta.read`, `meta.op`, `meta.execute`, `meta.batch`, `meta.replicate` (and `meta.fetch`,
 //! `meta.alloc`, `meta.lock`, `meta.install`) spans with the operation, partition,
 //! inode, batch size, replicas and retries: children of the transport's `rpc.server`
 //! span, so a client operation's trace shows the coordinator and every replica.
@@ -129,6 +129,42 @@ impl MetaConfig {
 struct Slot {
     write: tokio::sync::Mutex<()>,
     state: RwLock<Replica>,
+    /// Writes waiting for this copy's next batch ([`MetaNode::primary_write`]).
+    queued: Mutex<Queue>,
+}
+
+/// Writes to one copy waiting for a batch, and whether a task leads them.
+#[derive(Default)]
+struct Queue {
+    entries: Vec<Queued>,
+    leading: bool,
+}
+
+/// One caller's write waiting in a copy's [`Queue`].
+struct Queued {
+    ops: Vec<PartOp>,
+    from: NodeId,
+    deadline: Option<Instant>,
+    done: tokio::sync::oneshot::Sender<Result<(), Status>>,
+    /// The caller's span: a batch's span is a child of its first write's.
+    span: Span,
+}
+
+/// Most callers' writes one batch carries (each is a batch's worth on its own; this
+/// keeps a batch far below a frame).
+const MAX_WRITES_PER_BATCH: usize = 32;
+
+impl Queue {
+    /// The writes the next batch carries, oldest first; `None` (and no one leads any
+    /// more) when none waits.
+    fn next_batch(&mut self) -> Option<Vec<Queued>> {
+        if self.entries.is_empty() {
+            self.leading = false;
+            return None;
+        }
+        let n = self.entries.len().min(MAX_WRITES_PER_BATCH);
+        Some(self.entries.drain(..n).collect())
+    }
 }
 
 impl Slot {
@@ -136,6 +172,7 @@ impl Slot {
         Arc::new(Slot {
             write: tokio::sync::Mutex::new(()),
             state: RwLock::new(r),
+            queued: Mutex::new(Queue::default()),
         })
     }
 
@@ -869,8 +906,9 @@ impl MetaNode {
 
     // ---------------------------------------------------------------- writes
 
-    /// Applies a batch as primary: persist here and on every member, then return.
-    /// A batch whose caller stopped waiting (`deadline` passed while it queued) is not
+    /// Applies a write as primary: persisted here and on every member in the copy's
+    /// next batch (maybe with other callers' writes), then returns. A write whose
+    /// caller stopped waiting (went away, or `deadline` passed while it queued) is not
     /// applied: the caller retries it, and applying the stale copy too would apply it
     /// twice. Markers queued for forgetting here ride along.
     async fn primary_write(
@@ -880,36 +918,78 @@ impl MetaNode {
         from: NodeId,
         deadline: Option<Instant>,
     ) -> Result<(), Status> {
-        let span = info_span!("meta.execute", partition = p.0, ops = ops.len(), replicas = Empty);
-        self.primary_write_inner(p, ops, from, deadline).instrument(span).await
+        let span = info_span!("meta.execute", partition = p.0, ops = ops.len());
+        self.queue_write(p, ops, from, deadline).instrument(span).await
     }
 
-    async fn primary_write_inner(
+    /// Queues a write for the copy's next batch and waits for it. One task at a time
+    /// leads a copy's batches (each is persisted and replicated before the next: a
+    /// replica takes them in order); writes that arrive while one is out go together in
+    /// the next, so writers to one partition share its syncs and round trips instead of
+    /// waiting for one batch each. The leader is a task of its own: a caller that goes
+    /// away cannot cut a batch that carries other callers' writes.
+    async fn queue_write(
         &self,
         p: PartitionId,
-        mut ops: Vec<PartOp>,
+        ops: Vec<PartOp>,
         from: NodeId,
         deadline: Option<Instant>,
     ) -> Result<(), Status> {
         let slot = self.primary_slot(p)?;
-        let _w = slot.write.lock().await;
-        let slot = self.primary_slot(p)?; // Still primary after waiting?
-        if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(Status::new(
-                Code::DeadlineExceeded,
-                "the batch waited past its caller's deadline",
-            ));
+        let (done, answer) = tokio::sync::oneshot::channel();
+        let lead = {
+            let mut q = slot.queued.lock();
+            q.entries.push(Queued {
+                ops,
+                from,
+                deadline,
+                done,
+                span: Span::current(),
+            });
+            !std::mem::replace(&mut q.leading, true)
+        };
+        if lead {
+            let node = self.clone();
+            tokio::spawn(async move { node.lead_queued(p, slot).await });
         }
-        // One map for the fence and the batch: a map adopted after the fence may drop
-        // holders it did not ask, so the batch goes out in the epoch fenced (members on a
-        // newer map refuse it and the caller retries).
-        let v = self.view();
-        fence(&v, from, &ops)?;
-        self.fence_dropped_holders(p, &v).await?;
+        answer.await.unwrap_or_else(|_| Err(errno_status(Errno::EAGAIN)))
+    }
+
+    /// Leads the batches of `slot`'s queued writes until none waits.
+    async fn lead_queued(&self, p: PartitionId, slot: Arc<Slot>) {
+        loop {
+            let _w = slot.write.lock().await;
+            let Some(writes) = slot.queued.lock().next_batch() else {
+                return;
+            };
+            let span = info_span!(parent: &writes[0].span, "meta.batch", partition = p.0, writes = writes.len(), replicas = Empty);
+            // One map for the fences and the batch: a map adopted after the fence may
+            // drop holders it did not ask, so the batch goes out in the epoch fenced
+            // (members on a newer map refuse it and the caller retries).
+            let v = self.view();
+            let (ops, dones) = admit(&v, writes);
+            if dones.is_empty() {
+                continue;
+            }
+            let m = shingle_metrics::get();
+            m.meta_batches.inc();
+            m.meta_batch_writes.inc_by(dones.len() as u64);
+            let r = self.primary_write_inner(p, &v, ops).instrument(span).await;
+            for done in dones {
+                let _ = done.send(r.clone());
+            }
+        }
+    }
+
+    /// Persists and replicates `ops` as the copy's next batch in map `v` (the copy's
+    /// write lock is held by the caller).
+    async fn primary_write_inner(&self, p: PartitionId, v: &MapView, mut ops: Vec<PartOp>) -> Result<(), Status> {
+        let slot = self.primary_slot(p)?; // Still primary after waiting?
+        self.fence_dropped_holders(p, v).await?;
         let forgets = self.take_forgets(p);
         ops.extend(forgets.iter().map(|id| PartOp::Forget(*id)));
         let finishing = self.take_finishing(p);
-        let (write, req, finishing) = match self.lead_batch(&slot, p, &v, ops, finishing) {
+        let (write, req, finishing) = match self.lead_batch(&slot, p, v, ops, finishing) {
             Ok(led) => led,
             Err(finishing) => {
                 // A map change stopped the copy after the check above (adopt does not
@@ -919,7 +999,7 @@ impl MetaNode {
                 return Err(errno_status(Errno::EAGAIN));
             }
         };
-        if let Err(e) = self.persist_everywhere(&slot, p, &v, write, &req).await {
+        if let Err(e) = self.persist_everywhere(&slot, p, v, write, &req).await {
             self.queue_forgets(p, forgets);
             self.abandon_finishing(finishing);
             return Err(e);
@@ -2991,6 +3071,39 @@ fn to_status(e: CallError) -> Status {
 
 /// Refuses a batch from a coordinator that may no longer apply it
 /// ([`super::coordinator::fence`]).
+/// Whom a batch answers and the ops it carries (in the writes' order): the writes that
+/// may still go in map `v`. A write whose caller stopped waiting is dropped (its
+/// caller may be retrying it: applying this copy too would apply it twice); the others
+/// are answered now: past their caller's deadline, or refused by `v`'s fence.
+fn admit(v: &MapView, writes: Vec<Queued>) -> (Vec<PartOp>, Vec<tokio::sync::oneshot::Sender<Result<(), Status>>>) {
+    let now = Instant::now();
+    let mut ops = Vec::new();
+    let mut dones = Vec::with_capacity(writes.len());
+    for w in writes {
+        if w.done.is_closed() {
+            continue;
+        }
+        let refused = if w.deadline.is_some_and(|d| now >= d) {
+            Some(Status::new(
+                Code::DeadlineExceeded,
+                "the batch waited past its caller's deadline",
+            ))
+        } else {
+            fence(v, w.from, &w.ops).err()
+        };
+        match refused {
+            Some(e) => {
+                let _ = w.done.send(Err(e));
+            }
+            None => {
+                ops.extend(w.ops);
+                dones.push(w.done);
+            }
+        }
+    }
+    (ops, dones)
+}
+
 fn fence(v: &MapView, from: NodeId, ops: &[PartOp]) -> Result<(), Status> {
     super::coordinator::fence(v, from, ops).map_err(fenced)
 }
@@ -3030,4 +3143,95 @@ fn random_u64() -> u64 {
     let mut b = [0u8; 8];
     let _ = getrandom::fill(&mut b);
     u64::from_le_bytes(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::map::{NodeInfo, NodeState, Roles};
+    use tokio::sync::oneshot;
+
+    fn view(up: &[u64]) -> MapView {
+        let mut m = ClusterMap::new("t", 8, 1, 3, 1);
+        for id in up {
+            let id = NodeId(*id);
+            m.nodes.insert(
+                id,
+                NodeInfo {
+                    id,
+                    addr: SocketAddr::from(([127, 0, 0, 1], 7000 + id.0 as u16)),
+                    roles: Roles {
+                        manager: false,
+                        meta: true,
+                        data: false,
+                    },
+                    domain: format!("d{}", id.0),
+                    state: NodeState::Up,
+                },
+            );
+        }
+        MapView::new(m)
+    }
+
+    fn queued(op: u64, from: u64, deadline: Option<Instant>) -> (Queued, oneshot::Receiver<Result<(), Status>>) {
+        let (done, answer) = oneshot::channel();
+        let w = Queued {
+            ops: vec![PartOp::Forget(op)],
+            from: NodeId(from),
+            deadline,
+            done,
+            span: Span::none(),
+        };
+        (w, answer)
+    }
+
+    #[test]
+    fn a_queue_hands_out_bounded_batches_oldest_first_and_then_stops_leading() {
+        let mut q = Queue {
+            entries: Vec::new(),
+            leading: true,
+        };
+        let mut answers = Vec::new();
+        for i in 0..(MAX_WRITES_PER_BATCH as u64 + 3) {
+            let (w, a) = queued(i, 1, None);
+            q.entries.push(w);
+            answers.push(a);
+        }
+        let first = q.next_batch().expect("a batch");
+        assert_eq!(first.len(), MAX_WRITES_PER_BATCH);
+        assert!(matches!(first[0].ops[0], PartOp::Forget(0)));
+        let rest = q.next_batch().expect("the rest");
+        assert_eq!(rest.len(), 3);
+        assert!(matches!(rest[0].ops[0], PartOp::Forget(n) if n == MAX_WRITES_PER_BATCH as u64));
+        assert!(q.leading, "still leading until it finds the queue empty");
+        assert!(q.next_batch().is_none());
+        assert!(!q.leading, "an empty queue ends the leader: the next write starts one");
+    }
+
+    #[test]
+    fn a_batch_carries_the_writes_still_waiting_and_answers_the_refused_at_once() {
+        let v = view(&[1, 2, 3]);
+        let past = Instant::now() - Duration::from_secs(1);
+        let (ok1, mut a1) = queued(1, 1, None);
+        let (late, mut a2) = queued(2, 1, Some(past));
+        let (gone, a3) = queued(3, 1, None);
+        drop(a3);
+        let (down, mut a4) = queued(4, 9, None); // node 9 is not Up in this map
+        let (ok2, mut a5) = queued(5, 2, Some(Instant::now() + Duration::from_secs(60)));
+        let (ops, dones) = admit(&v, vec![ok1, late, gone, down, ok2]);
+        assert_eq!(
+            ops,
+            vec![PartOp::Forget(1), PartOp::Forget(5)],
+            "in order, only those that go"
+        );
+        assert_eq!(dones.len(), 2);
+        let refused = a2.try_recv().expect("answered").expect_err("late");
+        assert_eq!(refused.code, Code::DeadlineExceeded);
+        let refused = a4.try_recv().expect("answered").expect_err("fenced");
+        assert_eq!(refused.code, Code::Fenced);
+        assert!(
+            a1.try_recv().is_err() && a5.try_recv().is_err(),
+            "the batch answers them later"
+        );
+    }
 }

@@ -256,24 +256,23 @@ fn writer(db: Database, mut log: Log, rx: mpsc::Receiver<Job>) {
             jobs.push(j);
         }
         let started = std::time::Instant::now();
-        let writes: u64 = jobs.iter().map(|(ws, _)| ws.len() as u64).sum();
-        // The writes move into the group's ops (an install can be a whole partition).
-        let group = jobs.iter_mut().flat_map(|(ws, _)| std::mem::take(ws));
+        let (groups, dones): (Vec<Vec<Write>>, Vec<_>) = jobs.into_iter().unzip();
+        let writes: u64 = groups.iter().map(|ws| ws.len() as u64).sum();
+        let mut waiting = Some(dones);
+        // The group is answered the moment it is durable: after the log frame's sync,
+        // before its writes go into redb (nothing reads them from there until the next
+        // open, which replays the log first).
+        let mut durable = || answer(waiting.take(), started, writes, &Ok(()));
         let result = match &broken {
             Some(e) => Err(format!("an earlier write failed: {e}")),
-            None => commit_all(&db, &mut log, group).map_err(|e| e.to_string()),
+            None => commit_all(&db, &mut log, groups.into_iter().flatten(), &mut durable).map_err(|e| e.to_string()),
         };
         if let Err(e) = &result
             && broken.is_none()
         {
             broken = Some(e.clone());
         }
-        let m = shingle_metrics::get();
-        m.meta_store_commit_seconds.observe(started.elapsed().as_secs_f64());
-        m.meta_store_writes.inc_by(writes);
-        for (_, done) in jobs {
-            let _ = done.send(result.clone());
-        }
+        answer(waiting.take(), started, writes, &result);
     }
     // Closed: leave an empty log behind (a crash instead leaves it to the next open).
     if broken.is_none()
@@ -283,8 +282,31 @@ fn writer(db: Database, mut log: Log, rx: mpsc::Receiver<Job>) {
     }
 }
 
-/// Makes one group durable: a log frame, or a checkpoint when none fits.
-fn commit_all(db: &Database, log: &mut Log, writes: impl Iterator<Item = Write>) -> Result<(), StoreError> {
+/// Answers a group's callers (once: `dones` is taken from the caller's slot) and counts
+/// the group's commit time up to that answer.
+fn answer(
+    dones: Option<Vec<oneshot::Sender<Result<(), String>>>>,
+    started: std::time::Instant,
+    writes: u64,
+    result: &Result<(), String>,
+) {
+    let Some(dones) = dones else { return };
+    let m = shingle_metrics::get();
+    m.meta_store_commit_seconds.observe(started.elapsed().as_secs_f64());
+    m.meta_store_writes.inc_by(writes);
+    for done in dones {
+        let _ = done.send(result.clone());
+    }
+}
+
+/// Makes one group durable — a log frame, or a checkpoint when none fits — calling
+/// `durable` as soon as it is, then leaves its writes in redb.
+fn commit_all(
+    db: &Database,
+    log: &mut Log,
+    writes: impl Iterator<Item = Write>,
+    durable: &mut impl FnMut(),
+) -> Result<(), StoreError> {
     let ops = log_ops(writes)?;
     let size: usize = ops.iter().map(op_size).sum();
     let f = if (size as u64) < log.cur.cap() / 2 {
@@ -296,9 +318,14 @@ fn commit_all(db: &Database, log: &mut Log, writes: impl Iterator<Item = Write>)
         Place::Append { at, .. } => {
             let f = f.ok_or_else(|| StoreError("a frame was placed without one".into()))?;
             log.append(at, &f).map_err(|e| StoreError(format!("log: {e}")))?;
+            durable();
             apply(db, &ops, Durability::None, None)
         }
-        Place::Checkpoint { applied } => checkpoint(db, &ops, applied),
+        Place::Checkpoint { applied } => {
+            checkpoint(db, &ops, applied)?;
+            durable();
+            Ok(())
+        }
     }
 }
 
