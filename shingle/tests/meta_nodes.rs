@@ -792,3 +792,72 @@ async fn locks_of_a_dead_coordinator_go_once_its_partition_settles() {
     assert!(!refused.granted, "a Down node's coordinator takes no lock");
     assert_eq!(refused.fetched, None, "nothing is read for a lock not granted");
 }
+
+/// Writers of one directory share its partition's batches (decision 0033) and lose
+/// nothing by it: 64 creates at once into one directory (every one of them adds to the
+/// directory's counts in one partition), then 64 unlinks at once. Every name is there,
+/// then none is, the directory's counts say so at each step, and the nodes' metrics
+/// show batches that carried more than one write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writers_of_one_directory_share_its_batches_and_lose_nothing() {
+    const N: usize = 64;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let base = common::free_run(3);
+    let cluster = Cluster::start_with_metrics(
+        tmp.path(),
+        Spec {
+            data: false,
+            ..Spec::small(3)
+        },
+        base,
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c).await;
+    let r = root();
+    let d = c
+        .mknod(&r, Ino::ROOT, b"shared", FileKind::Dir, 0o755, 0, None)
+        .await
+        .expect("mkdir");
+    let names: Vec<String> = (0..N).map(|i| format!("f{i:03}")).collect();
+    let made = futures_util::future::join_all(
+        names
+            .iter()
+            .map(|n| c.mknod(&r, d.ino, n.as_bytes(), FileKind::File, 0o644, 0, None)),
+    )
+    .await;
+    let inos: BTreeSet<Ino> = made.into_iter().map(|a| a.expect("create").ino).collect();
+    assert_eq!(inos.len(), N, "every create made an inode of its own");
+    let listed = c.readdir(d.ino, None, 1000).await.expect("readdir");
+    let listed: Vec<String> = listed
+        .into_iter()
+        .map(|e| String::from_utf8(e.name).expect("utf8"))
+        .collect();
+    assert_eq!(listed, names, "every name, once");
+    assert_eq!(c.getattr(d.ino).await.expect("getattr").size, N as u64);
+    let gone = futures_util::future::join_all(names.iter().map(|n| c.unlink(&r, d.ino, n.as_bytes()))).await;
+    assert!(gone.iter().all(Result::is_ok), "unlinks: {gone:?}");
+    assert!(c.readdir(d.ino, None, 1000).await.expect("readdir").is_empty());
+    assert_eq!(c.getattr(d.ino).await.expect("getattr").size, 0);
+    c.rmdir(&r, Ino::ROOT, b"shared")
+        .await
+        .expect("rmdir of the emptied directory");
+
+    let (mut batches, mut writes) = (0u64, 0u64);
+    for id in 1..=3u16 {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], base + id));
+        let (status, body) = common::http_get(addr, "/metrics").expect("scrape");
+        assert_eq!(status, 200);
+        let value = |name: &str| -> u64 {
+            body.lines()
+                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse::<f64>().ok())
+                .unwrap_or_else(|| panic!("no {name} on node {id}")) as u64
+        };
+        batches += value("shingle_meta_batches_total");
+        writes += value("shingle_meta_batch_writes_total");
+    }
+    eprintln!("{writes} writes in {batches} batches");
+    assert!(
+        writes > batches,
+        "no batch carried two writes ({writes} writes, {batches} batches)"
+    );
+}

@@ -14,9 +14,8 @@
 
 mod common;
 
-use common::DevMount;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use common::{DevMount, free_run, http_get};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -30,24 +29,6 @@ fn prometheus_bin() -> Option<PathBuf> {
         .split(':')
         .map(|d| Path::new(d).join("prometheus"))
         .find(|p| p.exists())
-}
-
-/// A port P with P..=P+n all free now.
-fn free_run(n: u16) -> u16 {
-    for _ in 0..200 {
-        let base = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("probe port")
-            .port();
-        if base > u16::MAX - n - 1 {
-            continue;
-        }
-        let all: Vec<_> = (0..=n).map(|i| TcpListener::bind(("127.0.0.1", base + i))).collect();
-        if all.iter().all(Result::is_ok) {
-            return base;
-        }
-    }
-    panic!("no run of {n} free ports");
 }
 
 struct Killed(Option<Child>, &'static str);
@@ -68,36 +49,6 @@ impl Drop for Killed {
             let _ = c.wait();
         }
     }
-}
-
-/// GET over HTTP/1.1 (Connection: close): (status, body).
-fn http_get(addr: SocketAddr, path_and_query: &str) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
-    )?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
-    Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
-}
-
-fn dechunk(mut body: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = body.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        body = rest[n..].trim_start_matches("\r\n");
-    }
-    out
 }
 
 fn urlencode(q: &str) -> String {

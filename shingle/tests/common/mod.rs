@@ -1,12 +1,13 @@
 //! What the integration tests share: a cluster of real `shingle serve` processes
 //! (`Cluster`, through `shingle::local`), a lone node (`spawn`), `shingle dev` with its
-//! mount (`DevMount`), another mount of a cluster (`SecondMount`), the command-line tools (`tool`, `json`), test data (`pattern`)
-//! and on-disk corruption (`corrupt_first_record`).
+//! mount (`DevMount`), another mount of a cluster (`SecondMount`), the command-line
+//! tools (`tool`, `json`), test data (`pattern`), on-disk corruption
+//! (`corrupt_first_record`) and the nodes' metrics endpoints (`free_run`, `http_get`).
 #![allow(dead_code)]
 
 use shingle::local::{LocalCluster, LocalSpec};
 use shingle_meta::meta_client::MetaClient;
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -88,7 +89,18 @@ impl Cluster {
 
     /// [`Cluster::start`] with extra lines in each node's `[meta]` section.
     pub fn start_with_meta(root: &Path, s: Spec, meta_toml: &str) -> Cluster {
+        Cluster::start_full(root, s, meta_toml, None)
+    }
+
+    /// [`Cluster::start`] with node `id` serving its metrics on port `base + id`
+    /// ([`free_run`] finds such ports).
+    pub fn start_with_metrics(root: &Path, s: Spec, base: u16) -> Cluster {
+        Cluster::start_full(root, s, "", Some(base))
+    }
+
+    fn start_full(root: &Path, s: Spec, meta_toml: &str, metrics_port: Option<u16>) -> Cluster {
         let spec = LocalSpec {
+            metrics_port,
             meta_toml: meta_toml.into(),
             managers: s.managers,
             data: s.data,
@@ -397,4 +409,54 @@ impl Drop for SecondMount {
         let _ = self.child.wait();
         let _ = Command::new("umount").arg("-l").arg(&self.mount).status();
     }
+}
+
+/// A port P with P..=P+n all free now.
+pub fn free_run(n: u16) -> u16 {
+    for _ in 0..200 {
+        let base = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("probe port")
+            .port();
+        if base > u16::MAX - n - 1 {
+            continue;
+        }
+        let all: Vec<_> = (0..=n)
+            .map(|i| std::net::TcpListener::bind(("127.0.0.1", base + i)))
+            .collect();
+        if all.iter().all(Result::is_ok) {
+            return base;
+        }
+    }
+    panic!("no run of {n} free ports");
+}
+
+/// GET over HTTP/1.1 (Connection: close): (status, body).
+pub fn http_get(addr: SocketAddr, path_and_query: &str) -> std::io::Result<(u16, String)> {
+    let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path_and_query} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    Ok((status, if chunked { dechunk(body) } else { body.to_string() }))
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        body = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }
