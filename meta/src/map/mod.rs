@@ -53,6 +53,23 @@ pub struct NodeInfo {
     pub state: NodeState,
 }
 
+impl NodeInfo {
+    /// A metadata-only node (no manager, no data) in failure domain `d<id>`.
+    pub fn meta_only(id: NodeId, addr: SocketAddr, state: NodeState) -> NodeInfo {
+        NodeInfo {
+            id,
+            addr,
+            roles: Roles {
+                manager: false,
+                meta: true,
+                data: false,
+            },
+            domain: format!("d{}", id.0),
+            state,
+        }
+    }
+}
+
 /// A change to the map.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum MapCommand {

@@ -3148,27 +3148,15 @@ fn random_u64() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::map::{NodeInfo, NodeState, Roles};
+    use crate::map::{NodeInfo, NodeState};
     use tokio::sync::oneshot;
 
     fn view(up: &[u64]) -> MapView {
         let mut m = ClusterMap::new("t", 8, 1, 3, 1);
         for id in up {
             let id = NodeId(*id);
-            m.nodes.insert(
-                id,
-                NodeInfo {
-                    id,
-                    addr: SocketAddr::from(([127, 0, 0, 1], 7000 + id.0 as u16)),
-                    roles: Roles {
-                        manager: false,
-                        meta: true,
-                        data: false,
-                    },
-                    domain: format!("d{}", id.0),
-                    state: NodeState::Up,
-                },
-            );
+            let addr = SocketAddr::from(([127, 0, 0, 1], 7000 + id.0 as u16));
+            m.nodes.insert(id, NodeInfo::meta_only(id, addr, NodeState::Up));
         }
         MapView::new(m)
     }

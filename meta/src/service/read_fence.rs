@@ -191,26 +191,14 @@ impl ReadFence {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::map::{ClusterMap, NodeInfo, NodeState, Roles};
+    use crate::map::{ClusterMap, NodeInfo, NodeState};
 
     fn map(epoch: u64, nodes: &[(u64, NodeState)]) -> MapView {
         let mut m = ClusterMap::new("t", 8, 1, 3, 1);
         for (id, state) in nodes {
             let id = NodeId(*id);
-            m.nodes.insert(
-                id,
-                NodeInfo {
-                    id,
-                    addr: std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + id.0 as u16)),
-                    roles: Roles {
-                        manager: false,
-                        meta: true,
-                        data: false,
-                    },
-                    domain: format!("d{}", id.0),
-                    state: *state,
-                },
-            );
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 7000 + id.0 as u16));
+            m.nodes.insert(id, NodeInfo::meta_only(id, addr, *state));
         }
         m.epoch = Epoch(epoch);
         MapView::new(m)

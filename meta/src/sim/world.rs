@@ -4,7 +4,7 @@ mod ns;
 
 use super::{Bug, Config, Failure, Report, Rng};
 use crate::ids::{Epoch, Ino, NodeId, PartitionId};
-use crate::map::{ClusterMap, MapCommand, MapView, NodeInfo, NodeState, Roles};
+use crate::map::{ClusterMap, MapCommand, MapView, NodeInfo, NodeState};
 use crate::namespace::{DentryVal, Errno, FileKind, Mutation, Need, Partition};
 use crate::service::copy::CopyId;
 use crate::service::protocol::{Follow, Takeover, TakeoverPlan, adopt_copy};
@@ -398,17 +398,7 @@ fn addr_of(id: NodeId) -> std::net::SocketAddr {
 }
 
 fn info(id: NodeId) -> NodeInfo {
-    NodeInfo {
-        id,
-        addr: addr_of(id),
-        roles: Roles {
-            manager: false,
-            meta: true,
-            data: false,
-        },
-        domain: format!("d{}", id.0),
-        state: NodeState::Up,
-    }
+    NodeInfo::meta_only(id, addr_of(id), NodeState::Up)
 }
 
 /// Runs one simulation; `Err` when an invariant broke.
