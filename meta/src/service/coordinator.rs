@@ -127,6 +127,12 @@ impl Coordination {
         }
     }
 
+    /// The directories to find quiet now that `keys` (just locked) are held
+    /// ([`quiet_dirs`]).
+    pub fn quiet_dirs(&self, keys: &[u64]) -> Vec<Ino> {
+        quiet_dirs(&self.op, &self.cache, keys)
+    }
+
     /// `keys` are held now. What was read of those inodes before they were locked is
     /// read again; after the rename lock, every inode (a directory's ancestry, read to
     /// refuse a move into its own subtree, may have changed before it was held).
@@ -280,23 +286,26 @@ pub fn answer_before(
     })
 }
 
-/// The directories an operation must find *quiet* once it holds its locks: no
-/// operation answered before its directory counts were applied may still have counts
-/// to apply to them. An rmdir reads its victim's entry count, a rename the count of a
-/// directory it replaces; both hold those directories exclusively, which normally
-/// waits for every count to land — but a lock host that took its partition over (or
+/// The directories an operation must find *quiet* once it holds `keys`: no operation
+/// answered before its directory counts were applied may still have counts to apply
+/// to them. An rmdir reads its victim's entry count, a rename the count of a
+/// directory it replaces (nothing else reads a count: parents' counts change by
+/// relative steps); both hold those directories exclusively, which normally waits
+/// for every count to land — but a lock host that took its partition over (or
 /// restarted) starts from an empty table, and the holders it never saw may still be
 /// applying counts. [`Quiet`] asks every node (decision 0029). Empty for operations
-/// that read no count.
+/// that read no count, and for the lock rounds that do not take such a directory.
 ///
 /// [`Quiet`]: crate::service::wire::Quiet
-pub fn quiet_dirs(op: &NsOp, keys: &[u64]) -> Vec<Ino> {
-    if !matches!(op, NsOp::Rmdir { .. } | NsOp::Rename { .. }) {
-        return Vec::new();
-    }
-    keys.iter()
-        .filter(|k| !locks::split(**k).1)
-        .filter_map(|k| locks::key_inode(*k))
+fn quiet_dirs(op: &NsOp, cache: &Cache, keys: &[u64]) -> Vec<Ino> {
+    let read = match op {
+        NsOp::Rmdir { parent, name } => cache.entry(*parent, name),
+        NsOp::Rename { newparent, newname, .. } => cache.entry(*newparent, newname),
+        _ => return Vec::new(),
+    };
+    read.filter(|d| d.kind == FileKind::Dir && keys.contains(&d.ino.0))
+        .map(|d| d.ino)
+        .into_iter()
         .collect()
 }
 
@@ -716,6 +725,10 @@ mod tests {
             match c.step() {
                 Next::Lock(keys) => {
                     trace.push(format!("lock {keys:?}"));
+                    let dirs = c.quiet_dirs(&keys);
+                    if !dirs.is_empty() {
+                        trace.push(format!("quiet {dirs:?}"));
+                    }
                     c.locked(&keys);
                 }
                 Next::Fetch(needs) => {
@@ -896,15 +909,10 @@ mod tests {
         assert!(trace.contains(&format!("lock {:?}", vec![d.ino.0])), "{trace:?}");
         let held: Vec<u64> = c.held().collect();
         assert!(held.contains(&d.ino.0) && held.contains(&locks::shared(Ino::ROOT)));
-        // It asks for quiet on the directory it removes only: its parent is held
-        // shared, and an unlink reads no count.
-        assert_eq!(quiet_dirs(&op, &held), vec![d.ino]);
-        let unlink = NsOp::Unlink {
-            parent: Ino::ROOT,
-            name: b"d".to_vec(),
-            keep_secs: 0,
-        };
-        assert!(quiet_dirs(&unlink, &held).is_empty());
+        // It asks for quiet on the directory it removes only, once it holds it: its
+        // parent is held shared.
+        let quiet: Vec<&String> = trace.iter().filter(|t| t.starts_with("quiet")).collect();
+        assert_eq!(quiet, vec![&format!("quiet {:?}", vec![d.ino])], "{trace:?}");
         let intent = Intent {
             id: 3,
             steps: vec![(
@@ -919,6 +927,57 @@ mod tests {
         };
         assert!(adjusts_any(&intent, &[d.ino]));
         assert!(!adjusts_any(&intent, &[Ino::ROOT]));
+    }
+
+    /// A rename reads one count only, that of a directory it replaces (which must be
+    /// empty): only then does it ask for quiet; an unlink never does.
+    #[test]
+    fn only_a_rename_that_replaces_a_directory_asks_for_quiet() {
+        let mut whole = Namespace::format(8, 1);
+        let mk = |whole: &mut Namespace, parent: Ino, name: &[u8], kind: FileKind| {
+            whole
+                .mknod(&root(), parent, name, kind, 0o755, 0, None, 1)
+                .expect("mknod")
+        };
+        let a = mk(&mut whole, Ino::ROOT, b"a", FileKind::Dir);
+        let b = mk(&mut whole, Ino::ROOT, b"b", FileKind::Dir);
+        mk(&mut whole, a.ino, b"f", FileKind::File);
+        mk(&mut whole, a.ino, b"g", FileKind::File);
+        mk(&mut whole, a.ino, b"x", FileKind::Dir);
+        let y = mk(&mut whole, b.ino, b"y", FileKind::Dir);
+        let rename = |parent: Ino, name: &[u8], newparent: Ino, newname: &[u8]| NsOp::Rename {
+            parent,
+            name: name.to_vec(),
+            newparent,
+            newname: newname.to_vec(),
+            noreplace: false,
+            exchange: false,
+        };
+        let quiet_of = |whole: &mut Namespace, op: NsOp| {
+            let mut c = Coordination::new(op, root(), 0, 3, 8);
+            let (trace, r) = drive(&mut c, whole);
+            assert!(r.is_ok(), "{r:?} {trace:?}");
+            trace.into_iter().filter(|t| t.starts_with("quiet")).collect::<Vec<_>>()
+        };
+        // (Each runs against the same namespace: `drive` commits nothing.) A file to a
+        // new name, over another file, to another directory: no count is read.
+        assert!(quiet_of(&mut whole, rename(a.ino, b"f", a.ino, b"f2")).is_empty());
+        assert!(quiet_of(&mut whole, rename(a.ino, b"f", a.ino, b"g")).is_empty());
+        assert!(quiet_of(&mut whole, rename(a.ino, b"f", b.ino, b"f")).is_empty());
+        // A directory moved to a new name elsewhere: its parents' counts change by
+        // relative steps, nothing is read.
+        assert!(quiet_of(&mut whole, rename(a.ino, b"x", b.ino, b"x")).is_empty());
+        // Over an (empty) directory: that directory's count is read.
+        assert_eq!(
+            quiet_of(&mut whole, rename(a.ino, b"x", b.ino, b"y")),
+            vec![format!("quiet {:?}", vec![y.ino])]
+        );
+        let unlink = NsOp::Unlink {
+            parent: a.ino,
+            name: b"g".to_vec(),
+            keep_secs: 0,
+        };
+        assert!(quiet_of(&mut whole, unlink).is_empty());
     }
 
     #[test]

@@ -27,7 +27,7 @@
 
 use super::coordinator::{
     Coordination, Next, PlanRun, adjusts_any, answer_before, batch_ops, expected_counts, finish_ops, intent_ops,
-    plan_run, quiet_dirs,
+    plan_run,
 };
 use super::copy::{Assembly, PieceError, Staging, Took};
 use super::locks::LockTable;
@@ -1966,7 +1966,7 @@ impl MetaNode {
             match c.step() {
                 Next::Lock(keys) => {
                     let read = self.lock(&v, keys.clone(), owner, anchor, held).await?;
-                    let dirs = quiet_dirs(&req.op, &keys);
+                    let dirs = c.quiet_dirs(&keys);
                     if !dirs.is_empty() && !self.quiet(&v, dirs).await {
                         return Err(Retry::Busy);
                     }

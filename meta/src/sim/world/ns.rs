@@ -23,7 +23,6 @@ use crate::ids::{Epoch, Ino, NodeId, PartitionId};
 use crate::namespace::{Creds, DentryVal, Errno, FileKind, InodeRec, Intent, Need, Plan, StripeRec};
 use crate::service::coordinator::{
     Coordination, Next, PlanRun, adjusts_any, answer_before, batch_ops, fence, finish_ops, intent_ops, plan_run,
-    quiet_dirs,
 };
 use crate::service::locks::{Hold, Holds, key_inode, owner_id, owner_node};
 use crate::service::wire::{NsOp, OpReply, PartOp};
@@ -1342,7 +1341,7 @@ impl World {
         for (ino, rec) in std::mem::take(&mut w.read) {
             w.c.provide_inode(ino, rec);
         }
-        let dirs = quiet_dirs(&w.op, &asked);
+        let dirs = w.c.quiet_dirs(&asked);
         if dirs.is_empty() || self.cfg.bug == Some(Bug::SkipQuiet) {
             return self.coord_next(n, k);
         }
