@@ -33,7 +33,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use shingle_transport::auth::Principal;
 use shingle_transport::cap::{CapError, CapKey, Right};
-use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status};
+use shingle_transport::{CallContext, RegionKey, RegionTable, RemoteRead, Router, RpcChannel, Status, Window};
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -108,6 +108,33 @@ impl StageCache {
         self.order.push_back(vk);
         r
     }
+}
+
+/// A staged shard: the reply so far and the payload it names.
+struct Staged {
+    reply: StageShardResponse,
+    payload: Bytes,
+}
+
+impl std::ops::Deref for Staged {
+    type Target = StageShardResponse;
+    fn deref(&self) -> &StageShardResponse {
+        &self.reply
+    }
+}
+
+/// Places the asked range of a staged payload (all of it when no range was asked) in
+/// the caller's read window; `None` when the window has no room (the caller then reads
+/// the range over TCP by the region key).
+fn grant(w: &dyn Window, req: &StageShardRequest, payload: &Bytes) -> Option<shingle_transport::Grant> {
+    let range = if req.range_len == 0 {
+        payload.clone()
+    } else {
+        payload.slice(req.range_offset as usize..(req.range_offset + req.range_len) as usize)
+    };
+    let g = w.place(&range);
+    Span::current().record("granted", g.is_some());
+    g
 }
 
 /// The chunk service of one node.
@@ -213,12 +240,25 @@ where
         })
     }
 
-    async fn stage_shard(&self, req: StageShardRequest) -> Result<StageShardResponse, Status> {
-        let span = shard_span!("data.stage", req.id, bytes = Empty, staged = Empty);
-        self.stage_inner(req).instrument(span).await
+    /// Stages a shard version; over RDMA the asked range (or whole payload) is also
+    /// placed in the caller's read `window` and granted, so the caller reads it with one
+    /// READ and no further request.
+    async fn stage_shard(
+        &self,
+        req: StageShardRequest,
+        window: Option<&dyn Window>,
+    ) -> Result<StageShardResponse, Status> {
+        let span = shard_span!("data.stage", req.id, bytes = Empty, staged = Empty, granted = Empty);
+        let mut r = self.stage_inner(&req).instrument(span.clone()).await?;
+        if let Some(w) = window
+            && r.data.is_empty()
+        {
+            r.reply.grant = span.in_scope(|| grant(w, &req, &r.payload));
+        }
+        Ok(r.reply)
     }
 
-    async fn stage_inner(&self, req: StageShardRequest) -> Result<StageShardResponse, Status> {
+    async fn stage_inner(&self, req: &StageShardRequest) -> Result<Staged, Status> {
         let key = req.id.ok_or_else(missing_id)?.key()?;
         let version = if req.version != 0 {
             req.version
@@ -263,14 +303,18 @@ where
             c
         };
         Span::current().record("bytes", r.len);
-        Ok(StageShardResponse {
-            region: r.region,
-            generation: r.generation,
-            region_len: r.len,
-            crc,
-            version,
-            range_crc,
-            data,
+        Ok(Staged {
+            reply: StageShardResponse {
+                region: r.region,
+                generation: r.generation,
+                region_len: r.len,
+                crc,
+                version,
+                range_crc,
+                data,
+                grant: None,
+            },
+            payload,
         })
     }
 
@@ -398,7 +442,7 @@ where
             let s = s.clone();
             async move {
                 s.check_cap(&ctx, r.id.as_ref(), &r.cap, Right::Read)?;
-                s.stage_shard(r).await
+                s.stage_shard(r, ctx.window.as_deref()).await
             }
         };
         let s = self.clone();

@@ -30,9 +30,10 @@ impl ShardReadError {
     }
 }
 
-/// Reads one shard from `node`: stage, then remote-read the staged region, then
-/// verify the crc32c end to end. A staged copy evicted between the two steps is
-/// staged again (bounded).
+/// Reads one shard from `node`: stage, then read the staged bytes — from the grant the
+/// node answered over RDMA (one READ), else by the staged region's key — then verify
+/// the crc32c end to end. A staged copy evicted between the two steps is staged again
+/// (bounded).
 pub async fn read_shard<C: RpcChannel + RemoteRead>(
     client: &C,
     node: SocketAddr,
@@ -81,9 +82,20 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
             .ok()
             .filter(|w| *w <= crate::chunk::MAX_CHUNK_PAYLOAD)
             .ok_or(ShardReadError::Checksum(id))?;
-        let (res, buf) = client
-            .read(node, r.key(), off, want, BytesMut::with_capacity(want as usize))
-            .await;
+        let mut buf = BytesMut::with_capacity(want as usize);
+        if let Some(g) = r.grant.filter(|g| g.len == want) {
+            // Placed for us over RDMA: one READ, no further request.
+            match client.read_grant(node, &g, buf).await {
+                Ok(got) => {
+                    if crc32c::crc32c(&got) != r.range_crc {
+                        return Err(ShardReadError::Checksum(id));
+                    }
+                    return Ok(got.freeze());
+                }
+                Err(back) => buf = back,
+            }
+        }
+        let (res, buf) = client.read(node, r.key(), off, want, buf).await;
         match res {
             Ok(()) => {
                 if crc32c::crc32c(&buf) != r.range_crc {

@@ -127,6 +127,12 @@ pub struct StageShardResponse {
     /// The requested range, when asked for inline.
     #[prost(bytes = "bytes", tag = "7")]
     pub data: Bytes,
+    /// Over RDMA, when not answered inline: the requested range (the whole payload when
+    /// no range was asked), placed in the caller's read window; read it with one RDMA
+    /// READ on the connection that asked (`shingle_transport::window`). Absent when the
+    /// window had no room: read the region instead.
+    #[prost(message, optional, tag = "8")]
+    pub grant: Option<shingle_transport::Grant>,
 }
 
 impl StageShardResponse {

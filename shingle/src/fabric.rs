@@ -8,8 +8,10 @@
 
 use anyhow::{Result, bail};
 use serde::{Deserialize, Serialize};
-use shingle_transport::{PeerClient, RegionTable, Router};
+use shingle_meta::map::ClusterMap;
+use shingle_transport::{PeerClient, Router};
 use std::sync::Arc;
+use tokio::sync::watch;
 
 /// Whether to use RDMA.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,24 +117,45 @@ impl RdmaSettings {
 }
 
 /// Serves remote reads of `regions` over RDMA too, when the settings and the host allow.
+/// A client whose key `maps` no longer grants loses its RDMA connections, and with them
+/// every grant of its read windows.
 pub fn export(
     s: &RdmaSettings,
     router: Router,
-    regions: &Arc<RegionTable>,
+    maps: &watch::Receiver<Arc<ClusterMap>>,
     config: &shingle_transport::TransportConfig,
 ) -> Result<Router> {
     #[cfg(feature = "rdma")]
     if let Some(dev) = open(s)? {
         tracing::info!(device = dev.name(), "serving remote reads over RDMA too");
-        let export = shingle_transport::rdma::RdmaExport::new(dev, regions.clone(), config);
+        let export = shingle_transport::rdma::RdmaExport::new(dev, config);
+        tokio::spawn(close_revoked(Arc::downgrade(&export), maps.clone()));
         return Ok(export.routes(router));
     }
     #[cfg(not(feature = "rdma"))]
     {
-        let _ = (regions, config);
+        let _ = (maps, config);
         not_built(s)?;
     }
     Ok(router)
+}
+
+/// Closes the RDMA connections of clients whose key each new map revokes, for as long as
+/// the export lives.
+#[cfg(feature = "rdma")]
+async fn close_revoked(
+    export: std::sync::Weak<shingle_transport::rdma::RdmaExport>,
+    mut maps: watch::Receiver<Arc<ClusterMap>>,
+) {
+    use shingle_transport::auth::Principal;
+    while maps.changed().await.is_ok() {
+        let Some(e) = export.upgrade() else { return };
+        let map = maps.borrow_and_update().clone();
+        let n = e.close_clients(|p| matches!(p, Principal::Client(id) if map.client(&id.name, id.serial).is_none()));
+        if n > 0 {
+            tracing::info!(connections = n, "closed the RDMA connections of revoked client keys");
+        }
+    }
 }
 
 /// Makes `tcp`'s remote reads go over RDMA, when the settings and the host allow.

@@ -162,7 +162,7 @@ pub async fn run(cfg: NodeConfig) -> Result<()> {
         router = router.merge(slot.router());
     }
     if cfg.data.is_some() {
-        router = crate::fabric::export(&rdma, router, &regions, &transport)?;
+        router = crate::fabric::export(&rdma, router, &map_rx, &transport)?;
     }
     // Client keys may send what their grant in the current map allows.
     let router = router.guard(crate::access::guard(map_rx.clone()));

@@ -1,9 +1,11 @@
-//! Remote-read benchmark: one-sided RDMA READ against TCP on the same host pair.
+//! Remote-read benchmark: a staged read over RDMA (one request whose answer grants the
+//! bytes in the connection's read window, then one READ) against the same over TCP (the
+//! request, then a remote read of the region by its key), on the same host pair.
 //!
-//! Runs a server (regions of `--region-mib`, RDMA export on `$SHINGLE_RDMA_DEV0`) and two
-//! clients in one process: one reading over RDMA (`$SHINGLE_RDMA_DEV1`), one over TCP, to
-//! the server's address `$SHINGLE_RDMA_ADDR0` (loopback when unset). For each read size
-//! it measures throughput with `--depth` reads in flight for `--secs` seconds, and the
+//! Runs a server (a region of `--region-mib`, RDMA export on `$SHINGLE_RDMA_DEV0`) and two
+//! clients in one process: one over RDMA (`$SHINGLE_RDMA_DEV1`), one over TCP, to the
+//! server's address `$SHINGLE_RDMA_ADDR0` (loopback when unset). For each read size it
+//! measures throughput with `--depth` reads in flight for `--secs` seconds, and the
 //! latency of single 4 KiB reads, and the latency of small RPCs (an echo of 64 bytes:
 //! SEND fragments on the queue pair versus the TCP connection). Every read's bytes are
 //! checked. Prints one
@@ -17,7 +19,8 @@ use bytes::{Bytes, BytesMut};
 use shingle_transport::conformance::{Echo, EchoMsg, Rdma, echo_router, secret};
 use shingle_transport::rdma::{Device, RdmaExport, RdmaReader};
 use shingle_transport::{
-    CallOptions, PeerClient, RegionKey, RegionTable, RemoteRead, RpcChannel, Server, TransportConfig,
+    CallContext, CallOptions, Grant, PeerClient, RegionKey, RegionTable, RemoteRead, RpcChannel, Server, Status,
+    TransportConfig,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -66,6 +69,44 @@ fn byte_at(i: usize) -> u8 {
     (i as u8).wrapping_mul(29) ^ (i >> 10) as u8
 }
 
+/// Stage `len` bytes at `offset` of the region (as a data node stages a shard's range).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StageMsg {
+    #[prost(uint64, tag = "1")]
+    pub offset: u64,
+    #[prost(uint32, tag = "2")]
+    pub len: u32,
+}
+
+/// The region's key, and over RDMA the range granted in the caller's window.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct StagedMsg {
+    #[prost(message, optional, tag = "1")]
+    pub grant: Option<Grant>,
+}
+
+shingle_transport::rpc!(Stage, 0x0F02, StageMsg, StagedMsg);
+
+/// A staged read: the request, then the bytes from the grant (RDMA) or by the region's
+/// key (TCP, or a window without room).
+async fn read(c: &PeerClient, addr: SocketAddr, key: RegionKey, off: u64, len: u32, buf: BytesMut) -> BytesMut {
+    let req = StageMsg { offset: off, len };
+    let r = c
+        .call::<Stage>(addr, &req, CallOptions::default())
+        .await
+        .expect("stage");
+    let buf = match r.grant {
+        Some(g) => match c.read_grant(addr, &g, buf).await {
+            Ok(b) => return b,
+            Err(b) => b,
+        },
+        None => buf,
+    };
+    let (r, b) = c.read(addr, key, off, len, buf).await;
+    r.expect("read");
+    b
+}
+
 async fn throughput(c: &PeerClient, addr: SocketAddr, key: RegionKey, size: u32, depth: usize, secs: f64) -> f64 {
     let region = key.len as usize;
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
@@ -80,8 +121,7 @@ async fn throughput(c: &PeerClient, addr: SocketAddr, key: RegionKey, size: u32,
             let mut i = w;
             while Instant::now() < deadline {
                 let off = (i % slots) * size as usize;
-                let (r, b) = c.read(addr, key, off as u64, size, buf).await;
-                r.expect("read");
+                let b = read(&c, addr, key, off as u64, size, buf).await;
                 assert!(
                     b.len() == size as usize && b[0] == byte_at(off) && b[b.len() - 1] == byte_at(off + b.len() - 1)
                 );
@@ -105,9 +145,8 @@ async fn latency(c: &PeerClient, addr: SocketAddr, key: RegionKey, reads: usize)
     for i in 0..reads {
         let off = (i * 4096 * 7) % (key.len as usize - 4096);
         let t = Instant::now();
-        let (r, b) = c.read(addr, key, off as u64, 4096, buf).await;
+        let b = read(c, addr, key, off as u64, 4096, buf).await;
         lat.push(t.elapsed().as_secs_f64() * 1e6);
-        r.expect("read");
         assert_eq!(b[0], byte_at(off));
         buf = b;
     }
@@ -140,14 +179,30 @@ async fn main() {
     let data: Vec<u8> = (0..a.region_mib << 20).map(byte_at).collect();
     let key = regions.register(Bytes::from(data));
     let dev0 = Device::open(&Rdma::config("SHINGLE_RDMA_DEV0")).expect("server RDMA device");
-    let export = RdmaExport::new(dev0, regions.clone(), &TransportConfig::default());
+    let export = RdmaExport::new(dev0, &TransportConfig::default());
+    let whole = regions.whole(key).expect("region");
+    let router =
+        echo_router(Default::default(), Default::default()).rpc::<Stage, _, _>(move |ctx: CallContext, r: StageMsg| {
+            let whole = whole.clone();
+            async move {
+                let end = r
+                    .offset
+                    .checked_add(u64::from(r.len))
+                    .filter(|e| *e <= whole.len() as u64);
+                let end = end.ok_or_else(|| Status::new(shingle_transport::Code::OutOfBounds, "range"))?;
+                let range = &whole[r.offset as usize..end as usize];
+                Ok(StagedMsg {
+                    grant: ctx.window.as_ref().and_then(|w| w.place(range)),
+                })
+            }
+        });
     let ip = std::env::var("SHINGLE_RDMA_ADDR0").unwrap_or_else(|_| "127.0.0.1".into());
     let bind: SocketAddr = format!("{ip}:0").parse().expect("SHINGLE_RDMA_ADDR0");
     let server = Server::bind(
         bind,
         TransportConfig::default(),
         secret(),
-        export.routes(echo_router(Default::default(), Default::default())),
+        export.routes(router),
         regions,
     )
     .await
@@ -158,15 +213,9 @@ async fn main() {
     rdma.attach_rdma(reader.clone());
     let tcp = PeerClient::new(TransportConfig::default(), secret());
     let mut out: Vec<(String, f64)> = Vec::new();
-    // Warm up both paths (queue pair, key resolution, TCP connections).
-    rdma.read(addr, key, 0, 4096, BytesMut::new())
-        .await
-        .0
-        .expect("rdma warm-up");
-    tcp.read(addr, key, 0, 4096, BytesMut::new())
-        .await
-        .0
-        .expect("tcp warm-up");
+    // Warm up both paths (queue pair and window, TCP connections).
+    read(&rdma, addr, key, 0, 4096, BytesMut::new()).await;
+    read(&tcp, addr, key, 0, 4096, BytesMut::new()).await;
     for &size in &a.sizes {
         for (name, c) in [("rdma", &rdma), ("tcp", &tcp)] {
             let g = throughput(c, addr, key, size, a.depth, a.secs).await;
@@ -178,7 +227,8 @@ async fn main() {
         out.push((format!("{name}_4k_p50_us"), p50));
         out.push((format!("{name}_4k_p99_us"), p99));
     }
-    let calls_before = reader.stats().calls;
+    let reads_before = reader.stats();
+    let calls_before = reads_before.calls;
     for (name, c) in [("rdma", &rdma), ("tcp", &tcp)] {
         let (p50, p99) = rpc_latency(c, addr, a.lat_reads).await;
         out.push((format!("{name}_rpc_p50_us"), p50));
@@ -190,6 +240,10 @@ async fn main() {
         s.calls - calls_before,
         a.lat_reads as u64,
         "the RDMA client's calls went over TCP"
+    );
+    assert!(
+        s.reads > 0 && s.stale_grants == 0,
+        "the RDMA client's reads did not use grants: {s:?}"
     );
     out.push(("rdma_reads".into(), s.reads as f64));
     out.push(("rdma_calls".into(), s.calls as f64));

@@ -754,7 +754,7 @@ impl TransportUnderTest for Rdma {
         secret: ClusterSecret,
     ) -> std::io::Result<(Self::Server, SocketAddr)> {
         let dev = crate::rdma::Device::open(&Self::config("SHINGLE_RDMA_DEV0")).map_err(std::io::Error::other)?;
-        let export = crate::rdma::RdmaExport::new(dev, regions.clone(), &config);
+        let export = crate::rdma::RdmaExport::new(dev, &config);
         let router = export.routes(router);
         let s = crate::server::Server::bind(addr, config, secret, router, regions).await?;
         let a = s.local_addr();

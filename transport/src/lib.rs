@@ -39,6 +39,7 @@ pub mod rpc;
 pub mod server;
 pub mod status;
 mod trace;
+pub mod window;
 mod wire;
 
 pub use auth::ClusterSecret;
@@ -51,6 +52,7 @@ pub use region::{AccessError, RegionKey, RegionTable};
 pub use rpc::{CallOptions, RemoteRead, Rpc, RpcChannel};
 pub use server::{CallContext, Router, Server};
 pub use status::{Code, Status};
+pub use window::{Grant, Window};
 
 /// Names message kind `kind` after type `R` in metrics labels (`Lookup` rather than
 /// `0x0400`). Typed RPCs ([`Rpc`]) are named when registered or called; services with

@@ -632,24 +632,29 @@ impl RemoteRead for PeerClient {
             };
             return (Err(e.into()), buf);
         }
-        #[cfg(feature = "rdma")]
-        let buf = match self.inner.rdma.get() {
-            Some(r) => match r.read(self, peer, key, offset, len, buf).await {
-                Ok(out) => {
-                    if out.0.is_ok() {
-                        read_bytes("rdma", len);
-                    }
-                    return out;
-                }
-                Err(buf) => buf,
-            },
-            None => buf,
-        };
         let out = self.read_tcp(peer, key, offset, len, buf).await;
         if out.0.is_ok() {
             read_bytes("tcp", len);
         }
         out
+    }
+
+    async fn read_grant(
+        &self,
+        peer: SocketAddr,
+        grant: &crate::window::Grant,
+        buf: BytesMut,
+    ) -> Result<BytesMut, BytesMut> {
+        #[cfg(feature = "rdma")]
+        if let Some(r) = self.inner.rdma.get() {
+            let out = r.read_grant(self, peer, grant, buf).await;
+            if out.is_ok() {
+                read_bytes("rdma", grant.len);
+            }
+            return out;
+        }
+        let _ = (peer, grant);
+        Err(buf)
     }
 }
 

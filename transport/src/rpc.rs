@@ -83,6 +83,21 @@ pub trait RemoteRead: Send + Sync {
         len: u32,
         buf: BytesMut,
     ) -> impl Future<Output = ReadOutcome> + Send;
+
+    /// Reads the bytes of `grant`, which `peer` answered (over RDMA) to a request of
+    /// this client, with one RDMA READ on the connection that asked
+    /// ([`crate::window`]). `Err(buf)`: not read that way (no RDMA here, or the
+    /// connection was replaced, or the READ failed): the caller reads the bytes by
+    /// their region key instead.
+    fn read_grant(
+        &self,
+        peer: SocketAddr,
+        grant: &crate::window::Grant,
+        buf: BytesMut,
+    ) -> impl Future<Output = Result<BytesMut, BytesMut>> + Send {
+        let _ = (peer, grant);
+        std::future::ready(Err(buf))
+    }
 }
 
 /// Wire form of a TCP remote-read request.

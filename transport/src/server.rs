@@ -43,6 +43,9 @@ pub struct CallContext {
     pub kind: MsgKind,
     /// When the caller stops waiting, if it said.
     pub deadline: Option<Instant>,
+    /// The connection's read window, when the request came over RDMA: bytes placed
+    /// there are read by the caller with one RDMA READ ([`crate::window`]).
+    pub window: Option<Arc<dyn crate::window::Window>>,
 }
 
 /// A request handler for one message kind.
@@ -502,7 +505,7 @@ async fn serve_request(
         let result = match header.kind {
             MsgKind::PING => Ok(payload),
             MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
-            kind => dispatch(&shared.router, peer, principal, kind, deadline, payload).await,
+            kind => dispatch(&shared.router, peer, principal, None, kind, deadline, payload).await,
         };
         // A reply larger than its request needs more of the budget; one that cannot get
         // it in time is answered Overloaded (the caller retries or goes elsewhere).
@@ -558,6 +561,7 @@ pub(crate) async fn dispatch(
     router: &Router,
     peer: SocketAddr,
     principal: &Arc<Principal>,
+    window: Option<Arc<dyn crate::window::Window>>,
     kind: MsgKind,
     deadline: Option<Duration>,
     payload: Bytes,
@@ -594,7 +598,7 @@ pub(crate) async fn dispatch(
     let name = shingle_metrics::kind_name(kind.0);
     let _inflight = shingle_metrics::InFlight::new(&m.rpc_server_inflight);
     let started = Instant::now();
-    let r = handle(h, peer, principal, kind, deadline, payload).await;
+    let r = handle(h, peer, principal, window, kind, deadline, payload).await;
     m.rpc_server_seconds
         .get_or_create(&shingle_metrics::Kind { kind: name })
         .observe(started.elapsed().as_secs_f64());
@@ -612,6 +616,7 @@ async fn handle(
     h: &Arc<dyn Handler>,
     peer: SocketAddr,
     principal: &Arc<Principal>,
+    window: Option<Arc<dyn crate::window::Window>>,
     kind: MsgKind,
     deadline: Option<Duration>,
     payload: Bytes,
@@ -621,6 +626,7 @@ async fn handle(
         principal: principal.clone(),
         kind,
         deadline: deadline.map(|d| Instant::now() + d),
+        window,
     };
     let fut = CatchUnwind(h.handle(ctx, payload));
     match deadline {

@@ -1,14 +1,20 @@
-//! The RDMA remote-read path beyond the conformance suite: reads really go over RDMA,
-//! a queue-pair error is typed, that peer falls back to TCP (the read is redone there
-//! and gets TCP's answer), and a queue pair is re-established after the fallback.
+//! The RDMA paths beyond the conformance suite: RPCs go over RDMA SENDs; bytes a server
+//! grants in a connection's read window are read with one READ, handed back, and
+//! readable on that connection only (another connection's rkey is refused by the NIC);
+//! grants die with their connection; a queue-pair error is typed, that peer falls back
+//! to TCP, and a queue pair is set up again after the fallback.
 //! `#[ignore]`d: the guest rig (`fabric-tests/run.sh rdma`) runs them with
 //! `--include-ignored`; without a device they fail.
 #![cfg(feature = "rdma")]
 
 use bytes::{Bytes, BytesMut};
 use shingle_transport::conformance::{Rdma, TransportUnderTest, secret};
-use shingle_transport::rdma::{Device, RdmaError, RdmaReader};
-use shingle_transport::{AccessError, PeerClient, RegionTable, RemoteRead, Router, TransportConfig, TransportError};
+use shingle_transport::rdma::{Device, RdmaExport, RdmaReader, WINDOW_BYTES};
+use shingle_transport::{
+    CallContext, CallOptions, Grant, PeerClient, RegionTable, RemoteRead, Router, RpcChannel, Server, Status,
+    TransportConfig,
+};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,70 +31,151 @@ fn pattern(n: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs an RDMA device: runs in the guest rig (fabric-tests/run.sh rdma)"]
-async fn queue_pair_errors_are_typed_fall_back_to_tcp_and_reconnect() {
-    need_rdma();
+/// Asks the server to place `len` bytes of `pattern(len, seed)` in the caller's window.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PlaceMsg {
+    #[prost(uint32, tag = "1")]
+    pub len: u32,
+    #[prost(uint32, tag = "2")]
+    pub seed: u32,
+}
+
+/// The grant, when the request came over RDMA and the window had room.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Placed {
+    #[prost(message, optional, tag = "1")]
+    pub grant: Option<Grant>,
+}
+
+shingle_transport::rpc!(Place, 0x0F01, PlaceMsg, Placed);
+
+fn place_router() -> Router {
+    Router::new().rpc::<Place, _, _>(|ctx: CallContext, req: PlaceMsg| async move {
+        let bytes = pattern(req.len as usize, req.seed as u8);
+        Ok::<_, Status>(Placed {
+            grant: ctx.window.as_ref().and_then(|w| w.place(&bytes)),
+        })
+    })
+}
+
+/// A server with an RDMA export (kept, to close its clients) on the guest's first device.
+async fn serve() -> (Server, SocketAddr, Arc<RdmaExport>) {
+    let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV0")).expect("server device");
+    let config = TransportConfig::default();
+    let export = RdmaExport::new(dev, &config);
+    let router = export.routes(place_router());
     let regions = Arc::new(RegionTable::new());
-    let big = pattern(3 << 20, 1); // three bounce buffers: pieces in flight together
-    let k1 = regions.register(Bytes::from(big.clone()));
-    let (server, addr) = Rdma::serve(Router::new(), regions.clone(), TransportConfig::default(), secret())
+    let s = Server::bind("127.0.0.1:0".parse().expect("addr"), config, secret(), router, regions)
         .await
-        .expect("serve");
+        .expect("bind");
+    let a = s.local_addr();
+    (s, a, export)
+}
+
+/// A client on the guest's second device, falling back to TCP for `fallback` after an
+/// RDMA failure.
+fn client(fallback: Duration) -> (PeerClient, Arc<RdmaReader>) {
     let c = PeerClient::new(TransportConfig::default(), secret());
     let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
-    let reader = RdmaReader::with_fallback(dev, Duration::from_millis(300));
+    let reader = RdmaReader::with_fallback(dev, fallback);
     assert!(c.attach_rdma(reader.clone()));
+    (c, reader)
+}
 
-    let (r, buf) = c.read(addr, k1, 0, big.len() as u32, BytesMut::new()).await;
-    r.expect("whole region over RDMA");
-    assert!(buf[..] == big[..], "bytes read over RDMA differ");
-    let (r, buf) = c.read(addr, k1, 12_345, 777, buf).await;
-    r.expect("unaligned read");
-    assert_eq!(&buf[..], &big[12_345..12_345 + 777]);
-    assert_eq!(reader.stats().reads, 2, "both reads went over RDMA");
-    assert_eq!(c.fabric(addr), "rdma");
-
-    // The rkey of a revoked region is deregistered: the NIC refuses, a typed error.
-    assert!(regions.revoke(k1));
-    let (e, _) = reader
-        .read_rdma(&c, addr, k1, 0, 4096, BytesMut::new())
+async fn place(c: &PeerClient, addr: SocketAddr, len: usize, seed: u8) -> Option<Grant> {
+    let req = PlaceMsg {
+        len: len as u32,
+        seed: u32::from(seed),
+    };
+    c.call::<Place>(addr, &req, CallOptions::default())
         .await
-        .expect_err("read of a revoked region");
-    assert!(
-        matches!(&e, RdmaError::Completion { status, .. } if status.contains("RemoteAccess")),
-        "{e}"
-    );
+        .expect("place")
+        .grant
+}
 
-    // Through the RemoteRead API: a queue-pair error makes the peer fall back to TCP,
-    // the read is redone there and gets TCP's answer (stale key).
-    let k2 = regions.register(Bytes::from(pattern(64 << 10, 2)));
-    let (r, _) = c.read(addr, k2, 0, 100, BytesMut::new()).await;
-    r.expect("read k2");
-    assert!(regions.revoke(k2));
-    let (r, _) = c.read(addr, k2, 0, 100, BytesMut::new()).await;
-    assert!(
-        matches!(r, Err(TransportError::Access(AccessError::StaleGeneration { .. }))),
-        "{r:?}"
-    );
-    assert_eq!(reader.stats().fallbacks, 1);
-    assert_eq!(c.fabric(addr), "tcp");
-    let reads = reader.stats().reads;
-    let small = pattern(10_000, 3);
-    let k3 = regions.register(Bytes::from(small.clone()));
-    let (r, buf) = c.read(addr, k3, 0, 10_000, BytesMut::new()).await;
-    r.expect("read over TCP during the fallback");
-    assert_eq!(&buf[..], &small[..]);
-    assert_eq!(reader.stats().reads, reads, "the fallback read went over TCP");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs an RDMA device: runs in the guest rig (fabric-tests/run.sh rdma)"]
+async fn granted_bytes_take_one_read_come_back_and_stay_on_their_connection() {
+    need_rdma();
+    let (server, addr, export) = serve().await;
+    let (a, ra) = client(Duration::from_millis(300));
 
-    // After the fallback period a new queue pair is set up.
+    // Several bounce buffers' worth: pieces in flight together, one request before.
+    let big = pattern(3 << 20, 1);
+    let g = place(&a, addr, big.len(), 1).await.expect("a grant over RDMA");
+    assert_eq!(g.len as usize, big.len());
+    let buf = a.read_grant(addr, &g, BytesMut::new()).await.expect("read the grant");
+    assert!(buf[..] == big[..], "granted bytes read over RDMA differ");
+    assert_eq!((ra.stats().reads, ra.stats().calls), (1, 1), "one call, one read");
+    assert_eq!(export.windows(), 1);
+
+    // Read grants go back with the next request: many more bytes than the window
+    // holds pass through it, each with a grant.
+    let n = 3 * WINDOW_BYTES / (1 << 20);
+    for i in 0..n {
+        let want = pattern(1 << 20, i as u8);
+        let g = place(&a, addr, want.len(), i as u8)
+            .await
+            .expect("room after hand-backs");
+        let got = a.read_grant(addr, &g, BytesMut::new()).await.expect("read");
+        assert!(got[..] == want[..], "grant {i} differs");
+    }
+
+    // Grants not read hold their room: a full window answers without one.
+    let mut held = Vec::new();
+    while let Some(g) = place(&a, addr, 1 << 20, 7).await {
+        held.push(g);
+        assert!(held.len() <= WINDOW_BYTES >> 20, "more granted than the window holds");
+    }
+    assert_eq!(held.len(), WINDOW_BYTES >> 20);
+
+    // Another client's grant names another queue pair, in another protection domain.
+    let (b, rb) = client(Duration::from_millis(300));
+    let gb = place(&b, addr, 64 << 10, 9).await.expect("b's grant");
+    let got = b.read_grant(addr, &gb, BytesMut::new()).await.expect("b reads its own");
+    assert!(got[..] == pattern(64 << 10, 9)[..]);
+    assert_eq!(rb.stats().reads, 1);
+    assert_eq!(export.windows(), 2);
+    // Presented to a's queue pair as it is, it is not even tried.
+    let stale = ra.stats().stale_grants;
+    assert!(a.read_grant(addr, &gb, BytesMut::new()).await.is_err());
+    assert_eq!(ra.stats().stale_grants, stale + 1);
+    // Forged to name a's queue pair, the NIC refuses b's rkey there; a falls back to TCP.
+    let forged = Grant { qpn: held[0].qpn, ..gb };
+    let reads = ra.stats().reads;
+    assert!(
+        a.read_grant(addr, &forged, BytesMut::new()).await.is_err(),
+        "another connection's rkey"
+    );
+    assert_eq!(ra.stats().reads, reads);
+    assert_eq!(ra.stats().fallbacks, 1);
+    assert_eq!(a.fabric(addr), "tcp");
+    // During the fallback calls go over TCP: no window, no grant.
+    assert_eq!(place(&a, addr, 4096, 1).await, None);
+
+    // After the fallback period a new queue pair (and window) is set up; grants of the
+    // old one are not tried on it.
     tokio::time::sleep(Duration::from_millis(400)).await;
-    let (r, buf) = c.read(addr, k3, 100, 5_000, buf).await;
-    r.expect("read after reconnecting");
-    assert_eq!(&buf[..], &small[100..5_100]);
-    assert_eq!(reader.stats().reads, reads + 1, "back on RDMA");
-    assert_eq!(c.fabric(addr), "rdma");
-    Rdma::stop(server).await;
+    let g = place(&a, addr, 100_000, 3)
+        .await
+        .expect("a grant on the new queue pair");
+    assert_ne!(g.qpn, held[0].qpn);
+    let got = a.read_grant(addr, &g, BytesMut::new()).await.expect("read");
+    assert!(got[..] == pattern(100_000, 3)[..]);
+    assert!(a.read_grant(addr, &held[1], BytesMut::new()).await.is_err());
+    assert_eq!(a.fabric(addr), "rdma");
+
+    // Grants die with their connection: closed by the server (a revoked key), b's next
+    // read of a grant fails and b falls back.
+    let gb = place(&b, addr, 1 << 20, 4).await.expect("b's grant");
+    assert!(export.close_clients(|_| true) >= 2);
+    assert!(
+        b.read_grant(addr, &gb, BytesMut::new()).await.is_err(),
+        "closed connection"
+    );
+    assert_eq!(b.fabric(addr), "tcp");
+    server.shutdown().await;
+    assert_eq!(export.windows(), 0, "windows unpinned with their queue pairs");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -99,17 +186,18 @@ async fn a_peer_without_rdma_is_read_over_tcp() {
     let regions = Arc::new(RegionTable::new());
     let data = pattern(50_000, 4);
     let k = regions.register(Bytes::from(data.clone()));
-    let s = shingle_transport::Server::bind(
+    let s = Server::bind(
         "127.0.0.1:0".parse().expect("addr"),
         TransportConfig::default(),
         secret(),
-        Router::new(),
+        place_router(),
         regions,
     )
     .await
     .expect("bind");
     let addr = s.local_addr();
     let c = Rdma::client(TransportConfig::default(), secret());
+    assert_eq!(place(&c, addr, 1000, 1).await, None, "no window over TCP");
     let (r, buf) = c.read(addr, k, 10, 40_000, BytesMut::new()).await;
     r.expect("read");
     assert_eq!(&buf[..], &data[10..40_010]);
@@ -118,38 +206,21 @@ async fn a_peer_without_rdma_is_read_over_tcp() {
 }
 
 /// RPCs go over RDMA SENDs once a queue pair is up (large messages in several
-/// fragments, errors typed as over TCP); a region the server's NIC cannot register
-/// (a shared read-only file mapping on kernels before 6.2) is read over TCP while the
-/// peer stays on RDMA for everything else.
+/// fragments, errors typed as over TCP).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs an RDMA device: runs in the guest rig (fabric-tests/run.sh rdma)"]
-async fn rpcs_go_over_rdma_and_an_unpinnable_region_is_read_over_tcp() {
+async fn rpcs_go_over_rdma() {
     use shingle_transport::conformance::{Echo, EchoMsg, echo_router};
-    use shingle_transport::{CallOptions, Code, RpcChannel};
+    use shingle_transport::{Code, TransportError};
     use std::sync::atomic::{AtomicUsize, Ordering};
     need_rdma();
     let regions = Arc::new(RegionTable::new());
-    let mem = pattern(200_000, 5);
-    let kmem = regions.register(Bytes::from(mem.clone()));
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("region.bin");
-    let on_disk = pattern(1 << 20, 6);
-    std::fs::write(&path, &on_disk).expect("write");
-    let kfile = regions.register_file(&path).expect("map");
     let handled = Arc::new(AtomicUsize::new(0));
     let router = echo_router(handled.clone(), Arc::new(AtomicUsize::new(0)));
-    let (server, addr) = Rdma::serve(router, regions.clone(), TransportConfig::default(), secret())
+    let (server, addr) = Rdma::serve(router, regions, TransportConfig::default(), secret())
         .await
         .expect("serve");
-    let c = PeerClient::new(TransportConfig::default(), secret());
-    let dev = Device::open(&Rdma::config("SHINGLE_RDMA_DEV1")).expect("client device");
-    let reader = RdmaReader::new(dev);
-    assert!(c.attach_rdma(reader.clone()));
-
-    // The first read sets up the queue pair; calls then ride on it.
-    let (r, _) = c.read(addr, kmem, 0, 10, BytesMut::new()).await;
-    r.expect("read over RDMA");
-    let before = reader.stats();
+    let (c, reader) = client(shingle_transport::rdma::FALLBACK_FOR);
     for len in [0usize, 1, 4000, 100_000, 3 << 20] {
         let data = Bytes::from(pattern(len, len as u8));
         let req = EchoMsg {
@@ -172,24 +243,7 @@ async fn rpcs_go_over_rdma_and_an_unpinnable_region_is_read_over_tcp() {
         other => panic!("expected the handler's error, got {other:?}"),
     }
     assert_eq!(handled.load(Ordering::SeqCst), 6);
-    assert_eq!(reader.stats().calls, before.calls + 6, "every call went over RDMA");
-
-    // The file mapping: read correctly whichever way it goes, and never at the cost
-    // of the peer's RDMA.
-    let (r, buf) = c.read(addr, kfile, 4096, 65_536, BytesMut::new()).await;
-    r.expect("read of the file region");
-    assert!(buf[..] == on_disk[4096..4096 + 65_536], "file region bytes differ");
-    let s = reader.stats();
-    assert_eq!(s.fallbacks, 0, "the peer did not fall back");
-    assert_eq!(
-        s.reads + s.tcp_regions,
-        before.reads + before.tcp_regions + 1,
-        "one read, over RDMA or (unpinnable region) over TCP: {s:?}"
-    );
-    let (r, buf) = c.read(addr, kmem, 1000, 50_000, buf).await;
-    r.expect("memory region after the file region");
-    assert!(buf[..] == mem[1000..51_000]);
-    assert_eq!(reader.stats().reads, s.reads + 1, "still on RDMA");
+    assert_eq!(reader.stats().calls, 6, "every call went over RDMA");
     assert_eq!(c.fabric(addr), "rdma");
     Rdma::stop(server).await;
 }

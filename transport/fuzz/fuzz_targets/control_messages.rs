@@ -1,6 +1,7 @@
-//! Fuzzes the decoders of control payloads that arrive from peers: error replies and
+//! Fuzzes the decoders of control payloads that arrive from peers: error replies,
 //! remote-read requests (run against a real region table, so the NIC-style bounds
-//! checks are exercised with hostile values).
+//! checks are exercised with hostile values), and RDMA grant hand-backs (applied to a
+//! read window's allocator holding grants: hostile tokens free nothing but their own).
 #![no_main]
 
 use bytes::Bytes;
@@ -8,10 +9,21 @@ use libfuzzer_sys::fuzz_target;
 use shingle_transport::RegionTable;
 use shingle_transport::rpc::RemoteReadRequest;
 use shingle_transport::status::Status;
+use shingle_transport::window::{Release, WindowAlloc};
 
 fuzz_target!(|data: &[u8]| {
     let s = Status::decode(data);
     assert!(s.message.len() <= 64 * 1024 || !s.message.is_empty());
+    if let Ok(r) = <Release as prost::Message>::decode(data) {
+        let mut w = WindowAlloc::new(1 << 20);
+        let live: Vec<u64> = (1..=4u64).filter(|t| w.place(4096, *t).is_some()).collect();
+        assert_eq!(live.len(), 4);
+        for t in &r.tokens {
+            w.release(*t);
+        }
+        let kept = live.iter().filter(|t| !r.tokens.contains(t)).count() as u64;
+        assert_eq!(w.used(), kept * 4096);
+    }
     if let Ok(req) = <RemoteReadRequest as prost::Message>::decode(data) {
         let table = RegionTable::new();
         let key = table.register(Bytes::from_static(&[7u8; 4096]));

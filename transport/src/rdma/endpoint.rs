@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
 use sideway::ibverbs::completion::{BasicCompletionQueue, CompletionChannel, CompletionQueue, WorkCompletionStatus};
 use sideway::ibverbs::memory_region::MemoryRegion;
+use sideway::ibverbs::protection_domain::ProtectionDomain;
 use sideway::ibverbs::queue_pair::{
     BasicQueuePair, PostSendGuard, QueuePair, QueuePairAttribute, QueuePairState, SetScatterGatherEntry,
     WorkRequestFlags,
@@ -63,12 +64,12 @@ pub(crate) struct Buffer {
 }
 
 impl Buffer {
-    fn new(dev: &Device, len: usize) -> Result<Buffer, RdmaError> {
+    fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<Buffer, RdmaError> {
         let mem = vec![0u8; len].into_boxed_slice();
         // SAFETY: the heap block does not move when the box does; `Buffer` holds the only
         // handle to the registration and drops it before the memory, and the NIC touches
         // the memory only while a work request on it is posted (see the callers).
-        let mr = unsafe { dev.register(mem.as_ptr(), mem.len(), AccessFlags::LocalWrite) }
+        let mr = unsafe { super::register_in(pd, mem.as_ptr(), mem.len(), AccessFlags::LocalWrite) }
             .map_err(|e| RdmaError::Setup(format!("buffer: {e}")))?;
         Ok(Buffer { mr, mem })
     }
@@ -89,6 +90,8 @@ impl AsRawFd for ChannelFd {
 /// One queue pair and what it needs.
 pub(super) struct Endpoint {
     dev: Arc<Device>,
+    /// The queue pair's protection domain (its message buffers are registered there).
+    pd: Arc<ProtectionDomain>,
     qp: Mutex<BasicQueuePair>,
     cq: Arc<BasicCompletionQueue>,
     /// READs waiting for their completion.
@@ -122,6 +125,7 @@ impl Endpoint {
     /// the completion task.
     pub(super) fn start(
         dev: Arc<Device>,
+        pd: Arc<ProtectionDomain>,
         mut qp: BasicQueuePair,
         cq: Arc<BasicCompletionQueue>,
         channel: Arc<CompletionChannel>,
@@ -130,12 +134,13 @@ impl Endpoint {
     ) -> Result<Arc<Endpoint>, RdmaError> {
         let mut recv = Vec::with_capacity(RECV_BUFFERS);
         for i in 0..RECV_BUFFERS {
-            let b = Buffer::new(&dev, MESSAGE_BUFFER)?;
+            let b = Buffer::new(&pd, MESSAGE_BUFFER)?;
             post_recv(&mut qp, i, &b)?;
             recv.push(b);
         }
         let ep = Arc::new(Endpoint {
             dev,
+            pd,
             qp: Mutex::new(qp),
             cq,
             reads: Mutex::new(HashMap::new()),
@@ -250,7 +255,7 @@ impl Endpoint {
         }
         let mut bounce = match self.dev.bounce.lock().pop() {
             Some(b) => b,
-            None => Buffer::new(&self.dev, BOUNCE_BYTES)?,
+            None => Buffer::new(&self.dev.pd, BOUNCE_BYTES)?,
         };
         let id = self.next_read.fetch_add(1, Ordering::Relaxed) & ((1 << KIND_SHIFT) - 1);
         let (tx, rx) = oneshot::channel();
@@ -345,7 +350,7 @@ impl Endpoint {
         };
         let mut buf = match slot {
             Some(b) => b,
-            None => match Buffer::new(&self.dev, MESSAGE_BUFFER) {
+            None => match Buffer::new(&self.pd, MESSAGE_BUFFER) {
                 Ok(b) => b,
                 Err(e) => {
                     self.send.lock().1.push(idx);

@@ -34,7 +34,7 @@ mod export;
 mod reader;
 
 pub use endpoint::{BOUNCE_BYTES, MESSAGE_BUFFER};
-pub use export::RdmaExport;
+pub use export::{MAX_WINDOWS, RdmaExport, WINDOW_BYTES};
 pub use reader::{RdmaReader, RdmaStats};
 
 use crate::frame::MsgKind;
@@ -53,12 +53,9 @@ use std::time::Duration;
 /// How long a peer whose queue pair failed is read over TCP before RDMA is tried again.
 pub const FALLBACK_FOR: Duration = Duration::from_secs(30);
 
-/// The same after a remote access error: usually a region revoked between resolving its
-/// key and reading it (a staged shard evicted), not a sick fabric.
+/// The same after a remote access error: a grant the server's window no longer holds
+/// (the server closed the queue pair), not a sick fabric.
 pub const ACCESS_FALLBACK_FOR: Duration = Duration::from_secs(1);
-
-/// Resolved keys kept per reader (staged regions come and go; the oldest are dropped).
-const MAX_RESOLVED: usize = 4096;
 
 /// Send work requests in flight per queue pair.
 const SEND_DEPTH: u32 = endpoint::SEND_DEPTH;
@@ -68,8 +65,9 @@ const READ_DEPTH: u8 = 16;
 
 /// Message kind of the queue-pair handshake (transport-reserved).
 pub const RDMA_CONNECT: MsgKind = MsgKind(3);
-/// Message kind of region-key resolution (transport-reserved).
-pub const RDMA_RESOLVE: MsgKind = MsgKind(4);
+/// Message kind of a client handing grants back (transport-reserved; over RDMA only,
+/// one way: no reply).
+pub const RDMA_RELEASE: MsgKind = MsgKind(5);
 
 /// Which device and port to use.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -142,10 +140,6 @@ pub enum RdmaError {
     /// No completion within the deadline.
     #[error("no completion within {0:?}")]
     Timeout(Duration),
-    /// The server cannot register this region with its NIC: this region (not the
-    /// peer) is read over TCP.
-    #[error("the peer cannot register the region for RDMA: {0}")]
-    NotRegistrable(String),
 }
 
 // ---------------------------------------------------------------- wire
@@ -168,34 +162,6 @@ pub struct QpInfo {
     /// Active path MTU in bytes.
     #[prost(uint32, tag = "5")]
     pub mtu: u32,
-}
-
-/// A region key to resolve.
-#[derive(Clone, PartialEq, prost::Message)]
-pub struct ResolveRequest {
-    /// Region slot.
-    #[prost(uint32, tag = "1")]
-    pub region: u32,
-    /// Generation.
-    #[prost(uint32, tag = "2")]
-    pub generation: u32,
-    /// Length named by the key.
-    #[prost(uint64, tag = "3")]
-    pub key_len: u64,
-}
-
-/// Where a region is, for RDMA READ.
-#[derive(Clone, Copy, PartialEq, prost::Message)]
-pub struct Resolved {
-    /// Virtual address of byte 0.
-    #[prost(uint64, tag = "1")]
-    pub addr: u64,
-    /// Remote key.
-    #[prost(uint32, tag = "2")]
-    pub rkey: u32,
-    /// Readable bytes.
-    #[prost(uint64, tag = "3")]
-    pub len: u64,
 }
 
 // ---------------------------------------------------------------- device
@@ -306,26 +272,20 @@ impl Device {
         &self.name
     }
 
-    /// Registers `len` bytes at `ptr`.
-    ///
-    /// # Safety
-    /// The memory must stay valid (and, for local writes, exclusively ours) while the
-    /// returned region lives.
-    unsafe fn register(&self, ptr: *const u8, len: usize, access: AccessFlags) -> Result<Arc<MemoryRegion>, String> {
-        // SAFETY: forwarded to the caller.
-        unsafe { self.pd.reg_mr(ptr as usize, len.max(1), access) }.map_err(|e| {
-            let src = std::error::Error::source(&e)
-                .map(|s| format!(": {s}"))
-                .unwrap_or_default();
-            format!(
-                "{e}{src} ({len} bytes; registered memory is pinned: raise the memlock limit, e.g. \
-                 LimitMEMLOCK=infinity in the systemd unit or `ulimit -l unlimited`)"
-            )
-        })
+    /// A protection domain of its own (a server's queue pair for one client: its window's
+    /// rkey is then valid on that queue pair only).
+    fn new_pd(&self) -> Result<Arc<ProtectionDomain>, String> {
+        self.ctx.alloc_pd().map_err(|e| format!("protection domain: {e}"))
     }
 
-    /// A queue pair in INIT with a completion queue (and, for the initiator, a channel).
-    fn new_qp(&self, channel: Option<&Arc<CompletionChannel>>, access: AccessFlags) -> Result<NewQp, String> {
+    /// A queue pair in INIT in `pd` with a completion queue (and, for the initiator, a
+    /// channel).
+    fn new_qp(
+        &self,
+        pd: &Arc<ProtectionDomain>,
+        channel: Option<&Arc<CompletionChannel>>,
+        access: AccessFlags,
+    ) -> Result<NewQp, String> {
         let mut b = self.ctx.create_cq_builder();
         b.setup_cqe(SEND_DEPTH + endpoint::RECV_BUFFERS as u32 + 16);
         if let Some(ch) = channel {
@@ -333,8 +293,7 @@ impl Device {
         }
         let cq = b.build().map_err(|e| format!("completion queue: {e}"))?;
         let g = GenericCompletionQueue::from(cq.clone());
-        let mut qp = self
-            .pd
+        let mut qp = pd
             .create_qp_builder()
             .setup_max_send_wr(SEND_DEPTH)
             .setup_max_recv_wr(endpoint::RECV_BUFFERS as u32)
@@ -401,6 +360,29 @@ impl Device {
             .setup_max_read_atomic(READ_DEPTH);
         qp.modify(&attr).map_err(|e| format!("to RTS: {e}"))
     }
+}
+
+/// Registers `len` bytes at `ptr` in `pd`.
+///
+/// # Safety
+/// The memory must stay valid (and, for local writes, exclusively ours) while the
+/// returned region lives.
+unsafe fn register_in(
+    pd: &Arc<ProtectionDomain>,
+    ptr: *const u8,
+    len: usize,
+    access: AccessFlags,
+) -> Result<Arc<MemoryRegion>, String> {
+    // SAFETY: forwarded to the caller.
+    unsafe { pd.reg_mr(ptr as usize, len.max(1), access) }.map_err(|e| {
+        let src = std::error::Error::source(&e)
+            .map(|s| format!(": {s}"))
+            .unwrap_or_default();
+        format!(
+            "{e}{src} ({len} bytes; registered memory is pinned: raise the memlock limit, e.g. \
+             LimitMEMLOCK=infinity in the systemd unit or `ulimit -l unlimited`)"
+        )
+    })
 }
 
 struct NewQp {

@@ -1,17 +1,17 @@
 //! The client's RDMA side: a queue pair per peer carrying RPCs (fragmented SENDs) and
-//! one-sided READs of the peer's registered regions; per-peer fallback to TCP.
+//! one-sided READs of the bytes a peer granted in its read window; per-peer fallback to
+//! TCP.
 
 use super::endpoint::{BOUNCE_BYTES, Endpoint};
 use super::{
-    ACCESS_FALLBACK_FOR, Device, FALLBACK_FOR, MAX_RESOLVED, NewQp, QpInfo, RDMA_CONNECT, RDMA_RESOLVE, RdmaError,
-    ResolveRequest, Resolved, random_u64,
+    ACCESS_FALLBACK_FOR, Device, FALLBACK_FOR, NewQp, QpInfo, RDMA_CONNECT, RDMA_RELEASE, RdmaError, random_u64,
 };
 use crate::error::TransportError;
 use crate::frame::{Frame, FrameHeader, MsgKind, decode_frame};
 use crate::peer::PeerClient;
-use crate::region::RegionKey;
-use crate::rpc::{CallOptions, ReadOutcome};
+use crate::rpc::CallOptions;
 use crate::status::{Code, Status};
+use crate::window::{Grant, Release};
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 use sideway::ibverbs::AccessFlags;
@@ -28,17 +28,14 @@ use tracing::{Instrument, debug, info, info_span, warn};
 /// silent for that long (a dead peer fails the probe within about half a second).
 const PROBE_EVERY: Duration = Duration::from_millis(250);
 
-/// A client's RDMA side: queue pairs to peers, resolved keys, fallback state.
+/// A client's RDMA side: queue pairs to peers, fallback state.
 pub struct RdmaReader {
     dev: Arc<Device>,
     session: u64,
     peers: Mutex<HashMap<SocketAddr, PeerState>>,
-    /// Resolved keys by (peer, region, generation); `None`: the peer cannot register
-    /// that region with its NIC, so it is read over TCP.
-    resolved: Mutex<HashMap<(SocketAddr, u32, u32), Option<Resolved>>>,
     reads: AtomicU64,
     calls: AtomicU64,
-    tcp_regions: AtomicU64,
+    stale_grants: AtomicU64,
     fallbacks: AtomicU64,
     fallback_for: Duration,
     connecting: tokio::sync::Mutex<()>,
@@ -55,6 +52,10 @@ struct Peer {
     calls: Arc<Mutex<HashMap<u64, oneshot::Sender<Bytes>>>>,
     next_id: AtomicU64,
     permits: Semaphore,
+    /// The peer's queue pair number: grants name the queue pair they are valid on.
+    remote_qpn: u32,
+    /// Tokens of grants read, handed back before the next request.
+    released: Mutex<Vec<u64>>,
 }
 
 /// Why no queue pair could be had: an RDMA problem (use TCP), or the peer cannot be
@@ -91,9 +92,9 @@ pub struct RdmaStats {
     pub calls: u64,
     /// Times a peer fell back to TCP.
     pub fallbacks: u64,
-    /// Reads sent over TCP because the peer cannot register that region (the peer
-    /// stays on RDMA for other regions).
-    pub tcp_regions: u64,
+    /// Grants not read over RDMA because they were answered on a queue pair since
+    /// replaced (the caller read those bytes over TCP).
+    pub stale_grants: u64,
 }
 
 impl RdmaReader {
@@ -109,10 +110,9 @@ impl RdmaReader {
             dev,
             session: random_u64(),
             peers: Mutex::new(HashMap::new()),
-            resolved: Mutex::new(HashMap::new()),
             reads: AtomicU64::new(0),
             calls: AtomicU64::new(0),
-            tcp_regions: AtomicU64::new(0),
+            stale_grants: AtomicU64::new(0),
             fallbacks: AtomicU64::new(0),
             connecting: tokio::sync::Mutex::new(()),
         })
@@ -129,7 +129,7 @@ impl RdmaReader {
             reads: self.reads.load(Ordering::Relaxed),
             calls: self.calls.load(Ordering::Relaxed),
             fallbacks: self.fallbacks.load(Ordering::Relaxed),
-            tcp_regions: self.tcp_regions.load(Ordering::Relaxed),
+            stale_grants: self.stale_grants.load(Ordering::Relaxed),
         }
     }
 
@@ -148,7 +148,6 @@ impl RdmaReader {
             // Calls in flight finish (or fail) on it; new ones set up a new queue pair.
             debug!(%peer, "TCP connection closed; the next request sets up a new RDMA queue pair");
         }
-        self.forget_keys(peer);
     }
 
     /// An RPC over RDMA. `None`: not sent; the peer is on TCP for now (fallback, no
@@ -182,6 +181,10 @@ impl RdmaReader {
             let Ok(_permit) = p.permits.acquire().await else {
                 return Err(closed(peer, &p.ep.why()));
             };
+            if let Err(e) = self.hand_back(&p).await {
+                self.fall_back(peer, &e);
+                return Err(closed(peer, &e));
+            }
             let id = p.next_id.fetch_add(1, Ordering::Relaxed);
             let mut header = FrameHeader::request(kind, id);
             let left = timeout.saturating_sub(started.elapsed());
@@ -260,26 +263,41 @@ impl RdmaReader {
         self.peers.lock()
     }
 
-    /// Reads over RDMA. `Err(buf)`: the peer is on TCP for now (fallback in force, or
-    /// this read failed on RDMA and was not done): the caller reads over TCP.
-    pub(crate) async fn read(
+    /// Reads the bytes of `grant` — answered by `peer` to a request this reader sent
+    /// over RDMA — with one READ, and hands the grant back before the next request.
+    /// `Err(buf)`: not read over RDMA (no queue pair to `peer` now, or another one than
+    /// the grant's, or the READ failed and the peer falls back to TCP): the caller reads
+    /// the bytes another way.
+    pub async fn read_grant(
         &self,
         tcp: &PeerClient,
         peer: SocketAddr,
-        key: RegionKey,
-        offset: u64,
-        len: u32,
+        grant: &Grant,
         buf: BytesMut,
-    ) -> Result<ReadOutcome, BytesMut> {
-        if !self.uses_rdma(peer) {
+    ) -> Result<BytesMut, BytesMut> {
+        let Some(p) = self.ready(peer) else {
+            return Err(buf);
+        };
+        if p.remote_qpn != grant.qpn {
+            // Answered on a queue pair since replaced: its window is gone.
+            self.stale_grants.fetch_add(1, Ordering::Relaxed);
             return Err(buf);
         }
-        match self.try_read(tcp, peer, key, offset, len, buf).await {
-            Ok(out) => Ok(out),
-            // This region only: the peer stays on RDMA for the others.
-            Err((RdmaError::NotRegistrable(_), buf)) => {
-                self.tcp_regions.fetch_add(1, Ordering::Relaxed);
-                Err(buf)
+        let r = self
+            .read_on(
+                &p.ep,
+                grant.addr,
+                grant.rkey,
+                grant.len as usize,
+                tcp.config().request_timeout,
+                buf,
+            )
+            .await;
+        p.released.lock().push(grant.token);
+        match r {
+            Ok(buf) => {
+                self.reads.fetch_add(1, Ordering::Relaxed);
+                Ok(buf)
             }
             Err((e, buf)) => {
                 self.fall_back(peer, &e);
@@ -288,24 +306,21 @@ impl RdmaReader {
         }
     }
 
-    /// Reads over RDMA and reports RDMA failures as they are (no fallback): the typed
-    /// errors of the RDMA path, for tests and diagnostics.
-    pub async fn read_rdma(
-        &self,
-        tcp: &PeerClient,
-        peer: SocketAddr,
-        key: RegionKey,
-        offset: u64,
-        len: u32,
-        buf: BytesMut,
-    ) -> Result<ReadOutcome, (RdmaError, BytesMut)> {
-        let r = self.try_read(tcp, peer, key, offset, len, buf).await;
-        if let Err((e, _)) = &r
-            && !matches!(e, RdmaError::NotRegistrable(_))
-        {
-            self.drop_conn(peer, e);
+    /// Hands back the grants read on `p` since its last request (one message, sent
+    /// before the request: the peer frees them before it serves the request).
+    async fn hand_back(&self, p: &Peer) -> Result<(), RdmaError> {
+        let tokens = std::mem::take(&mut *p.released.lock());
+        if tokens.is_empty() {
+            return Ok(());
         }
-        r
+        let id = p.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = Frame {
+            header: FrameHeader::request(RDMA_RELEASE, id),
+            payload: Bytes::from(prost::Message::encode_to_vec(&Release { tokens })),
+        }
+        .encode()
+        .map_err(|e| RdmaError::Post(format!("release: {e}")))?;
+        p.ep.send_message(id, &frame).await
     }
 
     fn fall_back(&self, peer: SocketAddr, why: &RdmaError) {
@@ -324,7 +339,6 @@ impl RdmaReader {
             },
         );
         drop(peers);
-        self.forget_keys(peer);
         if !was_ready {
             return;
         }
@@ -337,65 +351,29 @@ impl RdmaReader {
         }
     }
 
-    fn drop_conn(&self, peer: SocketAddr, why: &RdmaError) {
-        let gone = self.peers_lock().remove(&peer);
-        if let Some(PeerState::Ready(p)) = gone {
-            debug!(%peer, error = %why, "RDMA queue pair dropped");
-            p.ep.close();
-        }
-        self.forget_keys(peer);
-    }
-
-    fn forget_keys(&self, peer: SocketAddr) {
-        self.resolved.lock().retain(|(p, _, _), _| *p != peer);
-    }
-
-    async fn try_read(
+    /// READs `len` bytes at (`addr`, `rkey`) on `ep` into `buf` (cleared first): one
+    /// READ per bounce buffer, all in flight at once.
+    async fn read_on(
         &self,
-        tcp: &PeerClient,
-        peer: SocketAddr,
-        key: RegionKey,
-        offset: u64,
-        len: u32,
+        ep: &Arc<Endpoint>,
+        addr: u64,
+        rkey: u32,
+        len: usize,
+        timeout: Duration,
         mut buf: BytesMut,
-    ) -> Result<ReadOutcome, (RdmaError, BytesMut)> {
-        let conn = match self.conn(tcp, peer).await {
-            Ok(c) => c,
-            Err(Failure::Rdma(e)) => return Err((e, buf)),
-            Err(Failure::Tcp(e)) => return Ok((Err(e), buf)),
-        };
-        let target = match self.resolve(tcp, peer, key).await {
-            Ok(Ok(r)) => r,
-            // The server refused the key: the same answer TCP gives.
-            Ok(Err(e)) => return Ok((Err(e), buf)),
-            Err(e) => return Err((e, buf)),
-        };
-        let end = offset + u64::from(len);
-        if end > target.len {
-            let e = crate::region::AccessError::OutOfBounds {
-                offset,
-                len: u64::from(len),
-                region_len: target.len,
-            };
-            return Ok((Err(e.into()), buf));
-        }
+    ) -> Result<BytesMut, (RdmaError, BytesMut)> {
         buf.clear();
-        buf.reserve(len as usize);
-        let timeout = tcp.config().request_timeout;
+        buf.reserve(len);
         let mut done = 0usize;
-        let total = len as usize;
+        let total = len;
         // The common case, one piece: straight into the caller's buffer. The READ runs in
         // a task of its own, so a caller dropping this future never frees memory the NIC
         // may still write.
         if total <= BOUNCE_BYTES {
-            let ep = conn.ep.clone();
-            let at = target.addr + offset;
-            let task = tokio::spawn(async move { ep.read_into(at, target.rkey, total, timeout, buf).await });
+            let ep = ep.clone();
+            let task = tokio::spawn(async move { ep.read_into(addr, rkey, total, timeout, buf).await });
             return match task.await {
-                Ok((Ok(()), buf)) => {
-                    self.reads.fetch_add(1, Ordering::Relaxed);
-                    Ok((Ok(()), buf))
-                }
+                Ok((Ok(()), buf)) => Ok(buf),
                 Ok((Err(e), buf)) => Err((e, buf)),
                 Err(e) => Err((RdmaError::Post(format!("read task: {e}")), BytesMut::new())),
             };
@@ -410,11 +388,10 @@ impl RdmaReader {
         let reads: Vec<_> = pieces
             .iter()
             .map(|&(at, n)| {
-                let conn = conn.ep.clone();
+                let ep = ep.clone();
                 tokio::spawn(async move {
                     let piece = BytesMut::with_capacity(n);
-                    conn.read_into(target.addr + offset + at as u64, target.rkey, n, timeout, piece)
-                        .await
+                    ep.read_into(addr + at as u64, rkey, n, timeout, piece).await
                 })
             })
             .collect();
@@ -427,60 +404,10 @@ impl RdmaReader {
                 Err(e) => failed = failed.or(Some(RdmaError::Post(format!("read task: {e}")))),
             }
         }
-        if let Some(e) = failed {
-            return Err((e, buf));
+        match failed {
+            Some(e) => Err((e, buf)),
+            None => Ok(buf),
         }
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        Ok((Ok(()), buf))
-    }
-
-    async fn resolve(
-        &self,
-        tcp: &PeerClient,
-        peer: SocketAddr,
-        key: RegionKey,
-    ) -> Result<Result<Resolved, TransportError>, RdmaError> {
-        let id = (peer, key.region, key.generation);
-        match self.resolved.lock().get(&id) {
-            Some(Some(r)) => return Ok(Ok(*r)),
-            Some(None) => return Err(RdmaError::NotRegistrable("as answered before".into())),
-            None => {}
-        }
-        let req = ResolveRequest {
-            region: key.region,
-            generation: key.generation,
-            key_len: key.len,
-        };
-        let payload = Bytes::from(prost::Message::encode_to_vec(&req));
-        match tcp.call_tcp(peer, RDMA_RESOLVE, payload, CallOptions::default()).await {
-            Ok(b) => {
-                let r: Resolved =
-                    prost::Message::decode(b).map_err(|e| RdmaError::Setup(format!("resolve reply: {e}")))?;
-                self.remember(id, Some(r));
-                Ok(Ok(r))
-            }
-            Err(TransportError::Remote { status, .. }) if status.code == Code::NotRegistrable => {
-                self.remember(id, None);
-                Err(RdmaError::NotRegistrable(status.message))
-            }
-            Err(TransportError::Remote { status, .. }) if crate::peer::is_access(&status) => {
-                Ok(Err(crate::peer::access_error(&status, key, 0, 0).into()))
-            }
-            Err(TransportError::Remote { status, .. }) if status.code == Code::UnknownKind => {
-                Err(RdmaError::NotOffered)
-            }
-            // Not an RDMA problem: the read's answer, as over TCP.
-            Err(e) => Ok(Err(e)),
-        }
-    }
-
-    fn remember(&self, id: (SocketAddr, u32, u32), target: Option<Resolved>) {
-        let mut cache = self.resolved.lock();
-        if cache.len() >= MAX_RESOLVED {
-            // Mostly keys of regions long revoked; re-resolving costs one RPC.
-            cache.clear();
-        }
-        cache.insert(id, target);
     }
 
     async fn conn(&self, tcp: &PeerClient, peer: SocketAddr) -> Result<Arc<Peer>, Failure> {
@@ -495,7 +422,7 @@ impl RdmaReader {
         let channel = CompletionChannel::new(&self.dev.ctx).map_err(|e| RdmaError::Setup(e.to_string()))?;
         let NewQp { mut qp, cq, psn } = self
             .dev
-            .new_qp(Some(&channel), AccessFlags::LocalWrite)
+            .new_qp(&self.dev.pd, Some(&channel), AccessFlags::LocalWrite)
             .map_err(RdmaError::Setup)?;
         let mine = self.dev.info(&qp, psn, self.session);
         let payload = Bytes::from(prost::Message::encode_to_vec(&mine));
@@ -515,6 +442,7 @@ impl RdmaReader {
         let max_message = tcp.config().max_frame_bytes as usize + crate::frame::HEADER_LEN;
         let ep = Endpoint::start(
             self.dev.clone(),
+            self.dev.pd.clone(),
             qp,
             cq,
             channel,
@@ -530,6 +458,8 @@ impl RdmaReader {
             calls,
             next_id: AtomicU64::new(1),
             permits: Semaphore::new(tcp.config().max_inflight_requests as usize),
+            remote_qpn: theirs.qpn,
+            released: Mutex::new(Vec::new()),
         });
         info!(%peer, device = %self.dev.name, qpn = theirs.qpn, "talking to this peer over RDMA");
         self.peers_lock().insert(peer, PeerState::Ready(p.clone()));
