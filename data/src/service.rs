@@ -500,3 +500,58 @@ where
             .rpc::<DeleteFile, _, _>(df)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use shingle_transport::Grant;
+    use shingle_transport::window::WindowAlloc;
+
+    /// A window in plain memory: what the RDMA export does, without the NIC.
+    #[derive(Debug)]
+    struct MemWindow {
+        alloc: Mutex<WindowAlloc>,
+        mem: Mutex<Vec<u8>>,
+        next: std::sync::atomic::AtomicU64,
+    }
+
+    impl Window for MemWindow {
+        fn place(&self, bytes: &[u8]) -> Option<Grant> {
+            let token = 1 + self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let len = u32::try_from(bytes.len()).ok()?;
+            let at = self.alloc.lock().place(len, token)?;
+            self.mem.lock()[at as usize..at as usize + bytes.len()].copy_from_slice(bytes);
+            Some(Grant {
+                addr: u64::from(at),
+                rkey: 1,
+                len,
+                token,
+                qpn: 1,
+            })
+        }
+    }
+
+    fn read(w: &MemWindow, g: &Grant) -> Vec<u8> {
+        w.mem.lock()[g.addr as usize..(g.addr + u64::from(g.len)) as usize].to_vec()
+    }
+
+    #[test]
+    fn a_stage_grants_the_range_asked_or_the_whole_payload() {
+        let w = MemWindow {
+            alloc: Mutex::new(WindowAlloc::new(1000)),
+            mem: Mutex::new(vec![0; 1000]),
+            next: Default::default(),
+        };
+        let payload = Bytes::from((0..600u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
+        let ask = |offset, len| StageShardRequest {
+            range_offset: offset,
+            range_len: len,
+            ..Default::default()
+        };
+        let g = grant(&w, &ask(100, 250), &payload).expect("a range");
+        assert_eq!(read(&w, &g), payload[100..350]);
+        let g = grant(&w, &ask(0, 0), &payload).expect("the whole payload");
+        assert_eq!(read(&w, &g), payload[..]);
+        assert_eq!(grant(&w, &ask(0, 0), &payload), None, "no room: no grant");
+    }
+}

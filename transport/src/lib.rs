@@ -12,6 +12,9 @@
 //! - [`region`] and [`rpc::RemoteRead`]: the remote-read verb. A server registers
 //!   memory or mmap'd files and hands out keys; a client reads (key, offset, len) into
 //!   a buffer it owns. Over TCP the server checks every read as an RDMA NIC would.
+//! - [`window`]: read windows — the bytes a server grants a client's RDMA connection,
+//!   read with one READ (the allocator is a pure core); `rdma` (feature `rdma`) holds
+//!   the queue pairs, protection domains and registrations around them.
 //! - [`health`]: phi-accrual failure detection and hedge delays per peer.
 //! - [`hedge`]: hedged requests over a list of candidates (one answer from any replica,
 //!   k answers from any k shards), tested in virtual time.

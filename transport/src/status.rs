@@ -33,9 +33,8 @@ pub enum Code {
     OutOfBounds = 9,
     /// The sender's cluster map is older than the server's.
     StaleEpoch = 10,
-    /// Remote read over RDMA: the server's NIC cannot register this region (for
-    /// example a shared read-only file mapping on a kernel before 6.2, which pins
-    /// pages for writing); read it over TCP.
+    /// Answered by servers before decision 0034 when their NIC could not register a
+    /// region for RDMA; no longer sent (kept so that the number is never reused).
     NotRegistrable = 11,
     /// The sender may no longer do this: its role passed to another node (a metadata
     /// coordinator whose partition has a new primary). Final for the sender.

@@ -1,19 +1,19 @@
 //! RDMA over RoCE reliable-connection queue pairs (cargo feature `rdma`).
 //!
-//! **What goes over RDMA**: RPCs and the remote-read verb. A request or reply is the
-//! same frame as over TCP ([`crate::frame`]: kind, id, deadline, trace context, crc),
-//! cut into fragments of one SEND each ([`crate::fragment`]) into receive buffers the
-//! peer keeps posted; remote reads are one-sided RDMA READs of the server's registered
-//! regions (staged shards, mmap'd chunk files) into registered buffers the client owns:
-//! the server's CPU does not touch those bytes.
+//! **What goes over RDMA**: RPCs and granted bytes. A request or reply is the same frame
+//! as over TCP ([`crate::frame`]: kind, id, deadline, trace context, crc), cut into
+//! fragments of one SEND each ([`crate::fragment`]) into receive buffers the peer keeps
+//! posted. Bytes a handler places in the caller's read window ([`crate::window`]) are
+//! answered as a [`crate::Grant`] and read by the client with one-sided RDMA READs into
+//! registered buffers it owns; the client hands read grants back in an [`RDMA_RELEASE`]
+//! message before its next request.
 //!
 //! **Setup** only through an authenticated TCP connection: the client creates an RC queue
-//! pair, sends its number, PSN and GID in an `RDMA_CONNECT` request; the server creates
-//! its side, moves it to ready-to-send and answers with its own. Region keys become
-//! (address, rkey) through `RDMA_RESOLVE`, which registers the region's memory (remote
-//! read only) the first time; revoking a region deregisters it, so a stale rkey gets a
-//! remote access error from the NIC, as the TCP path answers `StaleGeneration`. Those
-//! two requests always go over TCP.
+//! pair, sends its number, PSN and GID in an `RDMA_CONNECT` request (always over TCP);
+//! the server creates its side in a protection domain of the connection's own, moves it
+//! to ready-to-send and answers with its own. The connection's window (registered once,
+//! remote read only, in that protection domain, at its first use) is the only memory
+//! its rkey reaches, on that queue pair only; it is deregistered with the queue pair.
 //!
 //! **Completions** arrive on a completion channel whose file descriptor tokio watches
 //! ([`tokio::io::unix::AsyncFd`]); reads and calls wait on oneshots. **Buffers** are
