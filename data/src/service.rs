@@ -1,10 +1,12 @@
 //! The chunk service of a data node, on the transport.
 //!
 //! - `WriteShard`: append a shard durably (acknowledged only after group commit).
-//! - `StageShard`: find a shard version, verify it, and stage its payload in a registered
-//!   region; the reply carries the region key, so the client reads the bytes (all of
-//!   them, or just the byte range it asked for) with the remote-read verb (one-sided
-//!   RDMA READ where there is RDMA) and verifies the crc32c of what it read end to end.
+//! - `StageShard`: find a shard version, verify it, and stage its payload in a region
+//!   registered for its file; the reply carries the region key (and over RDMA a grant of
+//!   the asked range in the caller's read window), so the client reads the bytes (all
+//!   of them, or just the byte range it asked for) with one RDMA READ of the grant, or
+//!   the remote-read verb over TCP (a client key showing its capability again), and
+//!   verifies the crc32c of what it read end to end.
 //!   Staged payloads are an LRU cache bounded in bytes; evicting one revokes its key,
 //!   and a rewrite or delete of that version revokes it at once. Versions are immutable
 //!   and stored side by side (see the store), so a new version never disturbs readers
@@ -102,7 +104,7 @@ impl StageCache {
                 self.used = self.used.saturating_sub(r.len);
             }
         }
-        let r = regions.register(payload.clone());
+        let r = regions.register_for(payload.clone(), vk.0.ino);
         self.used += r.len;
         self.entries.insert(vk, (r, crc, payload));
         self.order.push_back(vk);
@@ -427,7 +429,8 @@ where
         Ok(RepairShardResponse { bytes: len })
     }
 
-    /// The service's handlers, to merge into a node's router.
+    /// The service's handlers, to merge into a node's router, with the capability key
+    /// remote reads of staged shards by client keys are checked with.
     pub fn router(self: &Arc<Self>) -> Router {
         let s = self.clone();
         let w = move |ctx: CallContext, r: WriteShardRequest| {
@@ -490,14 +493,20 @@ where
                 })
             }
         };
-        Router::new()
+        let router = Router::new()
             .rpc::<WriteShard, _, _>(w)
             .rpc::<StageShard, _, _>(rs)
             .rpc::<DeleteShard, _, _>(d)
             .rpc::<Scrub, _, _>(sc)
             .rpc::<RepairShard, _, _>(rp)
             .rpc::<Stat, _, _>(st)
-            .rpc::<DeleteFile, _, _>(df)
+            .rpc::<DeleteFile, _, _>(df);
+        // Staged shards are registered for their file: a client key reads one over TCP
+        // only with a capability for that file, as it stages it.
+        match &self.caps {
+            Some(k) => router.region_caps(k.clone()),
+            None => router,
+        }
     }
 }
 

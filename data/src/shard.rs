@@ -95,7 +95,7 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
                 Err(back) => buf = back,
             }
         }
-        let (res, buf) = client.read(node, r.key(), off, want, buf).await;
+        let (res, buf) = client.read_capped(node, r.key(), cap.clone(), off, want, buf).await;
         match res {
             Ok(()) => {
                 if crc32c::crc32c(&buf) != r.range_crc {

@@ -13,18 +13,19 @@
 
 mod common;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use common::{Cluster, SecondMount, Spec, pattern, tool};
 use shingle_data::shard::{ShardReadError, read_shard};
 use shingle_data::wire::{
-    DeleteShard, DeleteShardRequest, Scrub, ScrubRequest, ShardId, WriteShard, WriteShardRequest,
+    DeleteShard, DeleteShardRequest, Scrub, ScrubRequest, ShardId, StageShard, StageShardRequest, WriteShard,
+    WriteShardRequest,
 };
 use shingle_meta::agent::{MapWatch, WatchConfig};
 use shingle_meta::ids::Ino;
 use shingle_meta::manager::rpc::{Propose, ProposeRequest};
 use shingle_meta::meta_client::MetaClient;
 use shingle_meta::namespace::{Creds, Errno, FileKind};
-use shingle_transport::{CallOptions, ClusterSecret, Code, PeerClient, RpcChannel, TransportConfig};
+use shingle_transport::{CallOptions, ClusterSecret, Code, PeerClient, RemoteRead, RpcChannel, TransportConfig};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -480,7 +481,7 @@ async fn shards_need_a_capability_for_their_file(cluster: &Cluster, admin: &Meta
         stripe: 0,
         shard: holder as u32,
     };
-    for cap in [Bytes::new(), own_cap] {
+    for cap in [Bytes::new(), own_cap.clone()] {
         let r = read_shard(&tcp, addr, id, version, &cap).await;
         let refused = matches!(&r, Err(ShardReadError::Transport(e)) if e.status().map(|s| s.code) == Some(Code::PermissionDenied));
         assert!(refused, "staging f.bin's shard without its capability: {r:?}");
@@ -488,6 +489,33 @@ async fn shards_need_a_capability_for_their_file(cluster: &Cluster, admin: &Meta
     read_shard(&tcp, addr, id, version, &read_cap)
         .await
         .expect("f.bin's shard, with its read capability");
+    // Its staged region's key alone, or with another file's capability, reads nothing
+    // over TCP: a client key shows the file's capability with the read too.
+    let stage = StageShardRequest {
+        id: Some(id),
+        version,
+        cap: read_cap.clone(),
+        ..Default::default()
+    };
+    let staged = tcp
+        .call::<StageShard>(addr, &stage, CallOptions::default())
+        .await
+        .expect("stage f.bin's shard");
+    let len = u32::try_from(staged.region_len).expect("a shard's length");
+    for cap in [Bytes::new(), own_cap] {
+        let (r, _) = tcp.read_capped(addr, staged.key(), cap, 0, len, BytesMut::new()).await;
+        assert_eq!(
+            r.expect_err("a staged region without f.bin's capability")
+                .status()
+                .map(|s| s.code),
+            Some(Code::PermissionDenied)
+        );
+    }
+    let (r, buf) = tcp
+        .read_capped(addr, staged.key(), read_cap.clone(), 0, len, BytesMut::new())
+        .await;
+    r.expect("the staged region, with f.bin's capability");
+    assert_eq!(crc32c::crc32c(&buf), staged.crc);
     let r = tcp
         .call::<WriteShard>(
             node,

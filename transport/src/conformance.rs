@@ -482,8 +482,9 @@ pub async fn wrong_secret_refused<T: TransportUnderTest>() {
 }
 
 /// A client key is who it says (the handler sees its identity), may send only what
-/// the server's guard allows (nothing without a guard), and may always use the
-/// transport's own verbs.
+/// the server's guard allows (nothing without a guard), and reads a region remotely
+/// only when it was registered for an object and the key shows a read capability for
+/// that object.
 pub async fn client_keys_pass_the_guard<T: TransportUnderTest>() {
     use crate::auth::{Identity, Principal};
     let reader = Identity::new("reader", 1).expect("id");
@@ -495,10 +496,11 @@ pub async fn client_keys_pass_the_guard<T: TransportUnderTest>() {
         .await
         .expect_err("refused");
     assert_eq!(e.status().map(|s| s.code), Some(Code::PermissionDenied), "{e}");
+    // A region registered for no object is read by the cluster's nodes only.
     let region = rig.regions.register(pattern(100, 0));
-    let (r, buf) = client.read(rig.addr, region, 0, 10, BytesMut::new()).await;
-    r.expect("transport reads are open");
-    assert_eq!(&buf[..], &pattern(100, 0)[..10]);
+    let (r, _) = client.read(rig.addr, region, 0, 10, BytesMut::new()).await;
+    let e = r.expect_err("a client key reads no plain region");
+    assert_eq!(e.status().map(|s| s.code), Some(Code::PermissionDenied), "{e}");
     assert_eq!(
         rig.calls.load(Ordering::SeqCst),
         0,
@@ -517,13 +519,32 @@ pub async fn client_keys_pass_the_guard<T: TransportUnderTest>() {
             Principal::Client(id) if id.name == "reader" => Ok(()),
             _ => Err(Status::new(Code::PermissionDenied, "not reader")),
         }));
-    let (server, addr) = T::serve(router, Arc::new(RegionTable::new()), quick(), secret())
+    // Regions registered for an object: a client key reads one with a read capability
+    // for that object, signed with the server's key; the cluster with the key alone.
+    let caps = crate::cap::CapKey::derive(&secret()).expect("cap key");
+    let regions = Arc::new(RegionTable::new());
+    let shard = regions.register_for(pattern(100, 1), 7);
+    let (server, addr) = T::serve(router.region_caps(caps.clone()), regions, quick(), secret())
         .await
         .expect("start server");
     let client = T::client(quick(), key);
     echo(&client, addr, Bytes::from_static(b"x"), 0)
         .await
         .expect("reader may echo");
+    let now = crate::cap::unix_now();
+    let cap = |object| Bytes::from(caps.mint(object, crate::cap::Right::Read, now).to_bytes());
+    for (shown, what) in [(Bytes::new(), "no capability"), (cap(8), "another object's capability")] {
+        let (r, _) = client.read_capped(addr, shard, shown, 0, 10, BytesMut::new()).await;
+        let e = r.expect_err(what);
+        assert_eq!(e.status().map(|s| s.code), Some(Code::PermissionDenied), "{what}: {e}");
+    }
+    let (r, buf) = client.read_capped(addr, shard, cap(7), 5, 10, BytesMut::new()).await;
+    r.expect("with the object's capability");
+    assert_eq!(&buf[..], &pattern(100, 1)[5..15]);
+    let (r, _) = T::client(quick(), secret())
+        .read(addr, shard, 0, 10, BytesMut::new())
+        .await;
+    r.expect("the cluster reads with the key alone");
     let other = T::client(
         quick(),
         secret()

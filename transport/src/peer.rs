@@ -621,7 +621,15 @@ impl PeerClient {
 }
 
 impl RemoteRead for PeerClient {
-    async fn read(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
+    async fn read_capped(
+        &self,
+        peer: SocketAddr,
+        key: RegionKey,
+        cap: Bytes,
+        offset: u64,
+        len: u32,
+        buf: BytesMut,
+    ) -> ReadOutcome {
         // The checks the NIC would make on our side: the key bounds the range.
         let in_bounds = offset.checked_add(u64::from(len)).is_some_and(|end| end <= key.len);
         if !in_bounds {
@@ -632,7 +640,7 @@ impl RemoteRead for PeerClient {
             };
             return (Err(e.into()), buf);
         }
-        let out = self.read_tcp(peer, key, offset, len, buf).await;
+        let out = self.read_tcp(peer, key, cap, offset, len, buf).await;
         if out.0.is_ok() {
             read_bytes("tcp", len);
         }
@@ -666,7 +674,15 @@ fn read_bytes(fabric: &'static str, len: u32) {
 }
 
 impl PeerClient {
-    async fn read_tcp(&self, peer: SocketAddr, key: RegionKey, offset: u64, len: u32, buf: BytesMut) -> ReadOutcome {
+    async fn read_tcp(
+        &self,
+        peer: SocketAddr,
+        key: RegionKey,
+        cap: Bytes,
+        offset: u64,
+        len: u32,
+        buf: BytesMut,
+    ) -> ReadOutcome {
         let max = self.inner.config.max_frame_bytes;
         if len > max {
             return (Err(TransportError::TooLarge { len: len as usize, max }), buf);
@@ -677,6 +693,7 @@ impl PeerClient {
             key_len: key.len,
             offset,
             len,
+            cap,
         };
         let payload = Bytes::from(prost::Message::encode_to_vec(&req));
         match self

@@ -51,6 +51,9 @@ pub enum AccessError {
 struct Slot {
     generation: u32,
     data: Option<Bytes>,
+    /// The object (e.g. a file's inode) the region holds bytes of, when registered for
+    /// one: a client key reads it only with a capability for that object.
+    object: Option<u64>,
 }
 
 /// The table of registered regions of one server.
@@ -76,8 +79,20 @@ impl RegionTable {
         Self::default()
     }
 
-    /// Registers memory and returns the key that reads it.
+    /// Registers memory and returns the key that reads it. Only the cluster's own nodes
+    /// may read such a region remotely (see [`RegionTable::register_for`]).
     pub fn register(&self, data: Bytes) -> RegionKey {
+        self.insert(data, None)
+    }
+
+    /// Registers memory holding bytes of `object` (a file's inode): a caller with a
+    /// client key reads it remotely only by showing a capability for that object
+    /// ([`crate::cap`]); the cluster's nodes read it with the key alone.
+    pub fn register_for(&self, data: Bytes, object: u64) -> RegionKey {
+        self.insert(data, Some(object))
+    }
+
+    fn insert(&self, data: Bytes, object: Option<u64>) -> RegionKey {
         let mut t = self.slots.write();
         let len = data.len() as u64;
         let region = match t.free.pop() {
@@ -87,6 +102,7 @@ impl RegionTable {
                 t.slots.push(Slot {
                     generation: 0,
                     data: None,
+                    object: None,
                 });
                 idx
             }
@@ -94,6 +110,7 @@ impl RegionTable {
         let slot = &mut t.slots[region as usize];
         slot.generation = slot.generation.wrapping_add(1);
         slot.data = Some(data);
+        slot.object = object;
         RegionKey {
             region,
             generation: slot.generation,
@@ -120,6 +137,7 @@ impl RegionTable {
         }
         slot.generation = slot.generation.wrapping_add(1);
         slot.data = None;
+        slot.object = None;
         t.free.push(key.region);
         drop(t);
         for hook in self.revoke_hooks.read().iter() {
@@ -141,6 +159,7 @@ impl RegionTable {
                 Some(Slot {
                     data: Some(d),
                     generation,
+                    ..
                 }) if *generation == key.generation => d.len() as u64,
                 Some(_) => {
                     return Err(AccessError::StaleGeneration {
@@ -167,6 +186,16 @@ impl RegionTable {
 
     /// Checks a read as the NIC would and returns the bytes it may see.
     pub fn access(&self, key: RegionKey, offset: u64, len: u64) -> Result<Bytes, AccessError> {
+        self.access_with_object(key, offset, len).map(|(b, _)| b)
+    }
+
+    /// As [`RegionTable::access`], with the object the region was registered for.
+    pub fn access_with_object(
+        &self,
+        key: RegionKey,
+        offset: u64,
+        len: u64,
+    ) -> Result<(Bytes, Option<u64>), AccessError> {
         let t = self.slots.read();
         let slot = t
             .slots
@@ -183,7 +212,7 @@ impl RegionTable {
         };
         let region_len = (data.len() as u64).min(key.len);
         match offset.checked_add(len) {
-            Some(end) if end <= region_len => Ok(data.slice(offset as usize..end as usize)),
+            Some(end) if end <= region_len => Ok((data.slice(offset as usize..end as usize), slot.object)),
             _ => Err(AccessError::OutOfBounds {
                 offset,
                 len,
@@ -244,6 +273,17 @@ mod tests {
         assert!(matches!(t.access(k1, 0, 1), Err(AccessError::StaleGeneration { .. })));
         assert_eq!(&t.access(k2, 0, 6).expect("new key")[..], b"second");
         assert_eq!(t.len(), 1);
+    }
+
+    #[test]
+    fn a_region_remembers_its_object_until_its_slot_is_reused() {
+        let t = RegionTable::new();
+        let k = t.register_for(Bytes::from_static(b"shard"), 42);
+        assert_eq!(t.access_with_object(k, 0, 5).expect("read").1, Some(42));
+        assert!(t.revoke(k));
+        let k2 = t.register(Bytes::from_static(b"plain"));
+        assert_eq!(k2.region, k.region);
+        assert_eq!(t.access_with_object(k2, 0, 5).expect("read").1, None);
     }
 
     #[test]

@@ -74,11 +74,27 @@ pub type ReadOutcome = (Result<(), TransportError>, BytesMut);
 /// One-sided read of a registered region on a peer.
 pub trait RemoteRead: Send + Sync {
     /// Reads `len` bytes at `offset` of the region `key` on `peer` into `buf` (cleared
-    /// first; on success `buf.len() == len`).
+    /// first; on success `buf.len() == len`), showing no capability: what the cluster's
+    /// own nodes do.
     fn read(
         &self,
         peer: SocketAddr,
         key: RegionKey,
+        offset: u64,
+        len: u32,
+        buf: BytesMut,
+    ) -> impl Future<Output = ReadOutcome> + Send {
+        self.read_capped(peer, key, Bytes::new(), offset, len, buf)
+    }
+
+    /// As [`RemoteRead::read`], showing `cap`, a read capability for the object the
+    /// region holds bytes of ([`crate::RegionTable::register_for`]): what a caller with
+    /// a client key needs (empty: none).
+    fn read_capped(
+        &self,
+        peer: SocketAddr,
+        key: RegionKey,
+        cap: Bytes,
         offset: u64,
         len: u32,
         buf: BytesMut,
@@ -118,6 +134,9 @@ pub struct RemoteReadRequest {
     /// Bytes to read.
     #[prost(uint32, tag = "5")]
     pub len: u32,
+    /// A read capability for the region's object, from a caller with a client key.
+    #[prost(bytes = "bytes", tag = "6")]
+    pub cap: Bytes,
 }
 
 impl RemoteReadRequest {

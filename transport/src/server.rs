@@ -76,6 +76,9 @@ pub struct Router {
     guard: Option<Guard>,
     /// Run by [`Server::shutdown`] with the grace period (e.g. draining RDMA queue pairs).
     shutdown_hooks: Vec<ShutdownHook>,
+    /// Checks the capabilities client keys show to read regions registered for an
+    /// object; none: client keys read no region.
+    region_caps: Option<crate::cap::CapKey>,
 }
 
 /// Work a graceful shutdown waits for, given the grace period.
@@ -145,6 +148,14 @@ impl Router {
         self
     }
 
+    /// Lets client keys read a region registered for an object
+    /// ([`RegionTable::register_for`]) when they show a read capability for that object
+    /// signed with `key` ([`crate::cap`]).
+    pub fn region_caps(mut self, key: crate::cap::CapKey) -> Self {
+        self.region_caps = Some(key);
+        self
+    }
+
     /// Merges another router's handlers into this one.
     ///
     /// # Panics
@@ -158,6 +169,7 @@ impl Router {
             assert!(self.guard.is_none(), "two guards merged");
             self.guard = Some(g);
         }
+        self.region_caps = self.region_caps.or(other.region_caps);
         self.shutdown_hooks.extend(other.shutdown_hooks);
         self
     }
@@ -504,7 +516,7 @@ async fn serve_request(
         let deadline = (header.timeout_ms > 0).then(|| Duration::from_millis(u64::from(header.timeout_ms)));
         let result = match header.kind {
             MsgKind::PING => Ok(payload),
-            MsgKind::REMOTE_READ => serve_remote_read(shared, &payload),
+            MsgKind::REMOTE_READ => serve_remote_read(shared, principal, &payload),
             kind => dispatch(&shared.router, peer, principal, None, kind, deadline, payload).await,
         };
         // A reply larger than its request needs more of the budget; one that cannot get
@@ -640,7 +652,9 @@ async fn handle(
     }
 }
 
-fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
+/// A remote read: the NIC-style checks, then for a client key a capability for the
+/// region's object (a region registered for none is read only by the cluster's nodes).
+fn serve_remote_read(shared: &Shared, principal: &Principal, payload: &[u8]) -> Result<Bytes, Status> {
     let req = <RemoteReadRequest as prost::Message>::decode(payload)
         .map_err(|e| Status::new(Code::InvalidRequest, format!("cannot decode remote read: {e}")))?;
     if req.len > shared.config.max_frame_bytes {
@@ -649,10 +663,21 @@ fn serve_remote_read(shared: &Shared, payload: &[u8]) -> Result<Bytes, Status> {
             format!("remote read of {} bytes exceeds the frame limit", req.len),
         ));
     }
-    let bytes = shared
+    let (bytes, object) = shared
         .regions
-        .access(req.key(), req.offset, u64::from(req.len))
+        .access_with_object(req.key(), req.offset, u64::from(req.len))
         .map_err(|e| Status::from(&e))?;
+    if matches!(principal, Principal::Client(_)) {
+        let refused = |why: String| Status::new(Code::PermissionDenied, format!("remote read: {why}"));
+        let Some(object) = object else {
+            return Err(refused("this region is read only by the cluster's nodes".into()));
+        };
+        let Some(caps) = &shared.router.region_caps else {
+            return Err(refused("this server takes no capabilities".into()));
+        };
+        caps.check(&req.cap, object, crate::cap::Right::Read, crate::cap::unix_now())
+            .map_err(|e| refused(e.to_string()))?;
+    }
     shingle_metrics::get()
         .remote_read_served_bytes
         .inc_by(bytes.len() as u64);
