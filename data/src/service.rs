@@ -112,31 +112,11 @@ impl StageCache {
     }
 }
 
-/// A staged shard: the reply so far and the payload it names.
+/// A staged shard: the reply so far and the bytes it asks for (the asked range, or the
+/// whole payload when no range was asked).
 struct Staged {
     reply: StageShardResponse,
-    payload: Bytes,
-}
-
-impl std::ops::Deref for Staged {
-    type Target = StageShardResponse;
-    fn deref(&self) -> &StageShardResponse {
-        &self.reply
-    }
-}
-
-/// Places the asked range of a staged payload (all of it when no range was asked) in
-/// the caller's read window; `None` when the window has no room (the caller then reads
-/// the range over TCP by the region key).
-fn grant(w: &dyn Window, req: &StageShardRequest, payload: &Bytes) -> Option<shingle_transport::Grant> {
-    let range = if req.range_len == 0 {
-        payload.clone()
-    } else {
-        payload.slice(req.range_offset as usize..(req.range_offset + req.range_len) as usize)
-    };
-    let g = w.place(&range);
-    Span::current().record("granted", g.is_some());
-    g
+    range: Bytes,
 }
 
 /// The chunk service of one node.
@@ -251,13 +231,15 @@ where
         window: Option<&dyn Window>,
     ) -> Result<StageShardResponse, Status> {
         let span = shard_span!("data.stage", req.id, bytes = Empty, staged = Empty, granted = Empty);
-        let mut r = self.stage_inner(&req).instrument(span.clone()).await?;
+        let Staged { mut reply, range } = self.stage_inner(&req).instrument(span.clone()).await?;
         if let Some(w) = window
-            && r.data.is_empty()
+            && reply.data.is_empty()
         {
-            r.reply.grant = span.in_scope(|| grant(w, &req, &r.payload));
+            // No room: no grant, and the caller reads the range by the region key.
+            reply.grant = w.place(&range);
+            span.record("granted", reply.grant.is_some());
         }
-        Ok(r.reply)
+        Ok(reply)
     }
 
     async fn stage_inner(&self, req: &StageShardRequest) -> Result<Staged, Status> {
@@ -284,8 +266,8 @@ where
             }
         };
         let mut data = Bytes::new();
-        let range_crc = if req.range_len == 0 {
-            crc
+        let (range_crc, range) = if req.range_len == 0 {
+            (crc, payload)
         } else {
             let end = req.range_offset.checked_add(req.range_len).filter(|e| *e <= r.len);
             let Some(end) = end else {
@@ -300,9 +282,9 @@ where
             let range = payload.slice(req.range_offset as usize..end as usize);
             let c = crc32c::crc32c(&range);
             if req.inline && req.range_len <= INLINE_MAX {
-                data = range;
+                data = range.clone();
             }
-            c
+            (c, range)
         };
         Span::current().record("bytes", r.len);
         Ok(Staged {
@@ -316,7 +298,7 @@ where
                 data,
                 grant: None,
             },
-            payload,
+            range,
         })
     }
 
@@ -513,8 +495,11 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use shingle_transport::Grant;
+    use crate::store::StoreOptions;
+    use crate::zone::Geometry;
+    use crate::zone::file::FileZonedDevice;
     use shingle_transport::window::WindowAlloc;
+    use shingle_transport::{ClusterSecret, Grant, PeerClient, TransportConfig};
 
     /// A window in plain memory: what the RDMA export does, without the NIC.
     #[derive(Debug)]
@@ -544,23 +529,65 @@ mod tests {
         w.mem.lock()[g.addr as usize..(g.addr + u64::from(g.len)) as usize].to_vec()
     }
 
-    #[test]
-    fn a_stage_grants_the_range_asked_or_the_whole_payload() {
+    /// A data node's service over a file-emulated zoned device holding one shard.
+    fn service(dir: &std::path::Path, key: ChunkKey, payload: &[u8]) -> Arc<ChunkService<FileZonedDevice, PeerClient>> {
+        let geometry = Geometry {
+            zone_count: 8,
+            zone_capacity: 1 << 20,
+            block_size: 4096,
+            max_open_zones: 0,
+        };
+        let dev = FileZonedDevice::open_or_create(&dir.join("dev"), geometry).expect("device");
+        let store = ChunkStore::open(dev, &dir.join("index.redb"), StoreOptions::default()).expect("store");
+        store.put(key, 1, payload, crc32c::crc32c(payload)).expect("put");
+        let peers = PeerClient::new(TransportConfig::default(), ClusterSecret::generate().expect("secret"));
+        ChunkService::new(Arc::new(store), Arc::new(RegionTable::new()), 1 << 20, peers, None)
+    }
+
+    #[tokio::test]
+    async fn a_stage_over_rdma_grants_the_range_asked_or_the_whole_payload() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = ChunkKey {
+            ino: 9,
+            stripe: 0,
+            shard: 1,
+        };
+        let payload: Vec<u8> = (0..600u32).map(|i| (i * 7) as u8).collect();
+        let svc = service(dir.path(), key, &payload);
         let w = MemWindow {
             alloc: Mutex::new(WindowAlloc::new(1000)),
             mem: Mutex::new(vec![0; 1000]),
             next: Default::default(),
         };
-        let payload = Bytes::from((0..600u32).map(|i| (i * 7) as u8).collect::<Vec<u8>>());
-        let ask = |offset, len| StageShardRequest {
+        let ask = |offset, len, inline| StageShardRequest {
+            id: Some(ShardId {
+                ino: key.ino,
+                stripe: key.stripe,
+                shard: u32::from(key.shard),
+            }),
+            version: 1,
             range_offset: offset,
             range_len: len,
-            ..Default::default()
+            inline,
+            cap: Bytes::new(),
         };
-        let g = grant(&w, &ask(100, 250), &payload).expect("a range");
+        let r = svc
+            .stage_shard(ask(100, 250, false), Some(&w))
+            .await
+            .expect("stage a range");
+        let g = r.grant.expect("a range over RDMA is granted");
         assert_eq!(read(&w, &g), payload[100..350]);
-        let g = grant(&w, &ask(0, 0), &payload).expect("the whole payload");
-        assert_eq!(read(&w, &g), payload[..]);
-        assert_eq!(grant(&w, &ask(0, 0), &payload), None, "no room: no grant");
+        assert_eq!(crc32c::crc32c(&read(&w, &g)), r.range_crc);
+        let r = svc.stage_shard(ask(0, 0, false), Some(&w)).await.expect("stage it all");
+        assert_eq!(read(&w, &r.grant.expect("the whole payload")), payload);
+        let r = svc.stage_shard(ask(0, 10, true), Some(&w)).await.expect("inline");
+        assert_eq!((r.data.len(), r.grant), (10, None), "answered inline: nothing to grant");
+        let r = svc
+            .stage_shard(ask(0, 0, false), Some(&w))
+            .await
+            .expect("a full window");
+        assert_eq!(r.grant, None, "no room: no grant, the region key still answers");
+        let r = svc.stage_shard(ask(0, 0, false), None).await.expect("over TCP");
+        assert_eq!(r.grant, None);
     }
 }

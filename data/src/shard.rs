@@ -82,27 +82,22 @@ pub async fn read_shard_range<C: RpcChannel + RemoteRead>(
             .ok()
             .filter(|w| *w <= crate::chunk::MAX_CHUNK_PAYLOAD)
             .ok_or(ShardReadError::Checksum(id))?;
-        let mut buf = BytesMut::with_capacity(want as usize);
-        if let Some(g) = r.grant.filter(|g| g.len == want) {
-            // Placed for us over RDMA: one READ, no further request.
-            match client.read_grant(node, &g, buf).await {
-                Ok(got) => {
-                    if crc32c::crc32c(&got) != r.range_crc {
-                        return Err(ShardReadError::Checksum(id));
-                    }
-                    return Ok(got.freeze());
-                }
-                Err(back) => buf = back,
+        let buf = BytesMut::with_capacity(want as usize);
+        // Placed for us over RDMA: one READ, no further request; else by the region key.
+        let buf = match r.grant.filter(|g| g.len == want) {
+            Some(g) => client.read_grant(node, &g, buf).await,
+            None => Err(buf),
+        };
+        let read = match buf {
+            Ok(got) => Ok(got),
+            Err(buf) => {
+                let (res, buf) = client.read_capped(node, r.key(), cap.clone(), off, want, buf).await;
+                res.map(|()| buf)
             }
-        }
-        let (res, buf) = client.read_capped(node, r.key(), cap.clone(), off, want, buf).await;
-        match res {
-            Ok(()) => {
-                if crc32c::crc32c(&buf) != r.range_crc {
-                    return Err(ShardReadError::Checksum(id));
-                }
-                return Ok(buf.freeze());
-            }
+        };
+        match read {
+            Ok(buf) if crc32c::crc32c(&buf) == r.range_crc => return Ok(buf.freeze()),
+            Ok(_) => return Err(ShardReadError::Checksum(id)),
             Err(TransportError::Access(_)) if attempt < 3 => continue,
             Err(e) => return Err(e.into()),
         }

@@ -149,6 +149,27 @@ impl ServerWindow {
         })
     }
 
+    fn place(&self, bytes: &[u8]) -> Option<Grant> {
+        let len = u32::try_from(bytes.len()).ok()?;
+        // Tokens no client can guess: only the client this grant is answered to can
+        // hand the range back, and only after the copy below (it learns the token from
+        // the answer).
+        let token = random_u64();
+        let at = self.alloc.lock().place(len, token)?;
+        // SAFETY: [at, at + len) is inside the block (the allocator's bound) and ours
+        // alone until the token is released (see above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.ptr.as_ptr().add(at as usize), bytes.len());
+        }
+        Some(Grant {
+            addr: self.mem.ptr.as_ptr() as u64 + u64::from(at),
+            rkey: self.mr.rkey(),
+            len,
+            token,
+            qpn: self.qpn,
+        })
+    }
+
     fn release(&self, tokens: &[u64]) {
         let mut a = self.alloc.lock();
         for t in tokens {
@@ -223,29 +244,6 @@ impl LazyWindow {
 impl Window for LazyWindow {
     fn place(&self, bytes: &[u8]) -> Option<Grant> {
         self.get()?.place(bytes)
-    }
-}
-
-impl ServerWindow {
-    fn place(&self, bytes: &[u8]) -> Option<Grant> {
-        let len = u32::try_from(bytes.len()).ok()?;
-        // Tokens no client can guess: only the client this grant is answered to can
-        // hand the range back, and only after the copy below (it learns the token from
-        // the answer).
-        let token = random_u64();
-        let at = self.alloc.lock().place(len, token)?;
-        // SAFETY: [at, at + len) is inside the block (the allocator's bound) and ours
-        // alone until the token is released (see above).
-        unsafe {
-            std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.mem.ptr.as_ptr().add(at as usize), bytes.len());
-        }
-        Some(Grant {
-            addr: self.mem.ptr.as_ptr() as u64 + u64::from(at),
-            rkey: self.mr.rkey(),
-            len,
-            token,
-            qpn: self.qpn,
-        })
     }
 }
 
