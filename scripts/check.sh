@@ -51,23 +51,33 @@ cargo nextest run --workspace --no-fail-fast
 # The stall bounds of issue 15 on a release build (the nextest run checks a debug build
 # against bounds five times wider): no read or lookup over 100 ms and no write over
 # 500 ms in any phase after the first kill. A run that broke an invariant (a failed
-# operation, a lost file) fails at once. A run that kept them all but missed a bound
-# exits 3 and is measured again, up to three runs in all: this machine is shared, and
-# a process descheduled for a few hundred milliseconds is not a stall of ours.
+# operation, a lost or corrupt file) fails at once. A run that kept them all but missed
+# a bound exits 3 and is measured again, up to five runs in all: this machine is
+# shared, and with two data nodes down a read needs every surviving shard (nothing is
+# left to hedge with), so its longest read over ~2,500 is the scheduling tail of eight
+# node processes on two cores, often 70-90 ms (docs/benchmarks.md, "Failover stall
+# bounds in CI"). What each run missed is listed at the end.
 step "failover stall bounds on a release build (shingle bench failover)"
 cargo build --release -p shingle
 failover_bounds() {
   target/release/shingle bench failover --files 16 --file-kib 1024 --phase-secs 5 \
     --max-read-stall-ms 100 --max-write-stall-ms 500
 }
-for try in 1 2 3; do
+missed=""
+failover_log=$(mktemp)
+for try in 1 2 3 4 5; do
   rc=0
-  failover_bounds || rc=$?
+  failover_bounds >"$failover_log" 2>&1 || rc=$?
+  cat "$failover_log"
   [ "$rc" = 0 ] && break
   [ "$rc" = 3 ] || fail "shingle bench failover broke an invariant (exit $rc)"
-  [ "$try" = 3 ] && fail "shingle bench failover missed its stall bounds in three runs"
+  missed="$missed
+  run $try:$(sed -n '/^Error: stall bounds missed/,$p' "$failover_log" | tail -n +2 | tr -s ' \n' ' ')"
+  [ "$try" = 5 ] && fail "shingle bench failover missed its stall bounds in five runs:$missed"
   echo "check: run $try missed a stall bound (every invariant held); measuring again"
 done
+rm -f "$failover_log"
+[ -z "$missed" ] || echo "check: stall bounds met on run $try; earlier runs missed:$missed"
 
 # The Python package (python/): built with maturin into a virtual environment and
 # tested with pytest against a `shingle dev` cluster and its mount.

@@ -182,6 +182,30 @@ struct Log {
     errors: Mutex<Vec<String>>,
     /// Files the writer got acknowledged: (name, seed, len).
     acked: Mutex<Vec<(String, u64, usize)>>,
+    /// Host scheduling gaps: (when the probe woke, s since t0; ms it woke late).
+    gaps: Mutex<Vec<(f64, f64)>>,
+}
+
+/// How late a 1 ms sleep may wake before it counts as a host scheduling gap (ms).
+const GAP_MS: f64 = 2.0;
+
+/// Watches how the host schedules this process: a thread sleeps 1 ms at a time and
+/// logs each wake more than [`GAP_MS`] late, until `stop`. Such a gap delays every
+/// operation the bench times, whatever the cluster does, so a stall that misses a
+/// bound is printed with the longest gap of its phase: a phase with a 100 ms gap says
+/// the machine, not Shingle, stood still. It excuses nothing: the bounds are checked
+/// against the times measured.
+fn watch_host(log: Arc<Log>, stop: Arc<AtomicBool>, t0: Instant) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        while !stop.load(Ordering::Relaxed) {
+            let t = Instant::now();
+            std::thread::sleep(Duration::from_millis(1));
+            let late = t.elapsed().as_secs_f64() * 1e3 - 1.0;
+            if late > GAP_MS {
+                log.gaps.lock().push((t0.elapsed().as_secs_f64(), late));
+            }
+        }
+    })
 }
 
 fn push(v: &Mutex<Vec<Sample>>, s: Sample) {
@@ -415,6 +439,22 @@ struct Phase {
     writes: usize,
     failed_writes: usize,
     write_max_ms: f64,
+    /// The longest host scheduling gap the bench saw in the phase (see [`watch_host`]).
+    host_gap_ms: f64,
+}
+
+impl Phase {
+    /// How long the host left this process unscheduled in the phase, when it did.
+    fn gap_note(&self) -> String {
+        if self.host_gap_ms > 0.0 {
+            format!(
+                "; this process was not run for up to {:.1} ms in the phase",
+                self.host_gap_ms
+            )
+        } else {
+            String::new()
+        }
+    }
 }
 
 /// The phases whose longest read, lookup or write broke a bound (none when unset).
@@ -424,14 +464,18 @@ fn stall_problems(phases: &[Phase], read_ms: Option<f64>, write_ms: Option<f64>)
         if let Some(max) = read_ms {
             if p.read_max_ms > max {
                 out.push(format!(
-                    "{}: a read took {:.1} ms (bound {max} ms)",
-                    p.name, p.read_max_ms
+                    "{}: a read took {:.1} ms (bound {max} ms){}",
+                    p.name,
+                    p.read_max_ms,
+                    p.gap_note()
                 ));
             }
             if p.lookup_max_ms > max {
                 out.push(format!(
-                    "{}: a lookup took {:.1} ms (bound {max} ms)",
-                    p.name, p.lookup_max_ms
+                    "{}: a lookup took {:.1} ms (bound {max} ms){}",
+                    p.name,
+                    p.lookup_max_ms,
+                    p.gap_note()
                 ));
             }
         }
@@ -439,8 +483,10 @@ fn stall_problems(phases: &[Phase], read_ms: Option<f64>, write_ms: Option<f64>)
             && p.write_max_ms > max
         {
             out.push(format!(
-                "{}: a write took {:.1} ms (bound {max} ms)",
-                p.name, p.write_max_ms
+                "{}: a write took {:.1} ms (bound {max} ms){}",
+                p.name,
+                p.write_max_ms,
+                p.gap_note()
             ));
         }
     }
@@ -470,6 +516,13 @@ fn phase(name: &'static str, log: &Log, from: f64, to: f64) -> Phase {
         writes: w.len(),
         failed_writes: w.iter().filter(|s| !s.ok).count(),
         write_max_ms: max(&w),
+        host_gap_ms: log
+            .gaps
+            .lock()
+            .iter()
+            .filter(|(at, _)| *at >= from && *at < to)
+            .map(|(_, ms)| *ms)
+            .fold(0.0, f64::max),
     }
 }
 
@@ -768,10 +821,12 @@ async fn read_back(
 
 /// The per-phase table on stdout.
 fn print_phases(phases: &[Phase]) {
-    println!("phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail  max ms");
+    println!(
+        "phase              secs  reads fail  p50 ms   max ms   MiB/s  lookups fail max ms  writes fail  max ms  host gap"
+    );
     for p in phases {
         println!(
-            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4} {:7.1}",
+            "{:<17} {:5.1} {:6} {:4} {:7.1} {:8.1} {:7.1} {:8} {:4} {:6.1} {:7} {:4} {:7.1} {:9.1}",
             p.name,
             p.secs,
             p.reads,
@@ -784,7 +839,8 @@ fn print_phases(phases: &[Phase]) {
             p.lookup_max_ms,
             p.writes,
             p.failed_writes,
-            p.write_max_ms
+            p.write_max_ms,
+            p.host_gap_ms
         );
     }
 }
@@ -934,8 +990,10 @@ pub async fn run(a: FailoverBenchArgs) -> Result<()> {
         .collect();
     tasks.push(load.prober(rig.meta.clone(), rig.pre));
     tasks.push(load.writer(rig.client.clone(), rig.wdir));
+    let host = watch_host(load.log.clone(), load.stop.clone(), load.t0);
     let mut faults = rig.faults(&a, load.t0, tmp.path()).await?;
     let hung = load.stop(tasks, a.readers).await;
+    let _ = host.join();
     let health_after = cluster_health(&rig.client).await;
     let figures = Figures::of(&load.log, &faults.marks, faults.killed_at);
     let checks = rig.checks(&a, &load.log, &mut faults, tmp.path()).await?;
@@ -1423,6 +1481,7 @@ mod tests {
                 read_max_ms: 101.0,
                 lookup_max_ms: 3.0,
                 write_max_ms: 501.0,
+                host_gap_ms: 42.0,
                 ..Phase::default()
             },
         ];
@@ -1432,6 +1491,9 @@ mod tests {
         assert!(got[0].starts_with("one-data-down: a lookup took 120.0 ms"), "{got:?}");
         assert!(got[1].starts_with("leader-down: a read took 101.0 ms"), "{got:?}");
         assert!(got[2].starts_with("leader-down: a write took 501.0 ms"), "{got:?}");
+        // The phase's host scheduling gap is named beside the miss, where there was one.
+        assert!(got[2].ends_with("not run for up to 42.0 ms in the phase"), "{got:?}");
+        assert!(got[0].ends_with("(bound 100 ms)"), "{got:?}");
         assert_eq!(stall_problems(&phases, Some(200.0), Some(600.0)), Vec::<String>::new());
     }
 }
