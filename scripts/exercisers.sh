@@ -25,6 +25,8 @@
 #                                   EXDEV tests (default: the first of /tmp /dev/shm /var/tmp
 #                                   not on the filesystem under test)
 #   EXERCISERS_LOG_DIR=DIR          logs and configs (default: a new /tmp/exercisers.XXXXXX)
+#   EXERCISERS_ANY_FS=1             test MOUNT even if it is not a mount point (e.g. a local
+#                                   filesystem, for comparison); without it that is refused
 #
 # Features the filesystem lacks are simply not enabled for pjdfstest (its features are
 # opt-in): posix_fallocate, chflags, nfsv4_acls, stat_st_birthtime, chflags_sf_snapshot.
@@ -66,8 +68,13 @@ esac
 
 [ -d "$MNT" ] || die "$MNT is not a directory (mount a Shingle filesystem there first, or use scripts/with-dev-mount.sh)"
 MNT=$(cd "$MNT" && pwd -P)
+# A directory that is not a mount point (a mount that died, or was never made) would
+# test the filesystem under it and pass: refuse, unless that is what is asked for
+# (EXERCISERS_ANY_FS=1, e.g. to compare with a local filesystem).
 if ! mountpoint -q "$MNT"; then
-  echo "exercisers: warning: $MNT is not a mount point; testing the filesystem it is on ($(stat -f -c %T "$MNT"))" >&2
+  [ "${EXERCISERS_ANY_FS:-0}" = 1 ] ||
+    die "$MNT is not a mount point (the filesystem there is $(stat -f -c %T "$MNT")); mount Shingle there, use scripts/with-dev-mount.sh, or set EXERCISERS_ANY_FS=1 to test that filesystem"
+  echo "exercisers: $MNT is not a mount point; testing the filesystem it is on ($(stat -f -c %T "$MNT")) as asked" >&2
 fi
 
 # Check every needed tool before running anything.
