@@ -151,6 +151,9 @@ pub struct Metrics {
     /// Callers' writes those batches carried: writes to one partition that arrive
     /// while its batch is out share the next one.
     pub meta_batch_writes: Counter,
+    /// Client operations that reached a partition's primary while its copy was still
+    /// taking over and waited there for it to serve.
+    pub meta_op_serve_waits: Counter,
     /// Map epochs a meta node learned of together and adopted one by one from the
     /// managers' history (its copies that stayed members kept serving).
     pub meta_map_epochs_stepped: Counter,
@@ -223,6 +226,7 @@ impl Metrics {
             meta_store_writes: Counter::default(),
             meta_batches: Counter::default(),
             meta_batch_writes: Counter::default(),
+            meta_op_serve_waits: Counter::default(),
             meta_store_checkpoints: Counter::default(),
             meta_map_epochs_stepped: Counter::default(),
             meta_map_epochs_skipped: Counter::default(),
@@ -444,6 +448,11 @@ impl Metrics {
             "meta_batch_writes",
             "Callers' writes carried by the batches this node led (several share one when they arrive together)",
             self.meta_batch_writes.clone(),
+        );
+        r.register(
+            "meta_op_serve_waits",
+            "Client operations that waited at a partition's new primary for its takeover to end",
+            self.meta_op_serve_waits.clone(),
         );
         r.register(
             "meta_store_checkpoints",

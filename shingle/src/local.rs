@@ -322,6 +322,31 @@ impl LocalNode {
         }
     }
 
+    /// Stops the process without ending it (SIGSTOP): its sockets stay open and its
+    /// connections accept requests, but it answers nothing until it gets SIGCONT (at
+    /// [`LocalNode::pid`]) — a node that hangs, not one that died.
+    pub fn freeze(&self) -> Result<()> {
+        self.signal("-STOP")
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, sig: &str) -> Result<()> {
+        let child = self.child.as_ref().context("node process not running")?;
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .with_context(|| format!("kill {sig} node {}", self.id))?
+            .success();
+        if !ok {
+            bail!("kill {sig} node {} failed", self.id);
+        }
+        Ok(())
+    }
+
     /// Starts it again with the same config (after [`LocalNode::kill`] or `stop`).
     pub fn restart(&mut self, spec: &LocalSpec) -> Result<()> {
         self.kill();

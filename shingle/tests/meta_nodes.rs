@@ -861,3 +861,110 @@ async fn writers_of_one_directory_share_its_batches_and_lose_nothing() {
         "no batch carried two writes ({writes} writes, {batches} batches)"
     );
 }
+
+/// An operation that reaches a partition's primary while it is still taking over
+/// waits there for the copy to serve, instead of bouncing `EAGAIN` back into the
+/// client's doubling back-off (a create once waited 515 ms of back-off for a takeover
+/// of ~320 ms). The primary restarts unnoticed (as in the test above: it must take
+/// over again in a new reign) while a member hangs (SIGSTOP, not dead: the map keeps
+/// it Up), so the takeover cannot end; the chmod must be answered once the member runs
+/// again, and the primary must count it among the operations that waited there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operation_at_a_primary_taking_over_waits_for_it_to_serve() {
+    use shingle_meta::ids::NodeId;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let base = common::free_run(3);
+    let mut cluster = Cluster::start_with_metrics(
+        tmp.path(),
+        Spec {
+            nodes: 3,
+            managers: 1,
+            data: false,
+            partitions: 4,
+            // The restart and the hanging member go unnoticed: the map stays.
+            down_after_ms: 30_000,
+            data_toml: "",
+            zones: (16, "16MiB"),
+            node_toml: "",
+            manager_toml: "down_on_refused = false\n",
+        },
+        base,
+    );
+    let c = cluster.client().await;
+    cluster.wait_ready(&c).await;
+    let r = root();
+    let f = c
+        .mknod(&r, Ino::ROOT, b"f", FileKind::File, 0o644, 0, None)
+        .await
+        .expect("create f")
+        .ino;
+    let p = f.partition();
+    let epoch = c.view().map.epoch;
+    let members = c.view().members(p);
+    assert_eq!(members.len(), 3, "every node holds {p:?}: {members:?}");
+    let (primary, hangs) = (members[0], members[1]);
+    let node = |n: NodeId| n.0 as usize - 1;
+    cluster.local.nodes[node(primary)].kill();
+    cluster.local.nodes[node(hangs)].freeze().expect("SIGSTOP");
+    let hanging = cluster.local.nodes[node(hangs)].pid().expect("pid");
+
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let chmod = {
+        let (c, r, answered) = (c.clone(), r.clone(), answered.clone());
+        tokio::spawn(async move {
+            let set = SetAttr {
+                perm: Some(0o600),
+                ..SetAttr::default()
+            };
+            let got = c.setattr(&r, f, set).await;
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            got
+        })
+    };
+    // The member runs again after long enough for the chmod to reach the restarted
+    // primary while its takeover waits for it.
+    let thaw = {
+        let answered = answered.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(3));
+            let early = answered.load(std::sync::atomic::Ordering::SeqCst);
+            let ok = std::process::Command::new("kill")
+                .args(["-CONT", &hanging.to_string()])
+                .status()
+                .is_ok_and(|s| s.success());
+            (early, ok)
+        })
+    };
+    // A restarted node is started once it caught up: after the thaw.
+    tokio::task::block_in_place(|| cluster.restart(node(primary)));
+    let (early, thawed) = thaw.join().expect("thaw thread");
+    assert!(thawed, "SIGCONT");
+    assert!(!early, "the chmod was answered before the takeover could end");
+    let attr = tokio::time::timeout(Duration::from_secs(30), chmod)
+        .await
+        .expect("the chmod is answered once the takeover ends")
+        .expect("join")
+        .expect("chmod");
+    assert_eq!(attr.perm & 0o7777, 0o600);
+    assert_eq!(
+        c.view().map.epoch,
+        epoch,
+        "the map stayed (else this tests a new primary)"
+    );
+
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], base + primary.0 as u16));
+    let (status, body) = common::http_get(addr, "/metrics").expect("scrape");
+    assert_eq!(status, 200);
+    let waits = body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("shingle_meta_op_serve_waits_total ")?
+                .parse::<f64>()
+                .ok()
+        })
+        .expect("shingle_meta_op_serve_waits_total on the primary");
+    assert!(
+        waits >= 1.0,
+        "the chmod did not wait at the primary for its takeover ({waits})"
+    );
+}
