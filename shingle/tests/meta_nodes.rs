@@ -397,26 +397,28 @@ async fn kill_nodes_mid_workload_loses_no_acknowledged_operation() {
 /// were numbered (epoch, lsn from 0), the members still on the first acknowledged the
 /// second's batches without applying them, and a later change of primary lost
 /// acknowledged creates (seen in the netns rig: entries gone, inodes left).
+/// Three metadata nodes, four partitions, whose restarts and hangs the managers do not
+/// notice: Down only after 30 s of silence, and no report of refused connections marks
+/// a node Down either, so the map stays.
+fn unnoticed_restarts(managers: usize) -> Spec {
+    Spec {
+        nodes: 3,
+        managers,
+        data: false,
+        partitions: 4,
+        down_after_ms: 30_000,
+        data_toml: "",
+        zones: (16, "16MiB"),
+        node_toml: "",
+        manager_toml: "down_on_refused = false\n",
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_restarted_unnoticed_starts_a_reign_its_members_follow() {
     use shingle_meta::service::wire::{Read, ReadOp, call};
     let tmp = tempfile::tempdir().expect("tmp");
-    let mut cluster = Cluster::start(
-        tmp.path(),
-        Spec {
-            nodes: 3,
-            managers: 3,
-            data: false,
-            partitions: 4,
-            // Long enough that the restart below goes unnoticed: the map stays (and no
-            // report of its refused connections marks it Down either).
-            down_after_ms: 30_000,
-            data_toml: "",
-            zones: (16, "16MiB"),
-            node_toml: "",
-            manager_toml: "down_on_refused = false\n",
-        },
-    );
+    let mut cluster = Cluster::start(tmp.path(), unnoticed_restarts(3));
     let c = cluster.client().await;
     cluster.wait_ready(&c).await;
     let r = root();
@@ -876,18 +878,8 @@ async fn an_operation_at_a_primary_taking_over_waits_for_it_to_serve() {
     let base = common::free_run(3);
     let mut cluster = Cluster::start_with_metrics(
         tmp.path(),
-        Spec {
-            nodes: 3,
-            managers: 1,
-            data: false,
-            partitions: 4,
-            // The restart and the hanging member go unnoticed: the map stays.
-            down_after_ms: 30_000,
-            data_toml: "",
-            zones: (16, "16MiB"),
-            node_toml: "",
-            manager_toml: "down_on_refused = false\n",
-        },
+        // The restart and the hanging member go unnoticed: the map stays.
+        unnoticed_restarts(1),
         base,
     );
     let c = cluster.client().await;
