@@ -534,21 +534,23 @@ impl MetaNode {
     /// (5 + 10 + … + 160 + 200) when a data node died under the failover benchmark.
     /// A map that makes another node primary ends the wait (stale, as before).
     async fn primary_slot_soon(&self, p: PartitionId) -> Result<Arc<Slot>, Status> {
+        // Serving, or not the primary: answered at once (every operation passes here).
+        match self.primary_slot(p) {
+            Err(s) if is_eagain(&s) => {}
+            r => return r,
+        }
         let start = tokio::time::Instant::now();
         let until = start + SERVE_WAIT;
         let mut maps = self.inner.map_rx.clone();
-        let mut waited = false;
         loop {
             maps.borrow_and_update();
             // Made before the check: `notify_waiters` reaches it from now on.
             let served = self.inner.served.notified();
             match self.primary_slot(p) {
-                Err(s) if is_eagain(&s) && tokio::time::Instant::now() < until => waited = true,
+                Err(s) if is_eagain(&s) && tokio::time::Instant::now() < until => {}
                 r => {
-                    if waited {
-                        shingle_metrics::get().meta_op_serve_waits.inc();
-                        Span::current().record("serve_wait_ms", start.elapsed().as_millis() as u64);
-                    }
+                    shingle_metrics::get().meta_op_serve_waits.inc();
+                    Span::current().record("serve_wait_ms", start.elapsed().as_millis() as u64);
                     return r;
                 }
             }
