@@ -121,6 +121,19 @@ impl LocalSpec {
     }
 }
 
+/// Sends `sig` (as `kill` spells it: `-STOP`, `-CONT`, …) to process `pid`.
+pub fn signal(pid: u32, sig: &str) -> Result<()> {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .with_context(|| format!("kill {sig} {pid}"))?
+        .success();
+    if !ok {
+        bail!("kill {sig} {pid} failed");
+    }
+    Ok(())
+}
+
 /// One node process.
 pub struct LocalNode {
     /// Node id.
@@ -323,28 +336,16 @@ impl LocalNode {
     }
 
     /// Stops the process without ending it (SIGSTOP): its sockets stay open and its
-    /// connections accept requests, but it answers nothing until it gets SIGCONT (at
-    /// [`LocalNode::pid`]) — a node that hangs, not one that died.
+    /// connections accept requests, but it answers nothing until it gets SIGCONT
+    /// ([`signal`] at [`LocalNode::pid`]) — a node that hangs, not one that died.
     pub fn freeze(&self) -> Result<()> {
-        self.signal("-STOP")
+        let pid = self.pid().context("node process not running")?;
+        signal(pid, "-STOP").with_context(|| format!("freeze node {}", self.id))
     }
 
     /// The process id, while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
-    }
-
-    fn signal(&self, sig: &str) -> Result<()> {
-        let child = self.child.as_ref().context("node process not running")?;
-        let ok = Command::new("kill")
-            .args([sig, &child.id().to_string()])
-            .status()
-            .with_context(|| format!("kill {sig} node {}", self.id))?
-            .success();
-        if !ok {
-            bail!("kill {sig} node {} failed", self.id);
-        }
-        Ok(())
     }
 
     /// Starts it again with the same config (after [`LocalNode::kill`] or `stop`).

@@ -920,11 +920,7 @@ async fn an_operation_at_a_primary_taking_over_waits_for_it_to_serve() {
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_secs(3));
             let early = answered.load(std::sync::atomic::Ordering::SeqCst);
-            let ok = std::process::Command::new("kill")
-                .args(["-CONT", &hanging.to_string()])
-                .status()
-                .is_ok_and(|s| s.success());
-            (early, ok)
+            (early, shingle::local::signal(hanging, "-CONT").is_ok())
         })
     };
     // A restarted node is started once it caught up: after the thaw.

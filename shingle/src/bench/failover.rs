@@ -461,33 +461,21 @@ impl Phase {
 fn stall_problems(phases: &[Phase], read_ms: Option<f64>, write_ms: Option<f64>) -> Vec<String> {
     let mut out = Vec::new();
     for p in phases {
-        if let Some(max) = read_ms {
-            if p.read_max_ms > max {
+        let checks = [
+            ("read", p.read_max_ms, read_ms),
+            ("lookup", p.lookup_max_ms, read_ms),
+            ("write", p.write_max_ms, write_ms),
+        ];
+        for (what, took, bound) in checks {
+            if let Some(max) = bound
+                && took > max
+            {
                 out.push(format!(
-                    "{}: a read took {:.1} ms (bound {max} ms){}",
+                    "{}: a {what} took {took:.1} ms (bound {max} ms){}",
                     p.name,
-                    p.read_max_ms,
                     p.gap_note()
                 ));
             }
-            if p.lookup_max_ms > max {
-                out.push(format!(
-                    "{}: a lookup took {:.1} ms (bound {max} ms){}",
-                    p.name,
-                    p.lookup_max_ms,
-                    p.gap_note()
-                ));
-            }
-        }
-        if let Some(max) = write_ms
-            && p.write_max_ms > max
-        {
-            out.push(format!(
-                "{}: a write took {:.1} ms (bound {max} ms){}",
-                p.name,
-                p.write_max_ms,
-                p.gap_note()
-            ));
         }
     }
     out
